@@ -1,0 +1,34 @@
+# Chandy: `make demo` sets everything up and runs the main job; `make test` runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+CHANDY := $(VENV)/bin/chandy
+
+.PHONY: setup kafka-jars demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,demo]'
+	touch $@
+
+# the pinned Apache Kafka jars, from Maven Central into the user cache (once)
+kafka-jars: setup
+	$(PY) -c "from connectors.kafka.broker import resolve_kafka_jars; print('Kafka jars in', resolve_kafka_jars())"
+
+demo: kafka-jars
+	$(CHANDY) kafka up
+	$(CHANDY) topics ensure
+	$(CHANDY) kafka roundtrip --messages 1000
+
+test: kafka-jars
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: kafka-jars
+	$(PY) benchmarks/roundtrip_latency.py
+
+clean:
+	-$(CHANDY) kafka down
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Apache Kafka for Chandy: the embedded broker, client configuration and topic management."""

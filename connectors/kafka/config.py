@@ -1,0 +1,112 @@
+"""Kafka client configuration: the one place where Chandy builds librdkafka settings.
+
+Every setting is a librdkafka property under its standard name (``bootstrap.servers``,
+``isolation.level``, ``transactional.id``, ...), as confluent-kafka-python takes them. Callers
+pass their own settings through ``overrides``; those win over Chandy's defaults, so nothing a user
+knows from Kafka is renamed or hidden.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+
+#: Environment variable that points Chandy (and its test fixture) at an existing cluster.
+BOOTSTRAP_SERVERS_ENV = "CHANDY_BOOTSTRAP_SERVERS"
+
+KafkaConfig = dict[str, Any]
+
+
+def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> KafkaConfig:
+    conf = dict(base)
+    if overrides:
+        conf.update(overrides)
+    return conf
+
+
+def admin_config(bootstrap_servers: str, overrides: Mapping[str, Any] | None = None) -> KafkaConfig:
+    """librdkafka settings for an AdminClient on ``bootstrap_servers`` (``host:port[,...]``)."""
+    return _merge({"bootstrap.servers": bootstrap_servers}, overrides)
+
+
+def producer_config(
+    bootstrap_servers: str,
+    *,
+    transactional_id: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> KafkaConfig:
+    """librdkafka settings for a producer.
+
+    The producer is idempotent (``enable.idempotence``), so retries never duplicate a record;
+    with ``transactional_id`` it is transactional, which is how the coordinator is fenced
+    (a second producer with the same ``transactional.id`` fences the first).
+    """
+    base: KafkaConfig = {
+        "bootstrap.servers": bootstrap_servers,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 0,
+    }
+    if transactional_id is not None:
+        base["transactional.id"] = transactional_id
+    return _merge(base, overrides)
+
+
+def consumer_config(
+    bootstrap_servers: str,
+    *,
+    group_id: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> KafkaConfig:
+    """librdkafka settings for a consumer that reads committed data only.
+
+    ``isolation.level=read_committed`` always (Chandy's topics are written transactionally) and
+    ``enable.auto.commit=false``: Chandy commits offsets itself, on checkpoint completion.
+    Without ``group_id`` a throwaway ``group.id`` is set, as librdkafka requires one; such a
+    consumer must use ``assign()`` and never commit.
+    """
+    base: KafkaConfig = {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": group_id if group_id is not None else "chandy-unmanaged",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+    }
+    return _merge(base, overrides)
+
+
+def admin_client(bootstrap_servers: str, overrides: Mapping[str, Any] | None = None) -> AdminClient:
+    """An :class:`AdminClient` built from :func:`admin_config`."""
+    return AdminClient(admin_config(bootstrap_servers, overrides))
+
+
+def producer(
+    bootstrap_servers: str,
+    *,
+    transactional_id: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Producer:
+    """A :class:`Producer` built from :func:`producer_config`."""
+    return Producer(producer_config(bootstrap_servers, transactional_id=transactional_id, overrides=overrides))
+
+
+def consumer(
+    bootstrap_servers: str,
+    *,
+    group_id: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Consumer:
+    """A :class:`Consumer` built from :func:`consumer_config`."""
+    return Consumer(consumer_config(bootstrap_servers, group_id=group_id, overrides=overrides))
+
+
+def bootstrap_from_env() -> str | None:
+    """The bootstrap servers named by ``CHANDY_BOOTSTRAP_SERVERS``, or None when unset or empty."""
+    value = os.environ.get(BOOTSTRAP_SERVERS_ENV, "").strip()
+    return value or None

@@ -1,0 +1,174 @@
+"""Chandy's four topics: names, settings, creation and the start-up check.
+
+| topic                          | cleanup | content                                          |
+| ------------------------------ | ------- | ------------------------------------------------ |
+| ``<prefix>.control``           | delete  | coordinator → workers: trigger, notify, events   |
+| ``<prefix>.acks``              | delete  | workers → coordinator: ack, decline, events      |
+| ``<prefix>.coordinator-log``   | compact | the coordinator's event-sourced state            |
+| ``<prefix>.checkpoint-events`` | delete  | the public stream for external subscribers       |
+
+All four are keyed by job id (the log by job id, record kind and entity id), so one partition
+holds one job's messages in order while many jobs share the topics (see DESIGN.md, "Topics").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from coordinator.errors import ChandyError
+
+DEFAULT_PREFIX = "chandy"
+
+
+class TopicError(ChandyError):
+    """A Chandy topic is missing or has settings that break Chandy's guarantees."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicSpec:
+    """One topic Chandy owns: its full name, partitions and topic-level configs (standard names)."""
+
+    name: str
+    partitions: int
+    config: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChandyTopics:
+    """The names of Chandy's topics under one prefix (default ``chandy``)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def control(self) -> str:
+        return f"{self.prefix}.control"
+
+    @property
+    def acks(self) -> str:
+        return f"{self.prefix}.acks"
+
+    @property
+    def coordinator_log(self) -> str:
+        return f"{self.prefix}.coordinator-log"
+
+    @property
+    def checkpoint_events(self) -> str:
+        return f"{self.prefix}.checkpoint-events"
+
+    def specs(
+        self,
+        *,
+        partitions: int = 1,
+        retention_ms: int = 7 * 24 * 3600 * 1000,
+        min_compaction_lag_ms: int = 60_000,
+        replication_factor: int = 1,
+    ) -> list[TopicSpec]:
+        """The four topics with their settings.
+
+        Args:
+            partitions: partitions of each topic; a job always maps to one partition by its key.
+            retention_ms: retention of the delete-policy topics (default 7 days).
+            min_compaction_lag_ms: how long a log record stays uncompacted (default 60 s), so a
+                replay soon after a run still sees every step.
+            replication_factor: used for ``min.insync.replicas`` on clusters larger than one node.
+        """
+        min_isr = str(min(2, replication_factor))
+        delete = {"cleanup.policy": "delete", "retention.ms": str(retention_ms), "min.insync.replicas": min_isr}
+        log = {
+            "cleanup.policy": "compact",
+            "min.compaction.lag.ms": str(min_compaction_lag_ms),
+            "segment.ms": str(3600 * 1000),
+            "min.insync.replicas": min_isr,
+        }
+        return [
+            TopicSpec(self.control, partitions, delete),
+            TopicSpec(self.acks, partitions, delete),
+            TopicSpec(self.coordinator_log, partitions, log),
+            TopicSpec(self.checkpoint_events, partitions, delete),
+        ]
+
+
+def ensure_topics(
+    admin: AdminClient,
+    topics: ChandyTopics,
+    *,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    timeout_s: float = 30.0,
+    **spec_options: int,
+) -> list[str]:
+    """Create whichever of Chandy's topics are missing, then check all of them.
+
+    Returns the names of the topics created by this call (empty when all existed).
+
+    Raises:
+        TopicError: a creation failed, or :func:`check_topics` found a wrong setting.
+    """
+    specs = topics.specs(partitions=partitions, replication_factor=replication_factor, **spec_options)
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    missing = [spec for spec in specs if spec.name not in existing]
+    created: list[str] = []
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, s.partitions, replication_factor, config=dict(s.config)) for s in missing],
+            operation_timeout=timeout_s,
+            request_timeout=timeout_s,
+        )
+        for name, future in futures.items():
+            try:
+                future.result()
+                created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another process won the race
+                    raise TopicError(f"could not create topic {name}: {exc.args[0].str()}") from exc
+        _wait_for_metadata(admin, [spec.name for spec in specs], timeout_s)
+    check_topics(admin, topics, timeout_s=timeout_s)
+    return created
+
+
+def _wait_for_metadata(admin: AdminClient, names: list[str], timeout_s: float) -> None:
+    """Wait until the broker's metadata lists ``names`` with leaders: a freshly created topic
+    takes a moment to appear, and a producer or a check that runs first would miss it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topics = admin.list_topics(timeout=timeout_s).topics
+        if all(
+            name in topics and topics[name].error is None
+            and all(p.leader >= 0 for p in topics[name].partitions.values())
+            for name in names
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise TopicError(f"topics {', '.join(names)} did not appear in the metadata within {timeout_s} s")
+        time.sleep(0.1)
+
+
+def check_topics(admin: AdminClient, topics: ChandyTopics, *, timeout_s: float = 30.0) -> None:
+    """Check that Chandy's topics exist and that the coordinator log is compacted.
+
+    A coordinator log without ``cleanup.policy=compact`` would lose the state of old checkpoints
+    to retention, so it is an error, not a warning. The other three must not be compacted: they
+    are keyed by job id, and compaction would keep one message per job.
+
+    Raises:
+        TopicError: a topic is missing or has the wrong cleanup policy.
+    """
+    specs = {spec.name: spec for spec in topics.specs()}
+    metadata = admin.list_topics(timeout=timeout_s)
+    missing = sorted(name for name in specs if name not in metadata.topics)
+    if missing:
+        raise TopicError(f"missing Chandy topics: {', '.join(missing)} (create them with ensure_topics)")
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in specs]
+    for resource, future in admin.describe_configs(resources, request_timeout=timeout_s).items():
+        entries = future.result()
+        policy = entries["cleanup.policy"].value if "cleanup.policy" in entries else "delete"
+        wanted = specs[resource.name].config["cleanup.policy"]
+        if set(policy.split(",")) != set(wanted.split(",")):
+            raise TopicError(
+                f"topic {resource.name} has cleanup.policy={policy}, Chandy needs cleanup.policy={wanted}"
+            )

@@ -1,0 +1,1 @@
+"""Chandy's checkpoint coordination: state machine, event-sourced log, runtime, storage, hooks."""

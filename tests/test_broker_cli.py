@@ -1,0 +1,77 @@
+"""The embedded broker through the CLI a person uses: ``chandy kafka up``, ``status``, ``down``;
+``up`` twice starts one broker; a missing Java is a one-line error."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from connectors.kafka import config as kafka_config
+from connectors.kafka.broker import EmbeddedKafkaBroker, JavaNotFoundError, find_java
+
+CHANDY = [sys.executable, "-m", "coordinator.cli"]
+
+
+def _chandy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CHANDY, *args], capture_output=True, text=True, timeout=180, env=env)
+
+
+@pytest.mark.integration
+def test_up_twice_status_down(tmp_path: Path) -> None:
+    data_dir = str(tmp_path / "kafka")
+    first = _chandy("kafka", "up", "--data-dir", data_dir)
+    assert first.returncode == 0, first.stderr
+    bootstrap = first.stdout.strip()
+    assert bootstrap.startswith("127.0.0.1:")
+    pid = EmbeddedKafkaBroker(data_dir).status().pid
+    try:
+        second = _chandy("kafka", "up", "--data-dir", data_dir)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.strip() == bootstrap
+        assert "already running" in second.stderr
+        assert EmbeddedKafkaBroker(data_dir).status().pid == pid
+        # the broker answers real clients
+        assert kafka_config.admin_client(bootstrap).list_topics(timeout=10).brokers
+
+        status = _chandy("kafka", "status", "--data-dir", data_dir, "--format", "json")
+        assert status.returncode == 0, status.stderr
+        shown = json.loads(status.stdout)
+        assert shown["running"] and shown["bootstrap_servers"] == bootstrap
+        assert shown["kafka_version"] == "4.1.0"
+        human = _chandy("kafka", "status", "--data-dir", data_dir)
+        assert "Apache Kafka 4.1.0" in human.stdout and bootstrap in human.stdout
+    finally:
+        down = _chandy("kafka", "down", "--data-dir", data_dir)
+    assert down.returncode == 0 and "stopped" in down.stderr
+    assert EmbeddedKafkaBroker(data_dir).status() is None
+    assert not Path(f"/proc/{pid}").exists() or b"kafka.Kafka" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    after = _chandy("kafka", "status", "--data-dir", data_dir)
+    assert after.returncode == 1 and "not running" in after.stderr
+
+
+def test_missing_java_is_a_one_line_error(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(tmp_path), "JAVA_HOME": str(tmp_path / "nowhere")}
+    result = subprocess.run([*CHANDY, "kafka", "up", "--data-dir", str(tmp_path / "k")],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Java 17+ is required" in lines[0]
+
+
+def test_find_java_rejects_nothing_on_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(JavaNotFoundError, match="JAVA_HOME"):
+        find_java()
+
+
+def test_bad_cli_arguments_are_usage_errors() -> None:
+    result = _chandy("kafka", "up", "--override", "no-equals-sign")
+    assert result.returncode == 2 and "expected key=value" in result.stderr
+    result = _chandy("kafka", "up", "--port", "70000")
+    assert result.returncode == 2 and "70000" in result.stderr

@@ -1,0 +1,14 @@
+"""No Docker engine runs here: the compose file must at least parse and name its services."""
+
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_compose_file_parses_with_kafka_spark_and_chandy() -> None:
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    assert {"kafka", "spark-master", "spark-worker", "chandy"} <= set(compose["services"])
+    assert compose["services"]["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert (ROOT / "docker" / "Dockerfile").read_text().startswith("# Chandy")

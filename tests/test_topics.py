@@ -1,0 +1,47 @@
+"""Chandy's topics against a real broker: created with explicit settings, and a coordinator log
+that is not compacted is an error."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.admin import ConfigResource, NewTopic
+
+from connectors.kafka import config as kafka_config
+from connectors.kafka.topics import ChandyTopics, TopicError, check_topics, ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+def _configs(admin, name: str) -> dict[str, str]:
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    return {k: v.value for k, v in admin.describe_configs([resource])[resource].result().items()}
+
+
+def test_ensure_creates_the_four_topics_with_explicit_settings(kafka_bootstrap_servers: str, topic_prefix: str) -> None:
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    topics = ChandyTopics(topic_prefix)
+    created = ensure_topics(admin, topics, partitions=3)
+    assert sorted(created) == sorted([topics.control, topics.acks, topics.coordinator_log, topics.checkpoint_events])
+    log = _configs(admin, topics.coordinator_log)
+    assert log["cleanup.policy"] == "compact"
+    assert log["min.compaction.lag.ms"] == "60000"
+    assert _configs(admin, topics.control)["cleanup.policy"] == "delete"
+    assert len(admin.list_topics(timeout=10).topics[topics.acks].partitions) == 3
+    # a second call finds them all and creates nothing
+    assert ensure_topics(admin, topics) == []
+
+
+def test_a_coordinator_log_without_compaction_is_an_error(kafka_bootstrap_servers: str, topic_prefix: str) -> None:
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    topics = ChandyTopics(topic_prefix)
+    admin.create_topics([NewTopic(topics.coordinator_log, 1, 1, config={"cleanup.policy": "delete"})])[
+        topics.coordinator_log
+    ].result()
+    with pytest.raises(TopicError, match=rf"{topics.coordinator_log} has cleanup.policy=delete.*compact"):
+        ensure_topics(admin, topics)
+
+
+def test_missing_topics_are_named(kafka_bootstrap_servers: str, topic_prefix: str) -> None:
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    with pytest.raises(TopicError, match=rf"missing Chandy topics: {topic_prefix}\.acks"):
+        check_topics(admin, ChandyTopics(topic_prefix))
