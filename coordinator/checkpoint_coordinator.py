@@ -1,0 +1,746 @@
+"""The CheckpointCoordinator: Flink's checkpoint and savepoint protocol, event-sourced.
+
+Every method runs on the mailbox thread. A decision never does I/O itself: it builds a
+:class:`~coordinator.environment.Batch` of log records, control messages and public events,
+applies the records to :class:`~coordinator.state.CoordinatorState` (the pure fold) and hands the
+batch to the environment, which commits it in one Kafka transaction. Side effects that must only
+follow a durable decision (listener notifications, deleting subsumed checkpoints, completing
+futures) run in the batch's ``on_committed`` callback. If a batch cannot be committed the
+coordinator stops, and the next one rebuilds the state from the log.
+
+The life of a checkpoint (Flink's ``triggerCheckpoint`` … ``completePendingCheckpoint``):
+
+1. trigger: check the job runs, ``max_concurrent`` and ``min_pause`` (skipped for forced
+   checkpoints and savepoints); take the next ID; append PENDING + the counter + TRIGGERED;
+2. ask the operator coordinators (``checkpoint_coordinator``) and the master hooks for their
+   state, and create the storage location, concurrently;
+3. when all three are done, send TriggerCheckpoint to the workers, then release the events the
+   coordinators sent after their future completed (they belong to the next checkpoint);
+4. collect acks (late, duplicate, stale and unknown acks are told apart and change nothing);
+   one decline aborts; the timeout aborts with CHECKPOINT_EXPIRED;
+5. fully acknowledged: write ``_metadata`` once, atomically (I/O executor);
+6. complete: append COMPLETED, abort pending checkpoints below it as CHECKPOINT_SUBSUMED
+   (never savepoints), tombstone checkpoints beyond ``num_retained``, NotifyCheckpointComplete;
+   after commit notify listeners and coordinators, delete subsumed checkpoints' files.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import random
+import socket
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from coordinator.environment import Batch, CoordinatorEnvironment
+from coordinator.errors import ChandyError
+from coordinator.failure import CheckpointException, CheckpointFailureReason
+from coordinator.hooks import MasterHooks, MasterTriggerRestoreHook
+from coordinator.listener import CheckpointListener
+from coordinator.messages import (
+    AcknowledgeCheckpoint,
+    CheckpointEvent,
+    DeclineCheckpoint,
+    NotifyCheckpointAborted,
+    NotifyCheckpointComplete,
+    OperatorEventMessage,
+    SubtaskAttemptFailed,
+    SubtaskAttemptReady,
+    TriggerCheckpoint,
+)
+from coordinator.operator_coordinator import OperatorCoordinatorProvider, OperatorEvent
+from coordinator.operator_coordinator_holder import OperatorCoordinatorHolder
+from coordinator.options import CheckpointingOptions
+from coordinator.pending import AckResult, PendingCheckpoint
+from coordinator.records import (
+    CheckpointIdCounterRecord,
+    CheckpointRecord,
+    CoordinatorEpochRecord,
+    JobStatusRecord,
+    LogKey,
+    Tombstone,
+)
+from coordinator.state import NO_CHECKPOINT, CoordinatorState, apply
+from coordinator.stats import CheckpointStats, CheckpointStatsTracker
+from coordinator.storage import (
+    CheckpointMetadata,
+    CheckpointStorage,
+    CheckpointStorageError,
+    resolve_checkpoint_pointer,
+)
+
+log = logging.getLogger(__name__)
+
+R = CheckpointFailureReason
+
+
+class RestoreError(ChandyError):
+    """A checkpoint or savepoint cannot be restored into this job."""
+
+
+class CheckpointCoordinator:
+    """Coordinates checkpoints and savepoints of one job (see the module docstring).
+
+    Args:
+        job_id: the job's ID.
+        options: interval, timeout, min pause, max concurrent, tolerable failures, retention.
+        env: mailbox, clock, I/O executor and log writer.
+        storage: where checkpoints and savepoints live.
+        operators: operator ID -> parallelism of every operator whose subtasks acknowledge.
+        coordinator_providers: operator coordinators to host (their operator must be in ``operators``
+            or they checkpoint only their own state).
+        state: the state replayed from the log (a fresh one for a new job).
+        transactional_id: the log writer's ``transactional.id``, recorded with the epoch.
+        on_job_status: called with (status, reason) when the job fails or finishes.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        options: CheckpointingOptions,
+        env: CoordinatorEnvironment,
+        storage: CheckpointStorage,
+        operators: Mapping[str, int],
+        *,
+        coordinator_providers: Iterable[OperatorCoordinatorProvider] = (),
+        state: CoordinatorState | None = None,
+        transactional_id: str = "",
+        on_job_status: Callable[[str, str | None], None] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.options = options
+        self.env = env
+        self.storage = storage
+        self.operators = dict(operators)
+        self.state = state or CoordinatorState(job_id)
+        self.transactional_id = transactional_id
+        self.on_job_status = on_job_status
+        self.hooks = MasterHooks()
+        self.listeners: list[CheckpointListener] = []
+        self.stats = CheckpointStatsTracker()
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self.current_attempts: dict[tuple[str, int], int] = {}
+        self.ack_counts: collections.Counter[AckResult] = collections.Counter()
+        self.holders: dict[str, OperatorCoordinatorHolder] = {}
+        for provider in coordinator_providers:
+            parallelism = self.operators.get(provider.operator_id, 1)
+            self.holders[provider.operator_id] = OperatorCoordinatorHolder(
+                provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job
+            )
+        self._periodic_timer: Any = None
+        self._periodic_running = False
+        self._periodic_waiting = False
+        self._last_completion_ms: int | None = None
+        self._shutdown = False
+
+    # -- registration --------------------------------------------------------------------------
+    def add_master_hook(self, hook: MasterTriggerRestoreHook[Any]) -> bool:
+        """Register a master hook; False when one with the same identifier exists (dropped)."""
+        return self.hooks.add(hook)
+
+    def add_listener(self, listener: CheckpointListener) -> None:
+        """Register a :class:`CheckpointListener` for completions and aborts."""
+        self.listeners.append(listener)
+
+    @property
+    def epoch(self) -> int:
+        return self.state.epoch
+
+    @property
+    def job_status(self) -> str:
+        return self.state.job_status
+
+    # -- the log ---------------------------------------------------------------------------------
+    def _commit(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
+        """Apply the batch's records to the state and hand the batch to the log writer."""
+        for record in batch.records:
+            apply(self.state, record)
+        self.env.append(batch, on_committed)
+
+    def _record(self, pending: PendingCheckpoint, status: str, now: int, **extra: Any) -> CheckpointRecord:
+        return CheckpointRecord(
+            job_id=self.job_id, checkpoint_id=pending.checkpoint_id, checkpoint_type=pending.checkpoint_type,
+            status=status, epoch=self.state.epoch, trigger_timestamp=pending.trigger_timestamp,
+            status_timestamp=now, num_subtasks=len(pending.expected), num_acknowledged=pending.num_acknowledged,
+            **extra,
+        )
+
+    def _event(self, pending_or_record: Any, event_type: str, now: int, **extra: Any) -> CheckpointEvent:
+        p = pending_or_record
+        return CheckpointEvent(
+            job_id=self.job_id, checkpoint_id=p.checkpoint_id, event_type=event_type,
+            checkpoint_type=p.checkpoint_type, epoch=self.state.epoch, timestamp=now,
+            trigger_timestamp=p.trigger_timestamp,
+            num_subtasks=len(p.expected) if isinstance(p, PendingCheckpoint) else p.num_subtasks,
+            num_acknowledged=p.num_acknowledged, **extra,
+        )
+
+    # -- start / recovery -------------------------------------------------------------------------
+    def start(self, *, restore_from: str | None = None, allow_non_restored_state: bool = False) -> None:
+        """Become the job's coordinator: new epoch, abort leftovers, restore, notify, start coordinators.
+
+        Run once after the state was replayed from the log (step 7 of the issue: "Recovery"):
+
+        1. append the new epoch (the log writer already fenced every older coordinator);
+        2. abort every checkpoint the log still shows as pending (CHECKPOINT_COORDINATOR_SHUTDOWN);
+        3. start the operator coordinators;
+        4. restore the latest completed checkpoint into hooks and coordinators and notify its
+           completion again; with none, restore ``restore_from`` (a savepoint path) if given,
+           else reset hooks and coordinators to ``NO_CHECKPOINT``.
+
+        Raises:
+            RestoreError: the savepoint holds state for an operator this job lacks (unless
+                ``allow_non_restored_state``), or no retained checkpoint's ``_metadata`` is readable.
+        """
+        now = self.env.now_ms()
+        batch = Batch()
+        batch.records.append(CoordinatorEpochRecord(
+            self.job_id, self.state.epoch + 1, self.transactional_id, socket.gethostname(), now))
+        batch.records.append(JobStatusRecord(self.job_id, "RUNNING", self.state.epoch + 1, None, now))
+        leftovers = self.state.pending()
+        for record in leftovers:
+            batch.records.append(CheckpointRecord(
+                job_id=self.job_id, checkpoint_id=record.checkpoint_id, checkpoint_type=record.checkpoint_type,
+                status="ABORTED", epoch=self.state.epoch + 1, trigger_timestamp=record.trigger_timestamp,
+                status_timestamp=now, num_subtasks=record.num_subtasks, num_acknowledged=record.num_acknowledged,
+                failure_reason=R.CHECKPOINT_COORDINATOR_SHUTDOWN.value,
+                failure_message="the coordinator that triggered it is gone",
+            ))
+        self._commit(batch)  # applies the epoch first, so the messages below carry the new one
+        for record in leftovers:
+            self.env.append(Batch(
+                control=[NotifyCheckpointAborted(self.job_id, self.state.epoch, record.checkpoint_id,
+                                                 R.CHECKPOINT_COORDINATOR_SHUTDOWN.value, None, now)],
+                events=[self._event(record, "ABORTED", now, failure_reason=R.CHECKPOINT_COORDINATOR_SHUTDOWN.value)],
+            ))
+            self._dispose_directory(self.storage.checkpoint_directory(record.checkpoint_id))
+        for holder in self.holders.values():
+            holder.coordinator.start()
+        self._restore_latest(restore_from, allow_non_restored_state)
+
+    def _restore_latest(self, restore_from: str | None, allow_non_restored_state: bool) -> None:
+        candidates = list(reversed(self.state.completed()))
+        for record in candidates:
+            try:
+                directory, metadata = resolve_checkpoint_pointer(record.external_pointer or "", self.storage.storage_options)
+            except CheckpointStorageError as exc:
+                log.error("cannot restore checkpoint %d from %s: %s; trying an older one",
+                          record.checkpoint_id, record.external_pointer, exc)
+                continue
+            self._restore(metadata, directory, allow_non_restored_state=True)
+            return
+        if candidates:
+            raise RestoreError(
+                f"none of the completed checkpoints {[r.checkpoint_id for r in candidates]} of job {self.job_id} "
+                "has a readable _metadata; refusing to start from scratch (that would duplicate output)"
+            )
+        if restore_from:
+            directory, metadata = resolve_checkpoint_pointer(restore_from, self.storage.storage_options)
+            self._restore(metadata, directory, allow_non_restored_state=allow_non_restored_state, from_savepoint=True)
+            return
+        self.hooks.reset()
+        for holder in self.holders.values():
+            holder.coordinator.reset_to_checkpoint(NO_CHECKPOINT, None)
+
+    def _restore(self, metadata: CheckpointMetadata, directory: str, *, allow_non_restored_state: bool,
+                 from_savepoint: bool = False) -> None:
+        """Restore hooks and coordinators from ``metadata``; re-notify its completion (restoring
+        implies completion, per the OperatorCoordinator seed)."""
+        unknown = sorted(o.operator_id for o in metadata.operator_states
+                         if o.operator_id not in self.operators and o.operator_id not in self.holders
+                         and (o.coordinator_state or o.subtask_states))
+        if unknown and not allow_non_restored_state:
+            raise RestoreError(
+                f"{directory} holds state for operator(s) {', '.join(unknown)} that job {self.job_id} does not have "
+                "(allow non-restored state to skip it)"
+            )
+        self.hooks.restore(metadata.checkpoint_id, metadata.master_states, allow_non_restored_state=allow_non_restored_state)
+        for operator_id, holder in self.holders.items():
+            op = metadata.operator(operator_id)
+            holder.coordinator.reset_to_checkpoint(metadata.checkpoint_id, op.coordinator_state if op else None)
+        now = self.env.now_ms()
+        batch = Batch(control=[NotifyCheckpointComplete(
+            self.job_id, self.state.epoch, metadata.checkpoint_id, metadata.checkpoint_type, now)])
+        if from_savepoint:
+            # the restored savepoint becomes this job's latest completed checkpoint, and IDs continue after it
+            batch.records.append(CheckpointIdCounterRecord(
+                self.job_id, max(self.state.next_checkpoint_id, metadata.checkpoint_id + 1)))
+            batch.records.append(CheckpointRecord(
+                job_id=self.job_id, checkpoint_id=metadata.checkpoint_id, checkpoint_type=metadata.checkpoint_type,
+                status="COMPLETED", epoch=self.state.epoch, trigger_timestamp=metadata.trigger_timestamp,
+                status_timestamp=now, num_subtasks=0, state_size=metadata.state_size,
+                external_pointer=directory, properties={"restored_from": directory},
+            ))
+        self.stats.report_restored(metadata.checkpoint_id, directory, now)
+        checkpoint_id = metadata.checkpoint_id
+        self._commit(batch, lambda: self._notify_complete(checkpoint_id))
+        self._last_completion_ms = now
+
+    # -- triggering ------------------------------------------------------------------------------
+    def trigger_checkpoint(self, *, forced: bool = False) -> concurrent.futures.Future:
+        """Trigger a checkpoint now (manual trigger). Returns a future of its
+        :class:`~coordinator.records.CheckpointRecord` once completed; it fails with a
+        :class:`CheckpointException` (e.g. TOO_MANY_CHECKPOINT_REQUESTS, CHECKPOINT_DECLINED).
+        ``forced`` bypasses ``max_concurrent`` and ``min_pause``."""
+        return self._trigger("CHECKPOINT", forced=forced, periodic=False)
+
+    def trigger_savepoint(self, target: str | None = None, *, terminate: bool = False) -> concurrent.futures.Future:
+        """Trigger a savepoint into ``target`` (or ``state.savepoints.dir``); the future gives its
+        pointer (directory URL). Savepoints share the ID counter, ignore ``max_concurrent`` and
+        ``min_pause``, are never subsumed and never count as failures. With ``terminate``
+        (stop-with-savepoint) periodic checkpoints stop first and the job FINISHES on success."""
+        if terminate:
+            self.stop_periodic_scheduler()
+        future = self._trigger("SAVEPOINT_TERMINATE" if terminate else "SAVEPOINT", forced=True,
+                               periodic=False, target=target)
+        pointer: concurrent.futures.Future = concurrent.futures.Future()
+
+        def done(f: concurrent.futures.Future) -> None:
+            if f.exception() is not None:
+                pointer.set_exception(f.exception())
+            else:
+                pointer.set_result(f.result().external_pointer)
+
+        future.add_done_callback(done)
+        return pointer
+
+    def _precheck(self, forced: bool, now: int) -> CheckpointFailureReason | None:
+        if self._shutdown:
+            return R.CHECKPOINT_COORDINATOR_SHUTDOWN
+        if self.state.job_status != "RUNNING":
+            return R.NOT_ALL_REQUIRED_TASKS_RUNNING
+        if forced:
+            return None
+        ongoing = [p for p in self.pending.values() if not p.is_savepoint]
+        # Flink: a min pause implies at most one concurrent checkpoint
+        limit = 1 if self.options.min_pause_ms > 0 else self.options.max_concurrent
+        if len(ongoing) >= limit:
+            return R.TOO_MANY_CHECKPOINT_REQUESTS
+        if self._last_completion_ms is not None and now - self._last_completion_ms < self.options.min_pause_ms:
+            return R.MINIMUM_TIME_BETWEEN_CHECKPOINTS
+        return None
+
+    def _trigger(self, checkpoint_type: str, *, forced: bool, periodic: bool, target: str | None = None
+                 ) -> concurrent.futures.Future:
+        result: concurrent.futures.Future = concurrent.futures.Future()
+        now = self.env.now_ms()
+        refused = self._precheck(forced, now)
+        if refused is not None:
+            # a pre-flight failure: no ID is taken, nothing is written (Flink's isPreFlight reasons)
+            result.set_exception(CheckpointException(refused, "checkpoint request refused"))
+            return result
+        checkpoint_id = self.state.next_checkpoint_id
+        expected = frozenset((op, i) for op, n in self.operators.items() for i in range(n))
+        pending = PendingCheckpoint(
+            checkpoint_id=checkpoint_id, checkpoint_type=checkpoint_type, trigger_timestamp=now,
+            expected=expected, attempts={k: v for k, v in self.current_attempts.items() if k in expected},
+            result=result, coordinators_pending=set(self.holders), properties={"target": target},
+        )
+        self.pending[checkpoint_id] = pending
+        self.stats.report_pending(CheckpointStats(checkpoint_id, checkpoint_type, now, len(expected)))
+        self._commit(Batch(
+            records=[CheckpointIdCounterRecord(self.job_id, checkpoint_id + 1), self._record(pending, "PENDING", now)],
+            events=[self._event(pending, "TRIGGERED", now)],
+        ))
+        pending.timeout = self.env.schedule(
+            self.options.timeout_ms, lambda: self._abort_if_pending(checkpoint_id, R.CHECKPOINT_EXPIRED,
+                                                                    f"not completed within {self.options.timeout_ms} ms"))
+        # 2. coordinators, hooks and the storage location, concurrently
+        for operator_id, holder in self.holders.items():
+            holder.checkpoint(checkpoint_id, lambda data, exc, op=operator_id: self._coordinator_done(checkpoint_id, op, data, exc))
+        for identifier, future in self.hooks.trigger(checkpoint_id, now, self.env.io_executor).items():
+            pending.hooks_pending.add(identifier)
+            future.add_done_callback(lambda f, ident=identifier: self.env.execute(
+                lambda: self._hook_done(checkpoint_id, ident, f)))
+        location_future = self.env.io_executor.submit(self._initialize_location, checkpoint_id, checkpoint_type, target)
+        location_future.add_done_callback(lambda f: self.env.execute(lambda: self._location_done(checkpoint_id, f)))
+        return result
+
+    def _initialize_location(self, checkpoint_id: int, checkpoint_type: str, target: str | None):
+        if checkpoint_type == "CHECKPOINT":
+            return self.storage.initialize_location_for_checkpoint(checkpoint_id)
+        return self.storage.initialize_location_for_savepoint(checkpoint_id, target)
+
+    def _location_done(self, checkpoint_id: int, future: concurrent.futures.Future) -> None:
+        pending = self.pending.get(checkpoint_id)
+        if pending is None:
+            return
+        if future.exception() is not None:
+            self._abort(pending, R.IO_EXCEPTION, f"could not create the checkpoint location: {future.exception()}")
+            return
+        pending.location = future.result()
+        self._maybe_send_trigger(pending)
+
+    def _coordinator_done(self, checkpoint_id: int, operator_id: str, data: bytes | None, exc: BaseException | None) -> None:
+        pending = self.pending.get(checkpoint_id)
+        if pending is None:
+            self.holders[operator_id].open_valve()
+            return
+        if exc is not None:
+            self._abort(pending, R.TRIGGER_CHECKPOINT_FAILURE, f"operator coordinator {operator_id} declined: {exc!r}")
+            return
+        pending.coordinators_pending.discard(operator_id)
+        pending.coordinator_states[operator_id] = data
+        self._maybe_send_trigger(pending)
+
+    def _hook_done(self, checkpoint_id: int, identifier: str, future: concurrent.futures.Future) -> None:
+        pending = self.pending.get(checkpoint_id)
+        if pending is None:
+            return
+        if future.exception() is not None:
+            self._abort(pending, R.TRIGGER_CHECKPOINT_FAILURE, f"master hook {identifier} failed: {future.exception()!r}")
+            return
+        state = self.hooks.serialize(identifier, future.result())
+        if state is not None:
+            pending.master_states.append(state)
+        pending.hooks_pending.discard(identifier)
+        self._maybe_send_trigger(pending)
+
+    def _maybe_send_trigger(self, pending: PendingCheckpoint) -> None:
+        if pending.trigger_sent or pending.location is None or pending.coordinators_pending or pending.hooks_pending:
+            return
+        pending.trigger_sent = True
+        now = self.env.now_ms()
+        self.env.append(Batch(control=[TriggerCheckpoint(
+            self.job_id, self.state.epoch, pending.checkpoint_id, pending.trigger_timestamp,
+            pending.checkpoint_type, pending.location.reference, tuple(sorted(self.operators)), {},
+        )]))
+        # events sent after the coordinators' futures completed go out after the trigger
+        for holder in self.holders.values():
+            holder.open_valve()
+        log.debug("checkpoint %d triggered at %d (%d ms after request)", pending.checkpoint_id, now,
+                  now - pending.trigger_timestamp)
+        self._maybe_finalize(pending)
+
+    # -- acks and declines -------------------------------------------------------------------------
+    def receive_acknowledge(self, ack: AcknowledgeCheckpoint) -> AckResult:
+        """Handle an ack (Flink's ``receiveAcknowledgeMessage``). Never raises on bad input:
+        late, duplicate, stale and unknown acks are counted, logged and change nothing."""
+        if ack.job_id != self.job_id:
+            return AckResult.UNKNOWN
+        pending = self.pending.get(ack.checkpoint_id)
+        if pending is None:
+            result = AckResult.LATE if ack.checkpoint_id < self.state.next_checkpoint_id else AckResult.UNKNOWN
+        else:
+            result = pending.acknowledge(ack)
+        self.ack_counts[result] += 1
+        if result is not AckResult.SUCCESS:
+            log.info("%s ack for checkpoint %d from %s[%d] attempt %d: ignored", result.value, ack.checkpoint_id,
+                     ack.operator_id, ack.subtask_index, ack.attempt_number)
+            return result
+        self.stats.report_ack(ack.checkpoint_id, self.env.now_ms(), sum(h.state_size for h in ack.state_handles))
+        self._maybe_finalize(pending)
+        return result
+
+    def receive_decline(self, decline: DeclineCheckpoint) -> AckResult:
+        """Handle a decline (Flink's ``receiveDeclineMessage``): it aborts a pending checkpoint
+        with the given reason; declines for checkpoints no longer pending change nothing."""
+        if decline.job_id != self.job_id:
+            return AckResult.UNKNOWN
+        pending = self.pending.get(decline.checkpoint_id)
+        if pending is None:
+            result = AckResult.LATE if decline.checkpoint_id < self.state.next_checkpoint_id else AckResult.UNKNOWN
+            log.info("%s decline for checkpoint %d: ignored", result.value, decline.checkpoint_id)
+            return result
+        subtask = (decline.operator_id, decline.subtask_index)
+        if subtask in pending.expected and decline.attempt_number < pending.attempts.get(subtask, 0):
+            log.info("stale decline for checkpoint %d from %s attempt %d: ignored", decline.checkpoint_id, subtask,
+                     decline.attempt_number)
+            return AckResult.STALE
+        try:
+            reason = R(decline.reason)
+        except ValueError:
+            reason = R.CHECKPOINT_DECLINED
+        self._abort(pending, reason, f"declined by {decline.operator_id}[{decline.subtask_index}] attempt "
+                                     f"{decline.attempt_number}: {decline.message or reason.value}")
+        return AckResult.SUCCESS
+
+    # -- completion ---------------------------------------------------------------------------------
+    def _maybe_finalize(self, pending: PendingCheckpoint) -> None:
+        if pending.finalizing or not pending.is_fully_acknowledged:
+            return
+        pending.finalizing = True
+        metadata = CheckpointMetadata(
+            job_id=self.job_id, checkpoint_id=pending.checkpoint_id, checkpoint_type=pending.checkpoint_type,
+            trigger_timestamp=pending.trigger_timestamp, completion_timestamp=self.env.now_ms(),
+            master_states=tuple(pending.master_states), operator_states=pending.operator_states(),
+        )
+        location = pending.location
+        future = self.env.io_executor.submit(self.storage.write_metadata, location, metadata)
+        future.add_done_callback(lambda f: self.env.execute(lambda: self._metadata_written(pending, f)))
+
+    def _metadata_written(self, pending: PendingCheckpoint, future: concurrent.futures.Future) -> None:
+        if self.pending.get(pending.checkpoint_id) is not pending:
+            # aborted (timeout, decline) while _metadata was being written: that file must go
+            self._dispose_directory(pending.location.directory if pending.location else None)
+            return
+        if future.exception() is not None:
+            self._abort(pending, R.FINALIZE_CHECKPOINT_FAILURE, f"writing _metadata failed: {future.exception()}")
+            return
+        self._complete(pending)
+
+    def _complete(self, pending: PendingCheckpoint) -> None:
+        """Flink's ``completePendingCheckpoint``: COMPLETED, subsume, retain, notify."""
+        now = self.env.now_ms()
+        checkpoint_id = pending.checkpoint_id
+        self._remove_pending(pending)
+        state_size = pending.state_size
+        pointer = pending.location.external_pointer if pending.location else None
+        batch = Batch(
+            records=[self._record(pending, "COMPLETED", now, state_size=state_size, external_pointer=pointer)],
+            control=[NotifyCheckpointComplete(self.job_id, self.state.epoch, checkpoint_id, pending.checkpoint_type, now)],
+            events=[self._event(pending, "SAVEPOINT_COMPLETED" if pending.is_savepoint else "COMPLETED", now,
+                                end_to_end_duration_ms=now - pending.trigger_timestamp, state_size=state_size,
+                                external_pointer=pointer)],
+        )
+        subsumed: list[PendingCheckpoint] = []
+        if not pending.is_savepoint:
+            for other in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+                if other.checkpoint_id < checkpoint_id and not other.is_savepoint:
+                    subsumed.append(other)
+        for other in subsumed:
+            self._abort_into(batch, other, R.CHECKPOINT_SUBSUMED, f"subsumed by checkpoint {checkpoint_id}", now)
+        discarded = self._retention(batch, checkpoint_id if not pending.is_savepoint else None)
+        if pending.checkpoint_type == "SAVEPOINT_TERMINATE":
+            batch.records.append(JobStatusRecord(self.job_id, "FINISHED", self.state.epoch,
+                                                 f"stop-with-savepoint {checkpoint_id}", now))
+        self.stats.report_completed(checkpoint_id, now, state_size, pointer)
+        self._last_completion_ms = now
+        record = batch.records[0]
+
+        def after_commit() -> None:
+            self._notify_complete(checkpoint_id)
+            for other in subsumed:
+                self._after_abort(other, R.CHECKPOINT_SUBSUMED, f"subsumed by checkpoint {checkpoint_id}")
+            for directory in discarded:
+                self._dispose_directory(directory)
+            if not pending.result.done():
+                pending.result.set_result(record)
+            if pending.checkpoint_type == "SAVEPOINT_TERMINATE":
+                self._job_status_changed("FINISHED", f"stop-with-savepoint {checkpoint_id}")
+            self._resume_periodic()
+
+        self._commit(batch, after_commit)
+
+    def _retention(self, batch: Batch, new_completed: int | None) -> list[str]:
+        """Tombstones for completed checkpoints beyond ``num_retained`` (savepoints excluded) and for
+        aborted checkpoints older than the oldest retained one; returns the directories to delete."""
+        completed = [c.checkpoint_id for c in self.state.completed(savepoints=False)]
+        if new_completed is not None and new_completed not in completed:
+            completed.append(new_completed)
+        completed.sort()
+        excess = completed[:-self.options.num_retained] if len(completed) > self.options.num_retained else []
+        directories = []
+        for checkpoint_id in excess:
+            record = self.state.checkpoints[checkpoint_id]
+            batch.records.append(Tombstone(LogKey(self.job_id, "checkpoint", str(checkpoint_id))))
+            if record.external_pointer:
+                directories.append(record.external_pointer)
+        if excess:
+            oldest_retained = completed[len(excess)]
+            for checkpoint_id, record in list(self.state.checkpoints.items()):
+                if record.status == "ABORTED" and checkpoint_id < oldest_retained:
+                    batch.records.append(Tombstone(LogKey(self.job_id, "checkpoint", str(checkpoint_id))))
+        return directories
+
+    def _notify_complete(self, checkpoint_id: int) -> None:
+        for holder in self.holders.values():
+            holder.call("notify_checkpoint_complete", checkpoint_id)
+        for listener in self.listeners:
+            try:
+                listener.notify_checkpoint_complete(checkpoint_id)
+            except Exception:  # noqa: BLE001 - does not revoke the checkpoint (CheckpointListener seed)
+                log.exception("listener failed on notify_checkpoint_complete(%d)", checkpoint_id)
+
+    # -- aborts ----------------------------------------------------------------------------------------
+    def _abort_if_pending(self, checkpoint_id: int, reason: CheckpointFailureReason, message: str) -> None:
+        pending = self.pending.get(checkpoint_id)
+        if pending is not None:
+            self._abort(pending, reason, message)
+
+    def _remove_pending(self, pending: PendingCheckpoint) -> None:
+        self.pending.pop(pending.checkpoint_id, None)
+        if pending.timeout is not None:
+            pending.timeout.cancel()
+        if not pending.trigger_sent:
+            for holder in self.holders.values():
+                holder.open_valve()
+
+    def _abort_into(self, batch: Batch, pending: PendingCheckpoint, reason: CheckpointFailureReason,
+                    message: str, now: int) -> None:
+        self._remove_pending(pending)
+        pending.disposed = True
+        batch.records.append(self._record(pending, "ABORTED", now, failure_reason=reason.value, failure_message=message))
+        batch.control.append(NotifyCheckpointAborted(self.job_id, self.state.epoch, pending.checkpoint_id,
+                                                     reason.value, message, now))
+        batch.events.append(self._event(pending, "SAVEPOINT_FAILED" if pending.is_savepoint else "ABORTED", now,
+                                        end_to_end_duration_ms=now - pending.trigger_timestamp,
+                                        failure_reason=reason.value, failure_message=message))
+        self.stats.report_failed(pending.checkpoint_id, now, reason.value, message)
+
+    def _abort(self, pending: PendingCheckpoint, reason: CheckpointFailureReason, message: str) -> None:
+        """Abort one pending checkpoint (Flink's ``abortPendingCheckpoint``), and fail the job
+        when the tolerable failed checkpoints are exceeded (CheckpointFailureManager)."""
+        now = self.env.now_ms()
+        batch = Batch()
+        self._abort_into(batch, pending, reason, message, now)
+        for record in batch.records:
+            apply(self.state, record)
+        failed = self.state.continuous_failures > self.options.tolerable_failed and self.state.job_status == "RUNNING"
+        job_record = []
+        if failed:
+            why = (f"Exceeded checkpoint tolerable failure threshold: {self.state.continuous_failures} "
+                   f"consecutive failures, {self.options.tolerable_failed} tolerated (last: {reason.value})")
+            job_record.append(JobStatusRecord(self.job_id, "FAILED", self.state.epoch, why, now))
+        for record in job_record:
+            apply(self.state, record)
+
+        def after_commit() -> None:
+            self._after_abort(pending, reason, message)
+            if failed:
+                self._job_status_changed("FAILED", job_record[0].reason)
+            else:
+                self._resume_periodic()
+
+        batch.records.extend(job_record)
+        self.env.append(batch, after_commit)
+
+    def _after_abort(self, pending: PendingCheckpoint, reason: CheckpointFailureReason, message: str) -> None:
+        for holder in self.holders.values():
+            holder.call("notify_checkpoint_aborted", pending.checkpoint_id)
+        for listener in self.listeners:
+            try:
+                listener.notify_checkpoint_aborted(pending.checkpoint_id)
+            except Exception:  # noqa: BLE001
+                log.exception("listener failed on notify_checkpoint_aborted(%d)", pending.checkpoint_id)
+        if pending.location is not None and not pending.finalizing:
+            self._dispose_directory(pending.location.directory)
+        if not pending.result.done():
+            pending.result.set_exception(CheckpointException(reason, message, pending.checkpoint_id))
+
+    def _dispose_directory(self, directory: str | None) -> None:
+        if directory:
+            future = self.env.io_executor.submit(self.storage.dispose_location, directory)
+            future.add_done_callback(lambda f: f.exception() and log.warning(
+                "could not delete %s: %s", directory, f.exception()))
+
+    # -- subtasks and operator events --------------------------------------------------------------------
+    def attempt_ready(self, message: SubtaskAttemptReady) -> None:
+        """A subtask attempt is ready (OperatorCoordinator.executionAttemptReady)."""
+        if message.job_id != self.job_id:
+            return
+        key = (message.operator_id, message.subtask_index)
+        if message.attempt_number < self.current_attempts.get(key, -1):
+            log.info("ignoring ready of stale attempt %d of %s", message.attempt_number, key)
+            return
+        self.current_attempts[key] = message.attempt_number
+        holder = self.holders.get(message.operator_id)
+        if holder is not None:
+            holder.attempt_ready(message.subtask_index, message.attempt_number)
+
+    def attempt_failed(self, message: SubtaskAttemptFailed) -> None:
+        """A subtask attempt failed: tell its coordinator (``execution_attempt_failed`` then
+        ``subtask_reset`` to the latest completed checkpoint) and abort the pending checkpoints
+        still waiting for that subtask with TASK_FAILURE."""
+        if message.job_id != self.job_id:
+            return
+        key = (message.operator_id, message.subtask_index)
+        if message.attempt_number < self.current_attempts.get(key, -1):
+            return
+        latest = self.state.latest_completed()
+        holder = self.holders.get(message.operator_id)
+        if holder is not None:
+            holder.attempt_failed(message.subtask_index, message.attempt_number, RuntimeError(message.reason or "failed"),
+                                  latest.checkpoint_id if latest else NO_CHECKPOINT)
+        for pending in list(self.pending.values()):
+            if key in pending.expected and key not in pending.acknowledged:
+                self._abort(pending, R.TASK_FAILURE, f"{key[0]}[{key[1]}] attempt {message.attempt_number} failed: "
+                                                     f"{message.reason}")
+
+    def receive_operator_event(self, message: OperatorEventMessage) -> None:
+        """An operator event from a subtask, for its operator's coordinator."""
+        if message.job_id != self.job_id:
+            return
+        holder = self.holders.get(message.operator_id)
+        if holder is None:
+            log.warning("operator event %s for %s, which has no coordinator: ignored", message.event_type, message.operator_id)
+            return
+        holder.handle_event(message.subtask_index, message.attempt_number, OperatorEvent(message.event_type, message.payload))
+
+    # -- periodic scheduling -------------------------------------------------------------------------------
+    def start_periodic_scheduler(self) -> None:
+        """Start periodic checkpoints: the first after a random delay within the interval
+        (Flink's ``getRandomInitDelay``: between ``min_pause`` and ``interval``)."""
+        if not self.options.periodic or self._periodic_running:
+            return
+        self._periodic_running = True
+        low = min(self.options.min_pause_ms, self.options.interval_ms)
+        delay = random.randint(low, self.options.interval_ms) if self.options.random_initial_delay else low
+        self._schedule_periodic(delay)
+
+    def stop_periodic_scheduler(self) -> None:
+        self._periodic_running = False
+        self._periodic_waiting = False
+        if self._periodic_timer is not None:
+            self._periodic_timer.cancel()
+            self._periodic_timer = None
+
+    def _schedule_periodic(self, delay_ms: int) -> None:
+        if self._periodic_timer is not None:
+            self._periodic_timer.cancel()
+        self._periodic_timer = self.env.schedule(max(0, delay_ms), self._periodic_trigger)
+
+    def _periodic_trigger(self) -> None:
+        self._periodic_timer = None
+        if not self._periodic_running:
+            return
+        now = self.env.now_ms()
+        refused = self._precheck(False, now)
+        if refused is R.TOO_MANY_CHECKPOINT_REQUESTS:
+            self._periodic_waiting = True  # resumes when a pending checkpoint ends
+            return
+        if refused is R.MINIMUM_TIME_BETWEEN_CHECKPOINTS:
+            self._schedule_periodic(self._last_completion_ms + self.options.min_pause_ms - now)
+            return
+        if refused is not None:
+            return
+        self._trigger("CHECKPOINT", forced=False, periodic=True)
+        self._schedule_periodic(self.options.interval_ms)
+
+    def _resume_periodic(self) -> None:
+        if self._periodic_running and self._periodic_waiting:
+            self._periodic_waiting = False
+            now = self.env.now_ms()
+            due = self._last_completion_ms + self.options.min_pause_ms - now if self._last_completion_ms else 0
+            self._schedule_periodic(max(0, due))
+
+    # -- job status ------------------------------------------------------------------------------------------
+    def _fail_job(self, cause: BaseException) -> None:
+        if self.state.job_status != "RUNNING":
+            return
+        now = self.env.now_ms()
+        reason = f"{type(cause).__name__}: {cause}"
+        self._commit(Batch(records=[JobStatusRecord(self.job_id, "FAILED", self.state.epoch, reason, now)]),
+                     lambda: self._job_status_changed("FAILED", reason))
+
+    def _job_status_changed(self, status: str, reason: str | None) -> None:
+        self.stop_periodic_scheduler()
+        for pending in list(self.pending.values()):
+            self._abort(pending, R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"job {status.lower()}")
+        if self.on_job_status is not None:
+            self.on_job_status(status, reason)
+
+    def shutdown(self) -> None:
+        """Stop scheduling, abort pending checkpoints (CHECKPOINT_COORDINATOR_SHUTDOWN), close
+        coordinators and hooks. Writes the aborts only while the log writer still accepts them."""
+        if self._shutdown:
+            return
+        self.stop_periodic_scheduler()
+        for pending in list(self.pending.values()):
+            self._abort(pending, R.CHECKPOINT_COORDINATOR_SHUTDOWN, "coordinator shut down")
+        self._shutdown = True
+        for holder in self.holders.values():
+            holder.call("close")
+        self.hooks.close()

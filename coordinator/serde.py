@@ -1,0 +1,75 @@
+"""Dataclass <-> Avro value mapping for Chandy's typed messages, records and metadata.
+
+A dataclass maps to an Avro record of the same field names; a ``tuple[X, ...]`` field maps to
+an Avro array (of records when X is a dataclass); a ``dict`` field to an Avro map. Fields the
+dataclass lacks are dropped when reading (a newer writer), and ``record_version`` is added when
+the class declares ``RECORD_VERSION``. The bytes themselves are :mod:`schemas.codec`'s business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def to_avro(obj: Any) -> Any:
+    """The Avro value (dicts, lists, scalars) of a dataclass instance, recursively."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        value = {f.name: to_avro(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.name.endswith("_")}
+        version = getattr(type(obj), "RECORD_VERSION", None)
+        if version is not None:
+            value["record_version"] = version
+        return value
+    if isinstance(obj, (tuple, list)):
+        return [to_avro(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_avro(v) for k, v in obj.items()}
+    if hasattr(obj, "value") and isinstance(obj, str):  # str enums
+        return obj.value
+    return obj
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _element(tp: Any) -> type | None:
+    """The dataclass inside ``tuple[D, ...]``, ``D | None`` or ``D``, if any."""
+    origin = typing.get_origin(tp)
+    if origin in (tuple, list):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return _element(args[0]) if args else None
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            found = _element(arg)
+            if found is not None:
+                return found
+        return None
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
+def from_avro(cls: type[T], value: dict[str, Any]) -> T:
+    """An instance of dataclass ``cls`` from its Avro value; unknown fields are ignored."""
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if field.name not in value:
+            continue
+        item = value[field.name]
+        tp = hints[field.name]
+        inner = _element(tp)
+        if inner is not None and item is not None:
+            if typing.get_origin(tp) in (tuple, list):
+                item = tuple(from_avro(inner, x) for x in item)
+            else:
+                item = from_avro(inner, item)
+        elif typing.get_origin(tp) is tuple and isinstance(item, list):
+            item = tuple(item)
+        kwargs[field.name] = item
+    return cls(**kwargs)

@@ -1,0 +1,489 @@
+"""The CheckpointCoordinator's Flink semantics, pure: a manual clock and an in-memory log stand in
+for the runtime, real fsspec storage in a temporary directory holds the checkpoints."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from pathlib import Path
+
+import pytest
+
+from coordinator.checkpoint_coordinator import CheckpointCoordinator, RestoreError
+from coordinator.failure import CheckpointException
+from coordinator.hooks import HookRestoreError
+from coordinator.messages import (
+    AcknowledgeCheckpoint,
+    DeclineCheckpoint,
+    NotifyCheckpointAborted,
+    NotifyCheckpointComplete,
+    OperatorEventMessage,
+    StateHandle,
+    SubtaskAttemptReady,
+    TriggerCheckpoint,
+)
+from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
+from coordinator.options import CheckpointingOptions
+from coordinator.pending import AckResult
+from coordinator.records import CheckpointRecord, JobStatusRecord, Tombstone
+from coordinator.state import replay
+from coordinator.storage import CheckpointStorage
+from tests.manual_env import ManualEnvironment
+
+JOB = "3f2a9c1e5b7d4a60a1b2c3d4e5f60718"
+OPERATORS = {"src": 2, "sink": 1}
+
+
+class RecordingListener:
+    def __init__(self) -> None:
+        self.completed: list[int] = []
+        self.aborted: list[int] = []
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.completed.append(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        self.aborted.append(checkpoint_id)
+
+
+def make(tmp_path: Path, env: ManualEnvironment | None = None, state=None, providers=(), hooks=(), start=True,
+         restore_from=None, allow=False, **options) -> tuple[CheckpointCoordinator, ManualEnvironment, RecordingListener]:
+    env = env or ManualEnvironment()
+    opts = CheckpointingOptions(**{"interval_ms": 0, "timeout_ms": 60_000, **options})
+    storage = CheckpointStorage(f"file://{tmp_path}/chk", JOB, savepoint_dir=f"file://{tmp_path}/sp")
+    cc = CheckpointCoordinator(JOB, opts, env, storage, OPERATORS, coordinator_providers=providers, state=state)
+    for hook in hooks:
+        cc.add_master_hook(hook)
+    listener = RecordingListener()
+    cc.add_listener(listener)
+    if start:
+        cc.start(restore_from=restore_from, allow_non_restored_state=allow)
+        env.run()
+    return cc, env, listener
+
+
+def ack(cc: CheckpointCoordinator, checkpoint_id: int, op: str, idx: int, attempt: int = 0, size: int = 10) -> AckResult:
+    handle = StateHandle("file", f"file:///data/{op}-{idx}-{checkpoint_id}", None, size)
+    result = cc.receive_acknowledge(AcknowledgeCheckpoint(JOB, cc.epoch, checkpoint_id, op, idx, attempt, (handle,)))
+    cc.env.run()
+    return result
+
+
+def ack_all(cc: CheckpointCoordinator, checkpoint_id: int) -> None:
+    for op, n in OPERATORS.items():
+        for i in range(n):
+            assert ack(cc, checkpoint_id, op, i) is AckResult.SUCCESS
+
+
+def trigger(cc: CheckpointCoordinator, **kw) -> concurrent.futures.Future:
+    future = cc.trigger_checkpoint(**kw)
+    cc.env.run()
+    return future
+
+
+def test_trigger_then_all_acks_completes_and_notifies_listeners(tmp_path: Path) -> None:
+    cc, env, listener = make(tmp_path)
+    future = trigger(cc)
+    (trig,) = env.control_of(TriggerCheckpoint)
+    assert trig.checkpoint_id == 1 and trig.epoch == 1
+    assert not future.done()
+    ack_all(cc, 1)
+    record = future.result(timeout=0)
+    assert record.status == "COMPLETED" and record.num_acknowledged == 3 and record.state_size == 30
+    assert listener.completed == [1]
+    assert [m.checkpoint_id for m in env.control_of(NotifyCheckpointComplete)] == [1]
+    assert os.path.exists(f"{tmp_path}/chk/{JOB}/chk-1/_metadata")
+    assert [e.event_type for e in env.events] == ["TRIGGERED", "COMPLETED"]
+
+
+def test_one_decline_aborts_and_notifies_abort(tmp_path: Path) -> None:
+    cc, env, listener = make(tmp_path, tolerable_failed=5)
+    future = trigger(cc)
+    ack(cc, 1, "src", 0)
+    cc.receive_decline(DeclineCheckpoint(JOB, 1, 1, "sink", 0, 0, "CHECKPOINT_DECLINED", "disk full"))
+    env.run()
+    with pytest.raises(CheckpointException) as raised:
+        future.result(timeout=0)
+    assert raised.value.reason.value == "CHECKPOINT_DECLINED" and "disk full" in str(raised.value)
+    assert listener.aborted == [1] and listener.completed == []
+    (aborted,) = env.control_of(NotifyCheckpointAborted)
+    assert (aborted.checkpoint_id, aborted.reason) == (1, "CHECKPOINT_DECLINED")
+    assert not os.path.exists(f"{tmp_path}/chk/{JOB}/chk-1")
+
+
+def test_timeout_aborts_with_checkpoint_expired(tmp_path: Path) -> None:
+    cc, env, listener = make(tmp_path, timeout_ms=500, tolerable_failed=5)
+    future = trigger(cc)
+    ack(cc, 1, "src", 0)
+    env.advance(499)
+    assert not future.done()
+    env.advance(1)
+    assert future.exception(timeout=0).reason.value == "CHECKPOINT_EXPIRED"
+    assert listener.aborted == [1]
+    assert cc.state.checkpoints[1].failure_reason == "CHECKPOINT_EXPIRED"
+    # an ack arriving after the expiry is late and changes nothing
+    assert ack(cc, 1, "src", 1) is AckResult.LATE
+
+
+def test_max_concurrent_checkpoints_respected(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, interval_ms=100, max_concurrent=2, random_initial_delay=False)
+    cc.start_periodic_scheduler()
+    env.advance(1_000)
+    assert sorted(cc.pending) == [1, 2]
+    assert [m.checkpoint_id for m in env.control_of(TriggerCheckpoint)] == [1, 2]
+    refused = trigger(cc)
+    assert refused.exception(timeout=0).reason.value == "TOO_MANY_CHECKPOINT_REQUESTS"
+    assert cc.state.next_checkpoint_id == 3  # a refused request takes no ID
+    forced = trigger(cc, forced=True)
+    assert not forced.done() and sorted(cc.pending) == [1, 2, 3]
+    # the forced checkpoint counts as ongoing: completing 1 leaves 2 and 3, still the limit
+    ack_all(cc, 1)
+    env.advance(1)
+    assert sorted(cc.pending) == [2, 3]
+    # completing 2 frees a slot: the waiting periodic trigger resumes at once
+    ack_all(cc, 2)
+    env.advance(1)
+    assert sorted(cc.pending) == [3, 4]
+
+
+def test_min_pause_between_checkpoints_respected(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, interval_ms=100, min_pause_ms=1_000, random_initial_delay=False)
+    cc.start_periodic_scheduler()
+    env.advance(1_000)
+    assert list(cc.pending) == [1]
+    ack_all(cc, 1)
+    completed_at = env.now
+    env.advance(999)
+    assert cc.pending == {}
+    assert trigger(cc).exception(timeout=0).reason.value == "MINIMUM_TIME_BETWEEN_CHECKPOINTS"
+    env.advance(1)
+    assert list(cc.pending) == [2]
+    trigger_2 = next(r for r in env.log if isinstance(r, CheckpointRecord) and r.checkpoint_id == 2)
+    assert trigger_2.trigger_timestamp - completed_at >= 1_000
+
+
+def test_completing_n_subsumes_pending_below_but_not_a_pending_savepoint(tmp_path: Path) -> None:
+    cc, env, listener = make(tmp_path, max_concurrent=5)
+    first = trigger(cc)
+    savepoint = cc.trigger_savepoint()
+    env.run()
+    third = trigger(cc)
+    ack_all(cc, 3)
+    assert third.result(timeout=0).checkpoint_id == 3
+    assert first.exception(timeout=0).reason.value == "CHECKPOINT_SUBSUMED"
+    assert not savepoint.done() and 2 in cc.pending
+    assert listener.completed == [3] and listener.aborted == [1]
+    ack_all(cc, 2)
+    pointer = savepoint.result(timeout=0)
+    assert Path(pointer.removeprefix("file://")).name.startswith(f"savepoint-{JOB[:6]}-")
+    assert cc.state.checkpoints[2].status == "COMPLETED" and cc.state.checkpoints[2].is_savepoint
+
+
+def test_tolerable_failed_checkpoints_exceeded_fails_the_job(tmp_path: Path) -> None:
+    statuses = []
+    cc, env, _ = make(tmp_path, tolerable_failed=1, timeout_ms=100, start=False)
+    cc.on_job_status = lambda status, why: statuses.append((status, why))
+    cc.start()
+    env.run()
+    trigger(cc)
+    env.advance(100)
+    assert cc.job_status == "RUNNING" and cc.state.continuous_failures == 1
+    trigger(cc)
+    cc.receive_decline(DeclineCheckpoint(JOB, 1, 2, "src", 0, 0, "CHECKPOINT_DECLINED"))
+    env.run()
+    assert cc.job_status == "FAILED"
+    assert statuses and statuses[0][0] == "FAILED" and "tolerable failure threshold" in statuses[0][1]
+    assert any(isinstance(r, JobStatusRecord) and r.status == "FAILED" for r in env.log)
+    assert trigger(cc).exception(timeout=0).reason.value == "NOT_ALL_REQUIRED_TASKS_RUNNING"
+
+
+def test_uncounted_failures_do_not_fail_the_job(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, tolerable_failed=0, max_concurrent=5)
+    trigger(cc)
+    trigger(cc)
+    ack_all(cc, 2)  # checkpoint 1 is subsumed: not a counted failure
+    assert cc.job_status == "RUNNING" and cc.state.continuous_failures == 0
+
+
+def test_completion_resets_the_continuous_failure_count(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, tolerable_failed=1, timeout_ms=100)
+    trigger(cc)
+    env.advance(100)
+    trigger(cc)
+    ack_all(cc, 2)
+    trigger(cc)
+    env.advance(100)
+    assert cc.job_status == "RUNNING" and cc.state.continuous_failures == 1
+
+
+def test_late_duplicate_stale_and_unknown_acks_change_nothing(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, max_concurrent=2)
+    for idx, attempt in (("src", 0), 1), (("src", 1), 2), (("sink", 0), 0):
+        cc.attempt_ready(SubtaskAttemptReady(JOB, idx[0], idx[1], attempt))
+    first = trigger(cc)
+    assert ack(cc, 1, "src", 0, attempt=1) is AckResult.SUCCESS
+    before = (dict(cc.state.checkpoints), cc.pending[1].num_acknowledged, len(env.log), len(env.control))
+    assert ack(cc, 1, "src", 0, attempt=1) is AckResult.DUPLICATE
+    assert ack(cc, 1, "src", 1, attempt=1) is AckResult.STALE  # attempt 2 is current
+    assert ack(cc, 99, "src", 1, attempt=2) is AckResult.UNKNOWN
+    assert ack(cc, 1, "nosuch", 0) is AckResult.UNKNOWN
+    assert (dict(cc.state.checkpoints), cc.pending[1].num_acknowledged, len(env.log), len(env.control)) == before
+    assert ack(cc, 1, "src", 1, attempt=2) is AckResult.SUCCESS
+    assert ack(cc, 1, "sink", 0) is AckResult.SUCCESS
+    assert first.result(timeout=0).checkpoint_id == 1
+    log_size = len(env.log)
+    assert ack(cc, 1, "sink", 0) is AckResult.LATE
+    assert len(env.log) == log_size
+    assert cc.ack_counts[AckResult.DUPLICATE] == 1 and cc.ack_counts[AckResult.STALE] == 1
+    assert cc.ack_counts[AckResult.UNKNOWN] == 2 and cc.ack_counts[AckResult.LATE] == 1
+
+
+def test_retained_checkpoints_beyond_the_number_are_deleted_from_storage(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, num_retained=2)
+    for checkpoint_id in (1, 2, 3, 4):
+        trigger(cc)
+        ack_all(cc, checkpoint_id)
+    job_dir = tmp_path / "chk" / JOB
+    assert sorted(p.name for p in job_dir.iterdir() if p.name.startswith("chk-")) == ["chk-3", "chk-4"]
+    assert [c.checkpoint_id for c in cc.state.completed()] == [3, 4]
+    tombstoned = sorted(int(r.key().entity_id) for r in env.log if isinstance(r, Tombstone))
+    assert tombstoned == [1, 2]
+
+
+class DictHook:
+    """A master hook storing a dict, version 2 of its serializer."""
+
+    def __init__(self, identifier: str, data: dict | None = None) -> None:
+        self.identifier = identifier
+        self.data = data
+        self.restored: list = []
+        self.resets = 0
+
+    def get_identifier(self) -> str:
+        return self.identifier
+
+    def trigger_checkpoint(self, checkpoint_id, timestamp, executor):
+        return executor.submit(lambda: {**(self.data or {}), "checkpoint": checkpoint_id})
+
+    def restore_checkpoint(self, checkpoint_id, checkpoint_data) -> None:
+        self.restored.append((checkpoint_id, checkpoint_data))
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def close(self) -> None:
+        pass
+
+    def create_checkpoint_data_serializer(self):
+        return self
+
+    def get_version(self) -> int:
+        return 2
+
+    def serialize(self, obj) -> bytes:
+        return repr(sorted(obj.items())).encode()
+
+    def deserialize(self, version: int, serialized: bytes):
+        assert version == 2
+        return dict(eval(serialized.decode()))  # noqa: S307 - test data only
+
+
+def test_hook_data_round_trips_through_metadata_and_restore(tmp_path: Path) -> None:
+    hook = DictHook("kafka-offsets", {"offset": 42})
+    cc, env, _ = make(tmp_path, hooks=[hook])
+    assert hook.resets == 1  # a new job: no checkpoint to restore
+    assert cc.add_master_hook(DictHook("kafka-offsets")) is False  # duplicate identifier dropped
+    trigger(cc)
+    ack_all(cc, 1)
+    # a restarted coordinator (same log) restores the hook's data from _metadata
+    restarted_hook = DictHook("kafka-offsets")
+    make(tmp_path, env=ManualEnvironment(), state=replay(JOB, env.log), hooks=[restarted_hook])
+    assert restarted_hook.restored == [(1, {"offset": 42, "checkpoint": 1})]
+    assert restarted_hook.resets == 0
+
+
+def test_reset_is_called_when_no_checkpoint_exists(tmp_path: Path) -> None:
+    hook = DictHook("h")
+    coordinator = RecordingCoordinator("src")
+    cc, env, _ = make(tmp_path, hooks=[hook], providers=[coordinator])
+    assert hook.resets == 1 and hook.restored == []
+    assert coordinator.calls[:2] == [("start",), ("reset_to_checkpoint", NO_CHECKPOINT, None)]
+
+
+class RecordingCoordinator:
+    """An operator coordinator that logs its calls; it is its own provider."""
+
+    def __init__(self, operator_id: str) -> None:
+        self.operator_id = operator_id
+        self.calls: list[tuple] = []
+        self.gateways: dict[int, object] = {}
+        self.state = b"coordinator-state"
+        self.future = None
+
+    def create(self, context):
+        self.context = context
+        return self
+
+    def start(self):
+        self.calls.append(("start",))
+
+    def close(self):
+        self.calls.append(("close",))
+
+    def handle_event_from_operator(self, subtask, attempt_number, event):
+        self.calls.append(("event", subtask, attempt_number, event))
+
+    def checkpoint_coordinator(self, checkpoint_id, result_future):
+        self.calls.append(("checkpoint", checkpoint_id))
+        self.future = result_future
+
+    def notify_checkpoint_complete(self, checkpoint_id):
+        self.calls.append(("complete", checkpoint_id))
+
+    def notify_checkpoint_aborted(self, checkpoint_id):
+        self.calls.append(("aborted", checkpoint_id))
+
+    def reset_to_checkpoint(self, checkpoint_id, checkpoint_data):
+        self.calls.append(("reset_to_checkpoint", checkpoint_id, checkpoint_data))
+
+    def subtask_reset(self, subtask, checkpoint_id):
+        self.calls.append(("subtask_reset", subtask, checkpoint_id))
+
+    def execution_attempt_failed(self, subtask, attempt_number, reason):
+        self.calls.append(("failed", subtask, attempt_number))
+
+    def execution_attempt_ready(self, subtask, attempt_number, gateway):
+        self.calls.append(("ready", subtask, attempt_number))
+        self.gateways[subtask] = gateway
+
+
+def test_operator_coordinator_events_before_and_after_the_checkpoint_future(tmp_path: Path) -> None:
+    coordinator = RecordingCoordinator("src")
+    cc, env, _ = make(tmp_path, providers=[coordinator])
+    cc.attempt_ready(SubtaskAttemptReady(JOB, "src", 0, 0))
+    gateway = coordinator.gateways[0]
+    trigger(cc)
+    assert ("checkpoint", 1) in coordinator.calls
+    gateway.send_event(OperatorEvent("split", b"before"))
+    coordinator.future.set_result(coordinator.state)  # the moment of the coordinator's checkpoint
+    gateway.send_event(OperatorEvent("split", b"after"))
+    env.run()
+    order = [("trigger", m.checkpoint_id) if isinstance(m, TriggerCheckpoint) else ("event", m.payload)
+             for m in env.control if isinstance(m, (TriggerCheckpoint, OperatorEventMessage))]
+    assert order == [("event", b"before"), ("trigger", 1), ("event", b"after")]
+    ack_all(cc, 1)
+    assert ("complete", 1) in coordinator.calls
+    # the coordinator's state is in the checkpoint and comes back on restore
+    restarted = RecordingCoordinator("src")
+    make(tmp_path, env=ManualEnvironment(), state=replay(JOB, env.log), providers=[restarted])
+    assert ("reset_to_checkpoint", 1, b"coordinator-state") in restarted.calls
+    # restoring implies completion: it is notified again
+    assert restarted.calls.index(("reset_to_checkpoint", 1, b"coordinator-state")) < restarted.calls.index(("complete", 1))
+
+
+def test_events_to_a_failed_attempt_fail(tmp_path: Path) -> None:
+    from coordinator.messages import SubtaskAttemptFailed
+    from coordinator.operator_coordinator_holder import SubtaskAttemptGoneError
+
+    coordinator = RecordingCoordinator("src")
+    cc, env, _ = make(tmp_path, providers=[coordinator])
+    cc.attempt_ready(SubtaskAttemptReady(JOB, "src", 1, 0))
+    gateway = coordinator.gateways[1]
+    cc.attempt_failed(SubtaskAttemptFailed(JOB, "src", 1, 0, "killed"))
+    future = gateway.send_event(OperatorEvent("split", b"x"))
+    env.run()
+    assert isinstance(future.exception(timeout=0), SubtaskAttemptGoneError)
+    assert ("failed", 1, 0) in coordinator.calls and ("subtask_reset", 1, NO_CHECKPOINT) in coordinator.calls
+
+
+def test_savepoints_share_the_id_counter_and_stop_with_savepoint_finishes(tmp_path: Path) -> None:
+    statuses = []
+    cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, start=False)
+    cc.on_job_status = lambda status, why: statuses.append(status)
+    cc.start()
+    cc.start_periodic_scheduler()
+    env.advance(100)
+    ack_all(cc, 1)
+    pointer = cc.trigger_savepoint(terminate=True)
+    env.run()
+    (sp_id,) = cc.pending
+    assert sp_id == 2
+    ack_all(cc, 2)
+    assert pointer.result(timeout=0).startswith("file://")
+    assert statuses == ["FINISHED"] and cc.job_status == "FINISHED"
+    env.advance(1_000)
+    assert cc.pending == {}  # periodic checkpoints stopped
+
+
+def test_restore_from_savepoint_checks_operators(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path)
+    savepoint = cc.trigger_savepoint()
+    env.run()
+    ack_all(cc, 1)
+    pointer = savepoint.result(timeout=0)
+    global OPERATORS
+    saved, OPERATORS = OPERATORS, {"src": 2}
+    try:
+        with pytest.raises(RestoreError, match="sink"):
+            make(tmp_path / "other", restore_from=pointer)
+        cc2, env2, listener = make(tmp_path / "other2", restore_from=pointer, allow=True)
+        assert listener.completed == [1]
+        assert cc2.state.next_checkpoint_id == 2  # IDs continue after the savepoint's
+        future = trigger(cc2)
+        assert cc2.pending and 2 in cc2.pending and not future.done()
+    finally:
+        OPERATORS = saved
+
+
+def test_restore_with_unclaimed_hook_state_is_an_error(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, hooks=[DictHook("a")])
+    savepoint = cc.trigger_savepoint()
+    env.run()
+    ack_all(cc, 1)
+    with pytest.raises(HookRestoreError, match="a"):
+        make(tmp_path / "o", restore_from=savepoint.result(timeout=0), hooks=[DictHook("b")])
+
+
+def test_restart_aborts_pending_and_continues_ids(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, max_concurrent=3)
+    trigger(cc)
+    ack_all(cc, 1)
+    trigger(cc)
+    ack(cc, 2, "src", 0)
+    cc2, env2, listener = make(tmp_path, env=ManualEnvironment(), state=replay(JOB, env.log))
+    assert cc2.epoch == 2
+    assert cc2.state.checkpoints[2].status == "ABORTED"
+    assert cc2.state.checkpoints[2].failure_reason == "CHECKPOINT_COORDINATOR_SHUTDOWN"
+    assert listener.completed == [1]
+    assert [m.checkpoint_id for m in env2.control_of(NotifyCheckpointComplete)] == [1]
+    trigger(cc2)
+    assert list(cc2.pending) == [3]
+
+
+def test_corrupt_latest_metadata_falls_back_to_an_older_checkpoint(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, num_retained=2)
+    for checkpoint_id in (1, 2):
+        trigger(cc)
+        ack_all(cc, checkpoint_id)
+    (tmp_path / "chk" / JOB / "chk-2" / "_metadata").write_bytes(b"CHKM\x00")
+    _, env2, listener = make(tmp_path, env=ManualEnvironment(), state=replay(JOB, env.log))
+    assert listener.completed == [1]
+    (tmp_path / "chk" / JOB / "chk-1" / "_metadata").unlink()
+    with pytest.raises(RestoreError, match="refusing to start from scratch"):
+        make(tmp_path, env=ManualEnvironment(), state=replay(JOB, env.log))
+
+
+def test_stats_json_is_shaped_like_flinks_checkpoints_endpoint(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, tolerable_failed=3)
+    trigger(cc)
+    env.advance(25)
+    ack_all(cc, 1)
+    trigger(cc)
+    cc.receive_decline(DeclineCheckpoint(JOB, 1, 2, "src", 0, 0, "CHECKPOINT_DECLINED"))
+    env.run()
+    stats = cc.stats.to_json()
+    assert stats["counts"] == {"restored": 0, "total": 2, "in_progress": 0, "completed": 1, "failed": 1}
+    assert stats["summary"]["end_to_end_duration"]["max"] == 25
+    assert stats["latest"]["completed"]["num_acknowledged_subtasks"] == 3
+    assert stats["latest"]["failed"]["failure_reason"] == "CHECKPOINT_DECLINED"
+    assert [h["id"] for h in stats["history"]] == [2, 1]
