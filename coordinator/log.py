@@ -1,0 +1,193 @@
+"""The coordinator log on Kafka: encoding records, choosing the partition, loading on restart.
+
+Keys are ``chandy.v1.CoordinatorLogKey`` (job id, kind, entity id) and values the record's own
+schema, both single-object encoded (or Confluent-framed with a registry); a null value is a
+tombstone. All records of one job go to one partition (CRC-32 of the job id modulo the
+partition count), so the fold sees them in the order they were decided.
+
+Loading (Kafka's coordinator loader): capture the end offset of the job's partition at start,
+read from the beginning with ``isolation.level=read_committed`` until the consumer reports the
+end of the partition at or past that offset. End-of-partition events (``enable.partition.eof``)
+are what make this safe on a compacted, transactional topic, where the last offsets can be
+transaction markers or compacted away and no record ever arrives at ``end - 1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+from connectors.kafka import config as kafka_config
+from coordinator.errors import ChandyError
+from coordinator.records import RECORD_TYPES, LogKey, LogRecord, Tombstone
+from coordinator.state import CoordinatorState, apply
+from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
+
+log = logging.getLogger(__name__)
+
+KEY_SCHEMA = "chandy.v1.CoordinatorLogKey"
+
+
+class LogLoadError(ChandyError):
+    """The coordinator log could not be read to its end."""
+
+
+def partition_for(job_id: str, num_partitions: int) -> int:
+    """The log partition of ``job_id``: CRC-32 of its UTF-8 bytes modulo ``num_partitions``."""
+    return zlib.crc32(job_id.encode("utf-8")) % num_partitions
+
+
+def encode_record(codec: Codec, record: LogRecord, topic: str | None = None) -> tuple[bytes, bytes | None]:
+    """(key bytes, value bytes or None for a tombstone) of a log record."""
+    key = codec.encode(KEY_SCHEMA, record.key().to_avro(), topic=topic)
+    if isinstance(record, Tombstone):
+        return key, None
+    return key, codec.encode(record.SCHEMA, record.to_avro(), topic=topic)
+
+
+@dataclasses.dataclass
+class LoadStats:
+    """What a load read: records applied, records skipped (other jobs, unknown kinds, bad
+    bytes), offsets read up to, and the time taken in seconds."""
+
+    applied: int = 0
+    skipped_other_jobs: int = 0
+    skipped_unknown: int = 0
+    skipped_bad: int = 0
+    end_offset: int = 0
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggedRecord:
+    """A decoded log record with where it was read and when it was written (ms)."""
+
+    record: LogRecord
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+def read_log(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    job_id: str | None = None,
+    codec: Codec | None = None,
+    consumer_overrides: dict[str, Any] | None = None,
+    stats: LoadStats | None = None,
+    timeout_s: float = 60.0,
+    on_progress: Callable[[int], None] | None = None,
+) -> Iterator[LoggedRecord]:
+    """Yield the log's records (of ``job_id``, or of all jobs) from the beginning up to the end
+    offsets captured when called, decoded. Undecodable records are logged and skipped.
+
+    Raises:
+        LogLoadError: the topic is missing, or the end was not reached within ``timeout_s``
+            seconds without progress.
+    """
+    codec = codec or SingleObjectCodec()
+    stats = stats if stats is not None else LoadStats()
+    started = time.monotonic()
+    overrides = {"enable.partition.eof": True, "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
+                 **(consumer_overrides or {})}
+    consumer = kafka_config.consumer(bootstrap_servers, overrides=overrides)
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s)
+        if topic not in metadata.topics or metadata.topics[topic].error is not None:
+            raise LogLoadError(f"coordinator log topic {topic} does not exist")
+        partitions = sorted(metadata.topics[topic].partitions)
+        if job_id is not None:
+            partitions = [partition_for(job_id, len(partitions))]
+        ends: dict[int, int] = {}
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
+            if high > low:
+                ends[p] = high
+        stats.end_offset = sum(ends.values())
+        if not ends:
+            return
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        remaining = set(ends)
+        last_progress = time.monotonic()
+        read = 0
+        while remaining:
+            messages = consumer.consume(num_messages=10_000, timeout=0.05)
+            if not messages and time.monotonic() - last_progress > timeout_s:
+                raise LogLoadError(f"no progress reading {topic} for {timeout_s} s (partitions {sorted(remaining)} unfinished)")
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        if message.offset() >= ends.get(message.partition(), 0):
+                            remaining.discard(message.partition())
+                        continue
+                    raise LogLoadError(f"reading {topic}: {error}")
+                last_progress = time.monotonic()
+                if message.offset() >= ends[message.partition()]:
+                    remaining.discard(message.partition())
+                    continue
+                read += 1
+                decoded = _decode(codec, message, job_id, stats)
+                if decoded is not None:
+                    yield decoded
+                if message.offset() + 1 >= ends[message.partition()]:
+                    remaining.discard(message.partition())
+            if on_progress is not None:
+                on_progress(read)
+    finally:
+        consumer.close()
+        stats.seconds = time.monotonic() - started
+
+
+def _decode(codec: Codec, message: Any, job_id: str | None, stats: LoadStats) -> LoggedRecord | None:
+    where = location_of(message)
+    try:
+        key = LogKey.from_avro(codec.decode(message.key(), where).value)
+    except (WireFormatError, KeyError, TypeError) as exc:
+        stats.skipped_bad += 1
+        log.warning("skipping a log record with an unreadable key: %s", exc)
+        return None
+    if job_id is not None and key.job_id != job_id:
+        stats.skipped_other_jobs += 1
+        return None
+    timestamp = message.timestamp()[1]
+    if message.value() is None:
+        return LoggedRecord(Tombstone(key), message.partition(), message.offset(), timestamp)
+    try:
+        decoded = codec.decode(message.value(), where)
+    except WireFormatError as exc:
+        stats.skipped_bad += 1
+        log.warning("skipping an undecodable log record: %s", exc)
+        return None
+    cls = RECORD_TYPES.get(decoded.name)
+    if cls is None or cls.KIND != key.kind:
+        stats.skipped_unknown += 1
+        log.warning("skipping log record of unknown kind %s (%s) at %s", key.kind, decoded.name, where)
+        return None
+    return LoggedRecord(cls.from_avro(decoded.value), message.partition(), message.offset(), timestamp)
+
+
+def load_state(
+    bootstrap_servers: str,
+    topic: str,
+    job_id: str,
+    *,
+    codec: Codec | None = None,
+    consumer_overrides: dict[str, Any] | None = None,
+    timeout_s: float = 60.0,
+) -> tuple[CoordinatorState, LoadStats]:
+    """Replay the job's log to its current end: the state a restarted coordinator starts from."""
+    stats = LoadStats()
+    state = CoordinatorState(job_id)
+    for logged in read_log(bootstrap_servers, topic, job_id=job_id, codec=codec,
+                           consumer_overrides=consumer_overrides, stats=stats, timeout_s=timeout_s):
+        apply(state, logged.record)
+        stats.applied += 1
+    return state, stats

@@ -1,0 +1,457 @@
+"""The coordinator runtime over Kafka: mailbox, transactional log writer, ack reader, recovery.
+
+:class:`CoordinatorService` is what a user starts for a job. Starting it:
+
+1. creates/checks Chandy's topics;
+2. opens a transactional producer with ``transactional.id = <prefix>-coordinator-<job id>``
+   and calls ``init_transactions()``: this fences every older coordinator of the job (their
+   next transactional write fails and they stop) and aborts their open transaction;
+3. replays ``<prefix>.coordinator-log`` to its end (read_committed): the state;
+4. starts the ack reader at the current end of ``<prefix>.acks``;
+5. starts the :class:`~coordinator.checkpoint_coordinator.CheckpointCoordinator` on the
+   mailbox (new epoch, abort leftovers, restore the latest completed checkpoint, notify it);
+6. starts periodic checkpoints.
+
+Every state transition runs on the mailbox thread; Kafka writes run on the log writer thread,
+storage and hook I/O on an executor, and both report back through the mailbox. The log writer
+commits each batch (log records, control messages, public events) in one Kafka transaction, in
+order, grouping the batches queued meanwhile into one transaction. A fenced or fatally failed
+writer stops the service: nothing more is written.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
+
+from connectors.kafka import config as kafka_config
+from connectors.kafka.topics import ChandyTopics, ensure_topics
+from coordinator.checkpoint_coordinator import CheckpointCoordinator
+from coordinator.environment import Batch, Mailbox
+from coordinator.errors import ChandyError
+from coordinator.log import encode_record, load_state, partition_for
+from coordinator.messages import (
+    MESSAGE_TYPES,
+    AcknowledgeCheckpoint,
+    DeclineCheckpoint,
+    OperatorEventMessage,
+    SubtaskAttemptFailed,
+    SubtaskAttemptReady,
+)
+from coordinator.operator_coordinator import OperatorCoordinatorProvider
+from coordinator.options import CheckpointingOptions
+from coordinator.storage import CheckpointStorage
+from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorFencedError(ChandyError):
+    """Another coordinator of the same job took over (its producer fenced this one's)."""
+
+
+class CoordinatorStoppedError(ChandyError):
+    """The coordinator service is not running."""
+
+
+def transactional_id_for(prefix: str, job_id: str) -> str:
+    """``<prefix>-coordinator-<job id>``: one transactional producer per job, for fencing."""
+    return f"{prefix}-coordinator-{job_id}"
+
+
+def _is_fencing(error: KafkaError) -> bool:
+    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED) or error.fatal()
+
+
+class LogWriter:
+    """Commits batches in order, one Kafka transaction per group of queued batches.
+
+    ``on_committed`` callbacks are handed to ``post`` (the mailbox) after the commit.
+    ``on_fatal`` is called once when the producer is fenced or fails fatally.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topics: ChandyTopics,
+        job_id: str,
+        codec: Codec,
+        transactional_id: str,
+        post: Callable[[Callable[[], None]], None],
+        on_fatal: Callable[[BaseException], None],
+        producer_overrides: Mapping[str, Any] | None = None,
+        log_partitions: int = 1,
+    ) -> None:
+        self.topics = topics
+        self.job_id = job_id
+        self.codec = codec
+        self.post = post
+        self.on_fatal = on_fatal
+        self.log_partition = partition_for(job_id, log_partitions)
+        self.producer = kafka_config.producer(
+            bootstrap_servers, transactional_id=transactional_id,
+            overrides={"transaction.timeout.ms": 60_000, **(producer_overrides or {})},
+        )
+        self._queue: list[tuple[Batch, Callable[[], None] | None]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self.failed: BaseException | None = None
+        self.transactions = 0
+        self._thread = threading.Thread(target=self._run, name=f"chandy-log-writer-{job_id[:8]}", daemon=True)
+
+    def init(self, timeout_s: float = 60.0) -> None:
+        """``init_transactions()``: fences older producers of the same transactional.id."""
+        self.producer.init_transactions(timeout_s)
+        self._thread.start()
+
+    def submit(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
+        with self._cond:
+            if self._closed or self.failed is not None:
+                log.debug("log writer closed: dropping a batch of %d records", len(batch.records))
+                return
+            self._queue.append((batch, on_committed))
+            self._cond.notify()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Commit what is queued, then stop."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _produce(self, batch: Batch) -> None:
+        key = self.job_id.encode()
+        for record in batch.records:
+            k, v = encode_record(self.codec, record, self.topics.coordinator_log)
+            self.producer.produce(self.topics.coordinator_log, v, k, partition=self.log_partition)
+        for message in batch.control:
+            self.producer.produce(self.topics.control, self.codec.encode(message.SCHEMA, message.to_avro(),
+                                                                         topic=self.topics.control), key)
+        for event in batch.events:
+            self.producer.produce(self.topics.checkpoint_events, self.codec.encode(event.SCHEMA, event.to_avro(),
+                                                                                   topic=self.topics.checkpoint_events), key)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue and self._closed:
+                    return
+                group, self._queue = self._queue, []
+            try:
+                self._commit(group)
+            except BaseException as exc:  # noqa: BLE001 - fenced or fatal: stop writing for good
+                self.failed = exc
+                with self._cond:
+                    self._queue.clear()
+                self.on_fatal(exc)
+                return
+            self.transactions += 1
+            for _, on_committed in group:
+                if on_committed is not None:
+                    self.post(on_committed)
+
+    def _commit(self, group: list[tuple[Batch, Callable[[], None] | None]]) -> None:
+        for attempt in range(5):
+            try:
+                self.producer.begin_transaction()
+                for batch, _ in group:
+                    self._produce(batch)
+                self.producer.commit_transaction(30.0)
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if _is_fencing(error) or not error.txn_requires_abort() and not error.retriable():
+                    raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
+                log.warning("transaction attempt %d failed (%s); retrying", attempt + 1, error.str())
+                if error.txn_requires_abort():
+                    self.producer.abort_transaction(30.0)
+                time.sleep(0.1 * (attempt + 1))
+        raise CoordinatorFencedError("log writer gave up after 5 failed transactions")
+
+
+class AckReader:
+    """Reads ``<prefix>.acks`` from its end at start, decodes, and posts each message of the job
+    to the mailbox. A message that does not decode is counted, logged and skipped (and copied to
+    ``dead_letter_topic`` if set); it never stops the reader."""
+
+    def __init__(self, bootstrap_servers: str, topics: ChandyTopics, job_id: str, codec: Codec,
+                 dispatch: Callable[[Any], None], consumer_overrides: Mapping[str, Any] | None = None,
+                 dead_letter_topic: str | None = None) -> None:
+        self.topic = topics.acks
+        self.job_id = job_id
+        self.codec = codec
+        self.dispatch = dispatch
+        self.bad_messages = 0
+        self.dead_letter_topic = dead_letter_topic
+        self._dlq = kafka_config.producer(bootstrap_servers) if dead_letter_topic else None
+        self.consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 10,
+                                                                             **(consumer_overrides or {})})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"chandy-acks-{job_id[:8]}", daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        metadata = self.consumer.list_topics(self.topic, timeout=timeout_s)
+        partitions = sorted(metadata.topics[self.topic].partitions)
+        # start at the end captured now: acks sent to an older coordinator are not ours
+        assignment = []
+        for p in partitions:
+            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout_s, cached=False)
+            assignment.append(TopicPartition(self.topic, p, high if high >= 0 else OFFSET_END))
+        self.consumer.assign(assignment)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        self.consumer.close()
+
+    def _run(self) -> None:
+        key = self.job_id.encode()
+        while not self._stop.is_set():
+            message = self.consumer.poll(0.2)
+            # poll, not consume(n): consume waits for its whole timeout unless n messages arrive
+            for message in () if message is None else (message,):
+                if message.error() is not None:
+                    if message.error().code() != KafkaError._PARTITION_EOF:
+                        log.warning("acks consumer: %s", message.error())
+                    continue
+                if message.key() != key:
+                    continue
+                try:
+                    decoded = self.codec.decode(message.value(), location_of(message))
+                    cls = MESSAGE_TYPES.get(decoded.name)
+                    if cls is None:
+                        raise WireFormatError(f"{decoded.name} is not a message the coordinator reads",
+                                              location_of(message))
+                    self.dispatch(cls.from_avro(decoded.value))
+                except (WireFormatError, TypeError, KeyError) as exc:
+                    self.bad_messages += 1
+                    log.warning("skipping a bad message on %s: %s", self.topic, exc)
+                    if self._dlq is not None:
+                        self._dlq.produce(self.dead_letter_topic, message.value(), message.key(),
+                                          headers={"chandy.error": str(exc)})
+                        self._dlq.poll(0)
+
+
+class CoordinatorService:
+    """One job's checkpoint coordinator on Kafka (see the module docstring).
+
+    Args:
+        job_id: the job's ID (a 32-hex string like Flink's JobID is conventional).
+        bootstrap_servers: Kafka ``bootstrap.servers``.
+        options: checkpointing options (``checkpoint_dir`` is required).
+        operators: operator ID -> parallelism of the operators whose subtasks acknowledge.
+        coordinator_providers: operator coordinators to host.
+        master_hooks: master hooks to register (duplicates by identifier are dropped).
+        listeners: checkpoint listeners.
+        prefix: topic prefix (default ``chandy``).
+        restore_from: a savepoint/checkpoint pointer to start from when the log has no checkpoint.
+        allow_non_restored_state: skip state for operators or hooks this job lacks.
+        schema_registry: ``SchemaRegistryClient`` settings for the Confluent wire format.
+        producer_overrides / consumer_overrides: librdkafka settings under their own names.
+        storage_options: fsspec options for the checkpoint storage.
+        dead_letter_topic: where undecodable acks are copied, if set.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        bootstrap_servers: str,
+        options: CheckpointingOptions,
+        operators: Mapping[str, int],
+        *,
+        coordinator_providers: Iterable[OperatorCoordinatorProvider] = (),
+        master_hooks: Iterable[Any] = (),
+        listeners: Iterable[Any] = (),
+        prefix: str = "chandy",
+        restore_from: str | None = None,
+        allow_non_restored_state: bool = False,
+        schema_registry: Mapping[str, Any] | None = None,
+        producer_overrides: Mapping[str, Any] | None = None,
+        consumer_overrides: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        dead_letter_topic: str | None = None,
+        io_threads: int = 4,
+    ) -> None:
+        if not options.checkpoint_dir:
+            raise ChandyError("a checkpoint directory (state.checkpoints.dir) is required")
+        from schemas.codec import codec_for
+
+        self.job_id = job_id
+        self.bootstrap_servers = bootstrap_servers
+        self.options = options
+        self.operators = dict(operators)
+        self.topics = ChandyTopics(prefix)
+        self.transactional_id = transactional_id_for(prefix, job_id)
+        self.codec: Codec = codec_for(schema_registry) if schema_registry else SingleObjectCodec()
+        self._providers = list(coordinator_providers)
+        self._hooks = list(master_hooks)
+        self._listeners = list(listeners)
+        self._restore_from = restore_from
+        self._allow_non_restored_state = allow_non_restored_state
+        self._producer_overrides = dict(producer_overrides or {})
+        self._consumer_overrides = dict(consumer_overrides or {})
+        self._dead_letter_topic = dead_letter_topic
+        self.storage = CheckpointStorage(options.checkpoint_dir, job_id, savepoint_dir=options.savepoint_dir,
+                                         storage_options=dict(storage_options or {}))
+        self.io_executor = concurrent.futures.ThreadPoolExecutor(io_threads, thread_name_prefix=f"chandy-io-{job_id[:8]}")
+        self.mailbox = Mailbox(f"chandy-mailbox-{job_id[:8]}", on_error=self._on_mailbox_error)
+        self.stopped = threading.Event()
+        self.fenced = threading.Event()
+        self.stop_reason: BaseException | str | None = None
+        self.job_status: str | None = None
+        self.load_stats = None
+        self.coordinator: CheckpointCoordinator | None = None
+        self._writer: LogWriter | None = None
+        self._acks: AckReader | None = None
+
+    # -- CoordinatorEnvironment ------------------------------------------------------------------
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    def execute(self, action: Callable[[], None]) -> None:
+        self.mailbox.execute(action)
+
+    def schedule(self, delay_ms: int, action: Callable[[], None]):
+        return self.mailbox.schedule(delay_ms, action)
+
+    def append(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
+        if self._writer is not None:
+            self._writer.submit(batch, on_committed)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, *, periodic: bool = True, timeout_s: float = 60.0) -> CoordinatorService:
+        """Start (the numbered steps of the module docstring). Returns self.
+
+        Raises:
+            TopicError: the topics are missing and cannot be created, or the log is not compacted.
+            RestoreError, MetadataFormatError, CheckpointPointerError: nothing restorable.
+        """
+        admin = kafka_config.admin_client(self.bootstrap_servers)
+        ensure_topics(admin, self.topics)
+        log_partitions = len(admin.list_topics(self.topics.coordinator_log, timeout=timeout_s)
+                             .topics[self.topics.coordinator_log].partitions)
+        self._writer = LogWriter(self.bootstrap_servers, self.topics, self.job_id, self.codec, self.transactional_id,
+                                 self.mailbox.execute, self._on_writer_failed, self._producer_overrides, log_partitions)
+        self._writer.init(timeout_s)  # fences older coordinators of this job
+        state, self.load_stats = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id,
+                                            codec=self.codec, consumer_overrides=self._consumer_overrides,
+                                            timeout_s=timeout_s)
+        log.info("job %s: replayed %d log records in %.2f s (epoch %d, next checkpoint %d)", self.job_id,
+                 self.load_stats.applied, self.load_stats.seconds, state.epoch, state.next_checkpoint_id)
+        self.coordinator = CheckpointCoordinator(
+            self.job_id, self.options, self, self.storage, self.operators,
+            coordinator_providers=self._providers, state=state, transactional_id=self.transactional_id,
+            on_job_status=self._on_job_status,
+        )
+        for hook in self._hooks:
+            self.coordinator.add_master_hook(hook)
+        for listener in self._listeners:
+            self.coordinator.add_listener(listener)
+        self._acks = AckReader(self.bootstrap_servers, self.topics, self.job_id, self.codec, self._dispatch,
+                               self._consumer_overrides, self._dead_letter_topic)
+        self._acks.start(timeout_s)
+        self.mailbox.start()
+        self.storage.initialize_base_locations()
+        started = self.mailbox.call(lambda: self.coordinator.start(
+            restore_from=self._restore_from, allow_non_restored_state=self._allow_non_restored_state))
+        started.result(timeout_s)
+        if periodic:
+            self.mailbox.execute(self.coordinator.start_periodic_scheduler)
+        return self
+
+    def _dispatch(self, message: Any) -> None:
+        cc = self.coordinator
+        handlers = {
+            AcknowledgeCheckpoint: cc.receive_acknowledge,
+            DeclineCheckpoint: cc.receive_decline,
+            SubtaskAttemptReady: cc.attempt_ready,
+            SubtaskAttemptFailed: cc.attempt_failed,
+            OperatorEventMessage: cc.receive_operator_event,
+        }
+        handler = handlers.get(type(message))
+        if handler is None:
+            log.warning("ignoring %s on the acks topic", type(message).__name__)
+            return
+        self.mailbox.execute(lambda: handler(message))
+
+    def _on_writer_failed(self, exc: BaseException) -> None:
+        log.error("job %s: coordinator log writer stopped (%s); this coordinator stops", self.job_id, exc)
+        self.fenced.set()
+        self.stop_reason = exc
+        threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
+
+    def _on_mailbox_error(self, exc: BaseException) -> None:
+        self.stop_reason = exc
+        threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
+
+    def _on_job_status(self, status: str, reason: str | None) -> None:
+        self.job_status = status
+        log.warning("job %s is %s: %s", self.job_id, status, reason)
+
+    def _halt(self) -> None:
+        """Stop everything without writing (fenced or broken)."""
+        if self._acks is not None:
+            self._acks.close()
+        self.mailbox.close()
+        self.io_executor.shutdown(wait=False)
+        self.stopped.set()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop cleanly: abort pending checkpoints (written while still the active coordinator),
+        close coordinators and hooks, commit what is queued, close clients."""
+        if self.stopped.is_set():
+            return
+        if self.coordinator is not None and not self.fenced.is_set():
+            with _suppress_timeout():
+                self.mailbox.call(self.coordinator.shutdown).result(timeout_s)
+        if self._acks is not None:
+            self._acks.close()
+        self.mailbox.close()
+        if self._writer is not None:
+            self._writer.close(timeout_s)
+        self.io_executor.shutdown(wait=True)
+        self.stopped.set()
+
+    # -- API (any thread) --------------------------------------------------------------------------------
+    def _call(self, func: Callable[[], Any]) -> Any:
+        if self.stopped.is_set():
+            raise CoordinatorStoppedError(f"the coordinator of job {self.job_id} is stopped ({self.stop_reason})")
+        return self.mailbox.call(func).result(30)
+
+    def trigger_checkpoint(self, *, forced: bool = False) -> concurrent.futures.Future:
+        """Trigger a checkpoint now; see :meth:`CheckpointCoordinator.trigger_checkpoint`."""
+        return self._call(lambda: self.coordinator.trigger_checkpoint(forced=forced))
+
+    def trigger_savepoint(self, target: str | None = None, *, terminate: bool = False) -> concurrent.futures.Future:
+        """Trigger a savepoint; the future gives its pointer. See :meth:`CheckpointCoordinator.trigger_savepoint`."""
+        return self._call(lambda: self.coordinator.trigger_savepoint(target, terminate=terminate))
+
+    def stats(self) -> dict[str, Any]:
+        """Checkpoint statistics shaped like Flink's ``/jobs/:jobid/checkpoints``."""
+        return self._call(lambda: self.coordinator.stats.to_json())
+
+    def snapshot_state(self):
+        """A copy of the coordinator's durable state (for comparing with a replay)."""
+        import copy
+
+        return self._call(lambda: copy.deepcopy(self.coordinator.state))
+
+
+class _suppress_timeout:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return exc_type is not None and issubclass(exc_type, (concurrent.futures.TimeoutError, ChandyError))
