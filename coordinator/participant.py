@@ -27,7 +27,7 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from connectors.kafka import config as kafka_config
-from connectors.kafka.topics import ChandyTopics
+from connectors.kafka.topics import ChandyTopics, TopicError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.messages import (
     MESSAGE_TYPES,
@@ -112,6 +112,10 @@ class CheckpointParticipant:
     def start(self, timeout_s: float = 30.0) -> CheckpointParticipant:
         """Read the control topic from its current end, then report this attempt ready."""
         metadata = self.consumer.list_topics(self.topics.control, timeout=timeout_s)
+        topic = metadata.topics.get(self.topics.control)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise TopicError(f"control topic {self.topics.control} does not exist (start the coordinator first, "
+                             "or create the topics with `chandy topics ensure`)")
         assignment = []
         for p in sorted(metadata.topics[self.topics.control].partitions):
             _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topics.control, p),
