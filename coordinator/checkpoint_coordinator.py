@@ -156,7 +156,8 @@ class CheckpointCoordinator:
     def _commit(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
         """Apply the batch's records to the state and hand the batch to the log writer."""
         for record in batch.records:
-            apply(self.state, record)
+            if id(record) not in batch.pre_applied:
+                apply(self.state, record)
         self.env.append(batch, on_committed)
 
     def _record(self, pending: PendingCheckpoint, status: str, now: int, **extra: Any) -> CheckpointRecord:
@@ -340,10 +341,14 @@ class CheckpointCoordinator:
         )
         self.pending[checkpoint_id] = pending
         self.stats.report_pending(CheckpointStats(checkpoint_id, checkpoint_type, now, len(expected)))
-        self._commit(Batch(
+        # PENDING is applied now but written with the trigger (one transaction instead of two):
+        # what must hold is that no worker sees a trigger whose PENDING record is not durable
+        pending.unlogged = Batch(
             records=[CheckpointIdCounterRecord(self.job_id, checkpoint_id + 1), self._record(pending, "PENDING", now)],
             events=[self._event(pending, "TRIGGERED", now)],
-        ))
+        )
+        for record in pending.unlogged.records:
+            apply(self.state, record)
         pending.timeout = self.env.schedule(
             self.options.timeout_ms, lambda: self._abort_if_pending(checkpoint_id, R.CHECKPOINT_EXPIRED,
                                                                     f"not completed within {self.options.timeout_ms} ms"))
@@ -403,10 +408,12 @@ class CheckpointCoordinator:
             return
         pending.trigger_sent = True
         now = self.env.now_ms()
-        self.env.append(Batch(control=[TriggerCheckpoint(
+        batch = self._take_unlogged(pending)
+        batch.control.append(TriggerCheckpoint(
             self.job_id, self.state.epoch, pending.checkpoint_id, pending.trigger_timestamp,
             pending.checkpoint_type, pending.location.reference, tuple(sorted(self.operators)), {},
-        )]))
+        ))
+        self.env.append(batch)
         # events sent after the coordinators' futures completed go out after the trigger
         for holder in self.holders.values():
             holder.open_valve()
@@ -568,10 +575,21 @@ class CheckpointCoordinator:
             for holder in self.holders.values():
                 holder.open_valve()
 
+    @staticmethod
+    def _take_unlogged(pending: PendingCheckpoint) -> Batch:
+        """The checkpoint's PENDING records not yet handed to the log (already applied), or an empty batch."""
+        batch, pending.unlogged = pending.unlogged or Batch(), None
+        batch.pre_applied.update(id(r) for r in batch.records)
+        return batch
+
     def _abort_into(self, batch: Batch, pending: PendingCheckpoint, reason: CheckpointFailureReason,
                     message: str, now: int) -> None:
         self._remove_pending(pending)
         pending.disposed = True
+        unlogged = self._take_unlogged(pending)  # aborted before its trigger went out: log PENDING first
+        batch.records.extend(unlogged.records)
+        batch.events.extend(unlogged.events)
+        batch.pre_applied |= unlogged.pre_applied
         batch.records.append(self._record(pending, "ABORTED", now, failure_reason=reason.value, failure_message=message))
         batch.control.append(NotifyCheckpointAborted(self.job_id, self.state.epoch, pending.checkpoint_id,
                                                      reason.value, message, now))
@@ -587,7 +605,8 @@ class CheckpointCoordinator:
         batch = Batch()
         self._abort_into(batch, pending, reason, message, now)
         for record in batch.records:
-            apply(self.state, record)
+            if id(record) not in batch.pre_applied:
+                apply(self.state, record)
         failed = self.state.continuous_failures > self.options.tolerable_failed and self.state.job_status == "RUNNING"
         job_record = []
         if failed:

@@ -37,6 +37,8 @@ class Batch:
     records: list[LogRecord] = dataclasses.field(default_factory=list)
     control: list[Any] = dataclasses.field(default_factory=list)
     events: list[CheckpointEvent] = dataclasses.field(default_factory=list)
+    #: ids of records in ``records`` already applied to the state when they were decided
+    pre_applied: set[int] = dataclasses.field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(self.records or self.control or self.events)

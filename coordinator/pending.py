@@ -13,7 +13,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from coordinator.environment import Cancellable
+from coordinator.environment import Batch, Cancellable
 from coordinator.messages import AcknowledgeCheckpoint
 from coordinator.storage import CheckpointStorageLocation, MasterState, OperatorState, SubtaskState
 
@@ -49,6 +49,7 @@ class PendingCheckpoint:
     finalizing: bool = False
     disposed: bool = False
     timeout: Cancellable | None = None
+    unlogged: Batch | None = None  # PENDING records applied but not yet appended (go with the trigger)
     properties: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

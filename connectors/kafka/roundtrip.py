@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_END, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from connectors.kafka import config as kafka_config
@@ -112,7 +112,8 @@ def round_trip(
     producer = kafka_config.producer(bootstrap_servers, overrides=producer_overrides)
     consumer = kafka_config.consumer(bootstrap_servers, overrides=consumer_overrides)
     try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_END)])
+        # an explicit start offset: OFFSET_END would be resolved lazily, after the warm-up message
+        consumer.assign([TopicPartition(topic, 0, _end_offset(consumer, topic, timeout_s))])
         samples = list(sample_messages().items())
         # warm the connections (metadata, fetch session) before measuring
         producer.produce(topic, codec.encode("TriggerCheckpoint", samples[0][1], topic=topic), key=b"warmup")
@@ -149,3 +150,14 @@ def _consume_one(consumer: Any, timeout_s: float) -> Any:
             raise RoundTripError(f"consumer error: {message.error()}")
         return message
     raise RoundTripError(f"no message came back within {timeout_s} s")
+
+
+def _end_offset(consumer: Any, topic: str, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s, cached=False)[1]
+        except KafkaException:  # a new topic's leader may not be known yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

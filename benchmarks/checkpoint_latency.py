@@ -1,0 +1,180 @@
+"""Checkpoint end-to-end latency and coordinator-log replay speed, each next to its Kafka floor.
+
+Run: ``.venv/bin/python benchmarks/checkpoint_latency.py`` (or ``make bench``); uses
+``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker in a temporary directory.
+
+1. The floor: produce → consume round trips of single messages (p50/p99, ms).
+2. Checkpoint end-to-end latency with 1, 16 and 64 subtasks: a manual trigger until its
+   future completes (trigger transaction, workers' acks, ``_metadata`` write, completion
+   transaction), each subtask a real :class:`CheckpointParticipant` with its own Kafka clients.
+   A checkpoint costs at least two transactions and two produce→consume hops, so the ratio to
+   the floor is the figure to watch.
+3. Replay: a coordinator log of N records (default 1,000,000) replayed with the coordinator's own
+   ``load_state`` (decode + fold), next to a plain consume of the same topic (no decoding), in
+   records/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from connectors.kafka import config as kafka_config  # noqa: E402
+from connectors.kafka.broker import EmbeddedKafkaBroker  # noqa: E402
+from connectors.kafka.roundtrip import round_trip  # noqa: E402
+from coordinator.log import encode_record, load_state  # noqa: E402
+from coordinator.messages import StateHandle  # noqa: E402
+from coordinator.options import CheckpointingOptions  # noqa: E402
+from coordinator.participant import CheckpointParticipant  # noqa: E402
+from coordinator.records import CheckpointIdCounterRecord, CheckpointRecord  # noqa: E402
+from coordinator.runtime import CoordinatorService  # noqa: E402
+from schemas.codec import SingleObjectCodec  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+def checkpoint_latency(servers: str, subtasks: int, checkpoints: int, tmp: Path) -> dict:
+    job = uuid.uuid4().hex
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    service = CoordinatorService(job, servers, CheckpointingOptions(interval_ms=0, checkpoint_dir=f"file://{tmp}/{job}"),
+                                 {"src": subtasks}, prefix=prefix).start(periodic=False)
+    handle = StateHandle("inline", None, b"x" * 64, 64)
+    workers = [CheckpointParticipant(servers, job, "src", i, snapshot=lambda cid, t: [handle], prefix=prefix).start()
+               for i in range(subtasks)]
+    try:
+        for _ in range(3):  # warm-up: connections, metadata, transaction coordinator
+            service.trigger_checkpoint().result(60)
+        latencies = []
+        for _ in range(checkpoints):
+            start = time.perf_counter()
+            record = service.trigger_checkpoint().result(60)
+            latencies.append((time.perf_counter() - start) * 1000)
+            assert record.status == "COMPLETED" and record.num_acknowledged == subtasks
+    finally:
+        for w in workers:
+            w.close()
+        service.stop()
+    return {"subtasks": subtasks, "checkpoints": checkpoints, "p50_ms": round(pct(latencies, 0.5), 2),
+            "p99_ms": round(pct(latencies, 0.99), 2), "mean_ms": round(statistics.fmean(latencies), 2)}
+
+
+def replay_speed(servers: str, records: int) -> dict:
+    job = uuid.uuid4().hex
+    topic = f"bench-log-{uuid.uuid4().hex[:6]}"
+    admin = kafka_config.admin_client(servers)
+    admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "compact", "min.compaction.lag.ms": "3600000"})])[topic].result()
+    codec = SingleObjectCodec()
+    producer = kafka_config.producer(servers, overrides={"linger.ms": 20, "batch.num.messages": 10000,
+                                                         "queue.buffering.max.messages": 1_000_000,
+                                                         "compression.type": "lz4"})
+    start = time.perf_counter()
+    # a realistic mix: every checkpoint is PENDING then COMPLETED, plus the ID counter
+    for i in range(records):
+        checkpoint_id = i // 3 + 1
+        if i % 3 == 0:
+            record = CheckpointIdCounterRecord(job, checkpoint_id + 1)
+        else:
+            status = "PENDING" if i % 3 == 1 else "COMPLETED"
+            record = CheckpointRecord(job, checkpoint_id, "CHECKPOINT", status, 1, 1_700_000_000_000 + i,
+                                      1_700_000_000_000 + i, 16, 16 if status == "COMPLETED" else 0, 4096,
+                                      f"file:///chk/{job}/chk-{checkpoint_id}" if status == "COMPLETED" else None)
+        key, value = encode_record(codec, record)
+        while True:
+            try:
+                producer.produce(topic, value, key, partition=0)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        if i % 10000 == 0:
+            producer.poll(0)
+    producer.flush(120)
+    produce_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    consumer = kafka_config.consumer(servers, overrides={"enable.partition.eof": True, "fetch.max.bytes": 52428800,
+                                                         "max.partition.fetch.bytes": 10485760})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+    seen = 0
+    done = False
+    while not done:
+        for message in consumer.consume(num_messages=10_000, timeout=0.05):
+            if message.error() is not None:
+                done = message.offset() >= end
+                continue
+            seen += 1
+    consumer.close()
+    plain_s = time.perf_counter() - start
+
+    state, stats = load_state(servers, topic, job, timeout_s=120)
+    replay_s = stats.seconds
+    assert stats.applied == records, (stats.applied, records)
+    assert state.next_checkpoint_id == (records - 1) // 3 + 2
+    admin.delete_topics([topic])
+    return {"records": records, "produce_s": round(produce_s, 1), "plain_consume_s": round(plain_s, 2),
+            "plain_consume_records_per_s": round(seen / plain_s), "replay_s": round(replay_s, 2),
+            "replay_records_per_s": round(records / replay_s), "ratio_replay_to_plain": round(plain_s / replay_s, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--subtasks", default="1,16,64", help="comma-separated subtask counts (default 1,16,64)")
+    parser.add_argument("--checkpoints", type=int, default=100, help="timed checkpoints per count (default 100)")
+    parser.add_argument("--round-trips", type=int, default=1000, help="floor round trips (default 1000)")
+    parser.add_argument("--log-records", type=int, default=1_000_000, help="log size for replay (default 1,000,000)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    import os
+
+    broker = None
+    servers = os.environ.get("CHANDY_BOOTSTRAP_SERVERS")
+    with tempfile.TemporaryDirectory() as tmp:
+        if not servers:
+            broker = EmbeddedKafkaBroker(Path(tmp) / "kafka", heap="1g")
+            servers = broker.up().bootstrap_servers
+        try:
+            floor = round_trip(servers, messages=args.round_trips)
+            results = {"floor": {"round_trips": floor.count, "p50_ms": round(floor.p50_ms, 2),
+                                 "p99_ms": round(floor.p99_ms, 2)}, "checkpoints": []}
+            for n in (int(x) for x in args.subtasks.split(",")):
+                results["checkpoints"].append(checkpoint_latency(servers, n, args.checkpoints, Path(tmp)))
+            if args.log_records > 0:
+                results["replay"] = replay_speed(servers, args.log_records)
+        finally:
+            if broker is not None:
+                broker.down()
+    if args.json:
+        print(json.dumps(results))
+        return
+    f = results["floor"]
+    print(f"produce→consume floor ({f['round_trips']} msgs): p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms")
+    print(f"{'subtasks':>8} {'checkpoints':>11} {'p50 ms':>8} {'p99 ms':>8} {'p50/floor':>9}")
+    for c in results["checkpoints"]:
+        print(f"{c['subtasks']:>8} {c['checkpoints']:>11} {c['p50_ms']:>8} {c['p99_ms']:>8} "
+              f"{c['p50_ms'] / f['p50_ms']:>9.1f}")
+    if "replay" in results:
+        r = results["replay"]
+        print(f"log of {r['records']:,} records: replay {r['replay_records_per_s']:,} records/s ({r['replay_s']} s), "
+              f"plain consume {r['plain_consume_records_per_s']:,} records/s ({r['plain_consume_s']} s), "
+              f"replay/plain speed {r['ratio_replay_to_plain']}")
+
+
+if __name__ == "__main__":
+    main()
