@@ -392,7 +392,8 @@ class EmbeddedKafkaBroker:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         proc = subprocess.run(
             [java, "-cp", f"{libs}/*", *self._log_flags(), _STORAGE_TOOL, "format",
-             "-t", cluster_id, "-c", str(properties)],
+             # "=" form: a base64 cluster id may start with "-", which would read as an option
+             f"--cluster-id={cluster_id}", f"--config={properties}"],
             capture_output=True,
             text=True,
             check=False,
