@@ -22,12 +22,14 @@ demo: kafka-jars
 	$(CHANDY) kafka up
 	$(CHANDY) topics ensure
 	$(CHANDY) kafka roundtrip --messages 1000
+	$(CHANDY) checkpoint demo --subtasks 4 --checkpoints 20
 
 test: kafka-jars
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: kafka-jars
 	$(PY) benchmarks/roundtrip_latency.py
+	$(PY) benchmarks/checkpoint_latency.py
 
 clean:
 	-$(CHANDY) kafka down

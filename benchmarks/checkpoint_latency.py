@@ -34,12 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from connectors.kafka import config as kafka_config  # noqa: E402
 from connectors.kafka.broker import EmbeddedKafkaBroker  # noqa: E402
 from connectors.kafka.roundtrip import round_trip  # noqa: E402
+from coordinator.demo import run_checkpoints  # noqa: E402
 from coordinator.log import encode_record, load_state  # noqa: E402
-from coordinator.messages import StateHandle  # noqa: E402
-from coordinator.options import CheckpointingOptions  # noqa: E402
-from coordinator.participant import CheckpointParticipant  # noqa: E402
 from coordinator.records import CheckpointIdCounterRecord, CheckpointRecord  # noqa: E402
-from coordinator.runtime import CoordinatorService  # noqa: E402
 from schemas.codec import SingleObjectCodec  # noqa: E402
 
 
@@ -49,26 +46,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 def checkpoint_latency(servers: str, subtasks: int, checkpoints: int, tmp: Path) -> dict:
-    job = uuid.uuid4().hex
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
-    service = CoordinatorService(job, servers, CheckpointingOptions(interval_ms=0, checkpoint_dir=f"file://{tmp}/{job}"),
-                                 {"src": subtasks}, prefix=prefix).start(periodic=False)
-    handle = StateHandle("inline", None, b"x" * 64, 64)
-    workers = [CheckpointParticipant(servers, job, "src", i, snapshot=lambda cid, t: [handle], prefix=prefix).start()
-               for i in range(subtasks)]
-    try:
-        for _ in range(3):  # warm-up: connections, metadata, transaction coordinator
-            service.trigger_checkpoint().result(60)
-        latencies = []
-        for _ in range(checkpoints):
-            start = time.perf_counter()
-            record = service.trigger_checkpoint().result(60)
-            latencies.append((time.perf_counter() - start) * 1000)
-            assert record.status == "COMPLETED" and record.num_acknowledged == subtasks
-    finally:
-        for w in workers:
-            w.close()
-        service.stop()
+    result = run_checkpoints(servers, f"file://{tmp}/chk", subtasks=subtasks, checkpoints=checkpoints, warmup=3)
+    assert all(r.status == "COMPLETED" and r.num_acknowledged == subtasks for r in result.records)
+    latencies = result.latencies_ms
     return {"subtasks": subtasks, "checkpoints": checkpoints, "p50_ms": round(pct(latencies, 0.5), 2),
             "p99_ms": round(pct(latencies, 0.99), 2), "mean_ms": round(statistics.fmean(latencies), 2)}
 

@@ -179,6 +179,45 @@ def roundtrip(bootstrap_servers: str | None, data_dir: Path | None, messages: in
     console.print(table)
 
 
+# -- chandy checkpoint -----------------------------------------------------------------------
+@main.group()
+def checkpoint() -> None:
+    """Checkpoints coordinated over Kafka."""
+
+
+@checkpoint.command("demo")
+@bootstrap_option
+@data_dir_option
+@click.option("--subtasks", type=click.IntRange(1, 256), default=4, show_default=True, help="Worker participants.")
+@click.option("--checkpoints", "count", type=click.IntRange(1), default=10, show_default=True)
+@click.option("--checkpoint-dir", default=None, help="state.checkpoints.dir (default: a temporary directory).")
+@_handle_errors
+def checkpoint_demo(bootstrap_servers: str | None, data_dir: Path | None, subtasks: int, count: int,
+                    checkpoint_dir: str | None) -> None:
+    """Run a coordinator and SUBTASKS workers on this machine for COUNT checkpoints; show the statistics."""
+    import tempfile
+
+    from coordinator.demo import run_checkpoints
+
+    servers = _bootstrap(bootstrap_servers, data_dir)
+    with tempfile.TemporaryDirectory() as tmp, Progress(
+        TextColumn("checkpoints"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+        TimeElapsedColumn(), console=err_console,
+    ) as progress:
+        task = progress.add_task("", total=count)
+        result = run_checkpoints(
+            servers, checkpoint_dir or f"file://{tmp}", subtasks=subtasks, checkpoints=count,
+            on_checkpoint=lambda r, ms: progress.update(task, advance=1, description=f"#{r.checkpoint_id} {ms:.0f} ms"),
+        )
+    summary = result.stats["summary"]["end_to_end_duration"]
+    table = Table("job", "subtasks", "completed", "failed", "p50 ms", "p99 ms", "max ms",
+                  title="checkpoints (end to end, coordinator clock)")
+    counts = result.stats["counts"]
+    table.add_row(result.job_id, str(subtasks), str(counts["completed"]), str(counts["failed"]),
+                  f"{summary['p50']:.0f}", f"{summary['p99']:.0f}", f"{summary['max']:.0f}")
+    console.print(table)
+
+
 # -- chandy topics ---------------------------------------------------------------------------
 @main.group()
 def topics() -> None:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -54,22 +55,31 @@ def _element(tp: Any) -> type | None:
     return tp if dataclasses.is_dataclass(tp) else None
 
 
+def _converter(tp: Any) -> Callable[[Any], Any] | None:
+    """How to turn the Avro value of a field of type ``tp`` into the field's value (None: as is)."""
+    inner = _element(tp)
+    sequence = typing.get_origin(tp) in (tuple, list)
+    if inner is not None:
+        if sequence:
+            return lambda items: tuple(from_avro(inner, x) for x in items)
+        return lambda item: None if item is None else from_avro(inner, item)
+    if sequence:
+        return tuple
+    return None
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[str, Callable[[Any], Any] | None], ...]:
+    """Per dataclass, computed once: (field name, converter) for every field."""
+    hints = _hints(cls)
+    return tuple((f.name, _converter(hints[f.name])) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+
 def from_avro(cls: type[T], value: dict[str, Any]) -> T:
     """An instance of dataclass ``cls`` from its Avro value; unknown fields are ignored."""
-    hints = _hints(cls)
     kwargs: dict[str, Any] = {}
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if field.name not in value:
-            continue
-        item = value[field.name]
-        tp = hints[field.name]
-        inner = _element(tp)
-        if inner is not None and item is not None:
-            if typing.get_origin(tp) in (tuple, list):
-                item = tuple(from_avro(inner, x) for x in item)
-            else:
-                item = from_avro(inner, item)
-        elif typing.get_origin(tp) is tuple and isinstance(item, list):
-            item = tuple(item)
-        kwargs[field.name] = item
+    for name, convert in _plan(cls):
+        if name in value:
+            item = value[name]
+            kwargs[name] = item if convert is None or item is None else convert(item)
     return cls(**kwargs)

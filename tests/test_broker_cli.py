@@ -91,3 +91,15 @@ def test_a_cluster_id_starting_with_a_dash_formats(tmp_path: Path, monkeypatch: 
     properties = broker._write_server_properties(broker_module.free_port(), broker_module.free_port())
     broker._format_storage(find_java(), broker_module.resolve_kafka_jars(), properties)
     assert "cluster.id=-" in (tmp_path / "kraft" / "meta.properties").read_text()
+
+
+@pytest.mark.integration
+def test_checkpoint_demo_runs_checkpoints_through_the_broker(kafka_bootstrap_servers: str) -> None:
+    env = {**os.environ, "CHANDY_BOOTSTRAP_SERVERS": kafka_bootstrap_servers, "COLUMNS": "200"}
+    result = _chandy("checkpoint", "demo", "--subtasks", "3", "--checkpoints", "4", env=env)
+    assert result.returncode == 0, result.stderr
+    rows = [[c.strip() for c in line.split("│") if c.strip()] for line in result.stdout.splitlines()
+            if line.startswith("│")]
+    assert len(rows) == 1
+    cells = rows[0]
+    assert cells[1:4] == ["3", "4", "0"]  # subtasks, completed, failed

@@ -8,6 +8,7 @@ knows from Kafka is renamed or hidden.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -20,9 +21,12 @@ BOOTSTRAP_SERVERS_ENV = "CHANDY_BOOTSTRAP_SERVERS"
 
 KafkaConfig = dict[str, Any]
 
+#: librdkafka's own log lines go through Python logging under this name (not raw to stderr).
+LIBRDKAFKA_LOGGER = logging.getLogger("chandy.librdkafka")
+
 
 def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> KafkaConfig:
-    conf = dict(base)
+    conf = {"logger": LIBRDKAFKA_LOGGER, **base}
     if overrides:
         conf.update(overrides)
     return conf
