@@ -127,7 +127,8 @@ class CheckpointCoordinator:
         for provider in coordinator_providers:
             parallelism = self.operators.get(provider.operator_id, 1)
             self.holders[provider.operator_id] = OperatorCoordinatorHolder(
-                provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job
+                provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job,
+                lambda record: self._commit(Batch(records=[record])),
             )
         self._periodic_timer: Any = None
         self._periodic_running = False
@@ -761,5 +762,5 @@ class CheckpointCoordinator:
             self._abort(pending, R.CHECKPOINT_COORDINATOR_SHUTDOWN, "coordinator shut down")
         self._shutdown = True
         for holder in self.holders.values():
-            holder.call("close")
+            holder.close()
         self.hooks.close()

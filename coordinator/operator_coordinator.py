@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from coordinator.state import BATCH_CHECKPOINT_ID, NO_CHECKPOINT
 
@@ -87,8 +88,18 @@ class OperatorCoordinatorContext(Protocol):
         """Fail the whole job (global failover)."""
         ...
 
-    def run_in_coordinator_thread(self, action: "callable") -> None:  # type: ignore[valid-type]
+    def run_in_coordinator_thread(self, action: Callable[[], None]) -> None:
         """Run ``action`` on the mailbox thread (to come back from an executor)."""
+        ...
+
+    def call_async(self, call: Callable[[], Any], handler: Callable[[Any, BaseException | None], None],
+                   initial_delay_ms: int = 0, period_ms: int = 0) -> None:
+        """Run ``call`` on the I/O executor, then ``handler(result, error)`` on the mailbox thread;
+        repeated every ``period_ms`` when > 0 (Flink's SplitEnumeratorContext.callAsync)."""
+        ...
+
+    def append_log_record(self, record: Any) -> None:
+        """Append a record (e.g. a split assignment) to the coordinator's event-sourced log."""
         ...
 
 

@@ -68,6 +68,7 @@ class OperatorCoordinatorHolder:
         job_id: str,
         epoch_of: Callable[[], int],
         fail_job: Callable[[BaseException], None],
+        append_record: Callable[[Any], None] | None = None,
     ) -> None:
         self.operator_id = provider.operator_id
         self._parallelism = parallelism
@@ -75,6 +76,8 @@ class OperatorCoordinatorHolder:
         self._job_id = job_id
         self._epoch_of = epoch_of
         self._fail_job = fail_job
+        self._append_record = append_record or (lambda record: None)
+        self._closed = False
         self.current_attempts: dict[int, int] = {}
         self._valve_closed = False
         self._held: list[tuple[int, int, OperatorEvent, concurrent.futures.Future[None]]] = []
@@ -93,6 +96,45 @@ class OperatorCoordinatorHolder:
 
     def run_in_coordinator_thread(self, action: Callable[[], None]) -> None:
         self.env.execute(action)
+
+    def call_async(
+        self,
+        call: Callable[[], Any],
+        handler: Callable[[Any, BaseException | None], None],
+        initial_delay_ms: int = 0,
+        period_ms: int = 0,
+    ) -> None:
+        """Run ``call`` on the I/O executor and ``handler(result, error)`` on the mailbox, after
+        ``initial_delay_ms`` and then every ``period_ms`` (> 0) after the previous handler ran,
+        until the coordinator is closed (Flink's SplitEnumeratorContext.callAsync)."""
+
+        def submit() -> None:
+            if self._closed:
+                return
+            future = self.env.io_executor.submit(call)
+            future.add_done_callback(lambda f: self.env.execute(lambda: done(f)))
+
+        def done(future: concurrent.futures.Future) -> None:
+            if self._closed:
+                return
+            error = future.exception()
+            try:
+                handler(None if error is not None else future.result(), error)
+            except Exception as exc:  # noqa: BLE001 - like any coordinator failure: fail the job
+                log.exception("operator coordinator %s failed in an async handler", self.operator_id)
+                self._fail_job(exc)
+            if period_ms > 0:
+                self.env.schedule(period_ms, submit)
+
+        if initial_delay_ms > 0:
+            self.env.schedule(initial_delay_ms, submit)
+        else:
+            self.env.execute(submit)
+
+    def append_log_record(self, record: Any) -> None:
+        """Append a record to the coordinator log (applied to the coordinator state at once),
+        e.g. a split assignment or an offset commit, so a log replay shows it."""
+        self._append_record(record)
 
     # -- events ----------------------------------------------------------------------------------
     def _send(self, subtask: int, attempt: int, event: OperatorEvent, future: concurrent.futures.Future[None]) -> None:
@@ -162,6 +204,11 @@ class OperatorCoordinatorHolder:
         except Exception as exc:  # noqa: BLE001 - per the seed: a full job failure
             log.exception("operator coordinator %s failed on an event", self.operator_id)
             self._fail_job(exc)
+
+    def close(self) -> None:
+        """Close the coordinator; async calls stop."""
+        self._closed = True
+        self.call("close")
 
     def call(self, method: str, *args: Any) -> None:
         """Call a notification method, logging (not propagating) exceptions."""
