@@ -130,6 +130,7 @@ class CheckpointCoordinator:
                 provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job,
                 lambda record: self._commit(Batch(records=[record])),
             )
+        self._trigger_queue: collections.deque = collections.deque()
         self._periodic_timer: Any = None
         self._periodic_running = False
         self._periodic_waiting = False
@@ -306,6 +307,10 @@ class CheckpointCoordinator:
                 pointer.set_result(f.result().external_pointer)
 
         future.add_done_callback(done)
+        if terminate:
+            # Flink restarts the checkpoint scheduler when stop-with-savepoint fails
+            future.add_done_callback(lambda f: f.exception() is not None and self.env.execute(
+                lambda: self.state.job_status == "RUNNING" and self.start_periodic_scheduler()))
         return pointer
 
     def _precheck(self, forced: bool, now: int) -> CheckpointFailureReason | None:
@@ -327,6 +332,20 @@ class CheckpointCoordinator:
     def _trigger(self, checkpoint_type: str, *, forced: bool, periodic: bool, target: str | None = None
                  ) -> concurrent.futures.Future:
         result: concurrent.futures.Future = concurrent.futures.Future()
+        if any(not p.trigger_sent for p in self.pending.values()):
+            # another checkpoint is still collecting coordinator and hook state: starting this one now
+            # could send its trigger first and mix up which events belong to which checkpoint
+            self._trigger_queue.append((checkpoint_type, forced, periodic, target, result))
+            return result
+        return self._start_trigger(checkpoint_type, forced, periodic, target, result)
+
+    def _start_queued_trigger(self) -> None:
+        while self._trigger_queue and not any(not p.trigger_sent for p in self.pending.values()):
+            checkpoint_type, forced, periodic, target, result = self._trigger_queue.popleft()
+            self._start_trigger(checkpoint_type, forced, periodic, target, result)
+
+    def _start_trigger(self, checkpoint_type: str, forced: bool, periodic: bool, target: str | None,
+                       result: concurrent.futures.Future) -> concurrent.futures.Future:
         now = self.env.now_ms()
         refused = self._precheck(forced, now)
         if refused is not None:
@@ -398,7 +417,11 @@ class CheckpointCoordinator:
         if future.exception() is not None:
             self._abort(pending, R.TRIGGER_CHECKPOINT_FAILURE, f"master hook {identifier} failed: {future.exception()!r}")
             return
-        state = self.hooks.serialize(identifier, future.result())
+        try:
+            state = self.hooks.serialize(identifier, future.result())
+        except Exception as exc:  # noqa: BLE001 - a hook's bug fails this checkpoint only
+            self._abort(pending, R.TRIGGER_CHECKPOINT_FAILURE, f"master hook {identifier} data did not serialize: {exc!r}")
+            return
         if state is not None:
             pending.master_states.append(state)
         pending.hooks_pending.discard(identifier)
@@ -418,6 +441,7 @@ class CheckpointCoordinator:
         # events sent after the coordinators' futures completed go out after the trigger
         for holder in self.holders.values():
             holder.open_valve()
+        self._start_queued_trigger()
         log.debug("checkpoint %d triggered at %d (%d ms after request)", pending.checkpoint_id, now,
                   now - pending.trigger_timestamp)
         self._maybe_finalize(pending)
@@ -431,6 +455,9 @@ class CheckpointCoordinator:
         pending = self.pending.get(ack.checkpoint_id)
         if pending is None:
             result = AckResult.LATE if ack.checkpoint_id < self.state.next_checkpoint_id else AckResult.UNKNOWN
+        elif ack.epoch != self.state.epoch or not pending.trigger_sent:
+            # answers a trigger of another coordinator epoch (possibly the same ID): not ours
+            result = AckResult.STALE
         else:
             result = pending.acknowledge(ack)
         self.ack_counts[result] += 1
@@ -453,6 +480,10 @@ class CheckpointCoordinator:
             log.info("%s decline for checkpoint %d: ignored", result.value, decline.checkpoint_id)
             return result
         subtask = (decline.operator_id, decline.subtask_index)
+        if decline.epoch != self.state.epoch or not pending.trigger_sent:
+            log.info("decline for checkpoint %d from epoch %d (current %d): ignored", decline.checkpoint_id,
+                     decline.epoch, self.state.epoch)
+            return AckResult.STALE
         if subtask in pending.expected and decline.attempt_number < pending.attempts.get(subtask, 0):
             log.info("stale decline for checkpoint %d from %s attempt %d: ignored", decline.checkpoint_id, subtask,
                      decline.attempt_number)
@@ -544,7 +575,8 @@ class CheckpointCoordinator:
         for checkpoint_id in excess:
             record = self.state.checkpoints[checkpoint_id]
             batch.records.append(Tombstone(LogKey(self.job_id, "checkpoint", str(checkpoint_id))))
-            if record.external_pointer:
+            # a snapshot this job was restored from is not its own to delete (Flink's NO_CLAIM mode)
+            if record.external_pointer and "restored_from" not in record.properties:
                 directories.append(record.external_pointer)
         if excess:
             oldest_retained = completed[len(excess)]
@@ -575,6 +607,7 @@ class CheckpointCoordinator:
         if not pending.trigger_sent:
             for holder in self.holders.values():
                 holder.open_valve()
+            self.env.execute(self._start_queued_trigger)
 
     @staticmethod
     def _take_unlogged(pending: PendingCheckpoint) -> Batch:
@@ -647,14 +680,29 @@ class CheckpointCoordinator:
                 "could not delete %s: %s", directory, f.exception()))
 
     # -- subtasks and operator events --------------------------------------------------------------------
+    def _valid_subtask(self, job_id: str, operator_id: str, subtask_index: int) -> bool:
+        parallelism = self.operators.get(operator_id)
+        if parallelism is None and operator_id in self.holders:
+            parallelism = self.holders[operator_id].current_parallelism()
+        if job_id != self.job_id or parallelism is None or not 0 <= subtask_index < parallelism:
+            self.ack_counts[AckResult.UNKNOWN] += 1
+            log.warning("message for unknown subtask %s[%d] of job %s: ignored", operator_id, subtask_index, job_id)
+            return False
+        return True
+
     def attempt_ready(self, message: SubtaskAttemptReady) -> None:
-        """A subtask attempt is ready (OperatorCoordinator.executionAttemptReady)."""
-        if message.job_id != self.job_id:
+        """A subtask attempt is ready (OperatorCoordinator.executionAttemptReady). A newer attempt
+        whose predecessor never reported failing fails the predecessor first, keeping the seed's order."""
+        if not self._valid_subtask(message.job_id, message.operator_id, message.subtask_index):
             return
         key = (message.operator_id, message.subtask_index)
-        if message.attempt_number < self.current_attempts.get(key, -1):
+        current = self.current_attempts.get(key, -1)
+        if message.attempt_number < current:
             log.info("ignoring ready of stale attempt %d of %s", message.attempt_number, key)
             return
+        if current >= 0 and message.attempt_number > current:
+            self.attempt_failed(SubtaskAttemptFailed(self.job_id, key[0], key[1], current,
+                                                     f"superseded by attempt {message.attempt_number}"))
         self.current_attempts[key] = message.attempt_number
         holder = self.holders.get(message.operator_id)
         if holder is not None:
@@ -664,7 +712,7 @@ class CheckpointCoordinator:
         """A subtask attempt failed: tell its coordinator (``execution_attempt_failed`` then
         ``subtask_reset`` to the latest completed checkpoint) and abort the pending checkpoints
         still waiting for that subtask with TASK_FAILURE."""
-        if message.job_id != self.job_id:
+        if not self._valid_subtask(message.job_id, message.operator_id, message.subtask_index):
             return
         key = (message.operator_id, message.subtask_index)
         if message.attempt_number < self.current_attempts.get(key, -1):
@@ -674,8 +722,10 @@ class CheckpointCoordinator:
         if holder is not None:
             holder.attempt_failed(message.subtask_index, message.attempt_number, RuntimeError(message.reason or "failed"),
                                   latest.checkpoint_id if latest else NO_CHECKPOINT)
+        # a failover resets the subtask to the latest completed checkpoint: no pending checkpoint can
+        # complete consistently with that any more (Flink aborts them all; TASK_FAILURE is not counted)
         for pending in list(self.pending.values()):
-            if key in pending.expected and key not in pending.acknowledged:
+            if not pending.is_savepoint:
                 self._abort(pending, R.TASK_FAILURE, f"{key[0]}[{key[1]}] attempt {message.attempt_number} failed: "
                                                      f"{message.reason}")
 
@@ -684,6 +734,10 @@ class CheckpointCoordinator:
         if message.job_id != self.job_id:
             return
         holder = self.holders.get(message.operator_id)
+        if holder is not None and holder.current_attempts.get(message.subtask_index) != message.attempt_number:
+            log.info("operator event from a non-current attempt %d of %s[%d]: ignored", message.attempt_number,
+                     message.operator_id, message.subtask_index)
+            return
         if holder is None:
             log.warning("operator event %s for %s, which has no coordinator: ignored", message.event_type, message.operator_id)
             return

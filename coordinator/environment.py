@@ -92,6 +92,7 @@ class Mailbox:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self.discarding = False
         self.on_error = on_error
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -129,8 +130,18 @@ class Mailbox:
         self._queue.put(lambda: None)  # wake the thread so it recomputes its wait
         return timer
 
-    def close(self, timeout_s: float = 10.0) -> None:
+    def close(self, timeout_s: float = 10.0, *, discard: bool = False) -> None:
+        """Stop the thread; with ``discard`` the mails still queued never run (a fenced coordinator)."""
         self._closed = True
+        self.discarding = discard
+        if discard:
+            with self._lock:
+                self._timers.clear()
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
         self._queue.put(None)
         if self._thread.is_alive() and not self.is_mailbox_thread:
             self._thread.join(timeout_s)
@@ -160,6 +171,8 @@ class Mailbox:
             self._run_one(action)
 
     def _run_one(self, action: Action) -> None:
+        if self._closed and self.discarding:
+            return
         try:
             action()
         except BaseException as exc:  # noqa: BLE001

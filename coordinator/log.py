@@ -159,6 +159,10 @@ def _decode(codec: Codec, message: Any, job_id: str | None, stats: LoadStats) ->
         return None
     timestamp = message.timestamp()[1]
     if message.value() is None:
+        if key.kind == "checkpoint" and not key.entity_id.lstrip("-").isdigit():
+            stats.skipped_bad += 1
+            log.warning("skipping a checkpoint tombstone with a non-numeric id %r at %s", key.entity_id, where)
+            return None
         return LoggedRecord(Tombstone(key), message.partition(), message.offset(), timestamp)
     try:
         decoded = codec.decode(message.value(), where)
@@ -171,7 +175,13 @@ def _decode(codec: Codec, message: Any, job_id: str | None, stats: LoadStats) ->
         stats.skipped_unknown += 1
         log.warning("skipping log record of unknown kind %s (%s) at %s", key.kind, decoded.name, where)
         return None
-    return LoggedRecord(cls.from_avro(decoded.value), message.partition(), message.offset(), timestamp)
+    try:
+        record = cls.from_avro(decoded.value)
+    except (TypeError, ValueError, KeyError) as exc:
+        stats.skipped_bad += 1
+        log.warning("skipping a log record that does not fit %s at %s: %s", decoded.name, where, exc)
+        return None
+    return LoggedRecord(record, message.partition(), message.offset(), timestamp)
 
 
 def load_state(

@@ -166,15 +166,22 @@ class OperatorCoordinatorHolder:
     def gateway(self, subtask: int, attempt_number: int) -> _Gateway:
         return _Gateway(self, subtask, attempt_number)
 
+    def _guarded(self, method: str, *args: Any) -> None:
+        try:
+            getattr(self.coordinator, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - a coordinator failure fails the job, not the process
+            log.exception("operator coordinator %s failed in %s", self.operator_id, method)
+            self._fail_job(exc)
+
     def attempt_ready(self, subtask: int, attempt_number: int) -> None:
         self.current_attempts[subtask] = attempt_number
-        self.coordinator.execution_attempt_ready(subtask, attempt_number, self.gateway(subtask, attempt_number))
+        self._guarded("execution_attempt_ready", subtask, attempt_number, self.gateway(subtask, attempt_number))
 
     def attempt_failed(self, subtask: int, attempt_number: int, reason: BaseException | None, restore_id: int) -> None:
         if self.current_attempts.get(subtask) == attempt_number:
             del self.current_attempts[subtask]
-        self.coordinator.execution_attempt_failed(subtask, attempt_number, reason)
-        self.coordinator.subtask_reset(subtask, restore_id)
+        self._guarded("execution_attempt_failed", subtask, attempt_number, reason)
+        self._guarded("subtask_reset", subtask, restore_id)
 
     def checkpoint(self, checkpoint_id: int, on_done: Callable[[bytes | None, BaseException | None], None]) -> None:
         """Ask the coordinator for its state; ``on_done`` runs on the mailbox when the future is done."""

@@ -163,9 +163,9 @@ class CheckpointParticipant:
                     if cls is None:
                         raise WireFormatError(f"{decoded.name} is not a control message", location_of(message))
                     self._handle(cls.from_avro(decoded.value))
-                except (WireFormatError, TypeError, KeyError) as exc:
+                except Exception as exc:  # noqa: BLE001 - one bad message (or callback) must not stop the loop
                     self.bad_messages += 1
-                    log.warning("skipping a bad control message: %s", exc)
+                    log.warning("skipping a control message that failed: %s", exc)
 
     def _handle(self, message: Any) -> None:
         epoch = getattr(message, "epoch", None)

@@ -161,22 +161,35 @@ class LogWriter:
                     self.post(on_committed)
 
     def _commit(self, group: list[tuple[Batch, Callable[[], None] | None]]) -> None:
+        """One transaction for the group, following librdkafka's transactional contract: a
+        retriable commit error retries the commit itself; an abortable one aborts and redoes the
+        whole transaction; a fatal or fencing error stops the writer for good."""
         for attempt in range(5):
             try:
                 self.producer.begin_transaction()
                 for batch, _ in group:
                     self._produce(batch)
-                self.producer.commit_transaction(30.0)
+                self._call_retrying(lambda: self.producer.commit_transaction(30.0))
                 return
             except KafkaException as exc:
                 error = exc.args[0]
-                if _is_fencing(error) or not error.txn_requires_abort() and not error.retriable():
+                if _is_fencing(error) or not error.txn_requires_abort():
                     raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
-                log.warning("transaction attempt %d failed (%s); retrying", attempt + 1, error.str())
-                if error.txn_requires_abort():
-                    self.producer.abort_transaction(30.0)
+                log.warning("transaction attempt %d failed (%s); aborting and retrying", attempt + 1, error.str())
+                self._call_retrying(lambda: self.producer.abort_transaction(30.0))
                 time.sleep(0.1 * (attempt + 1))
-        raise CoordinatorFencedError("log writer gave up after 5 failed transactions")
+        raise CoordinatorFencedError("log writer gave up after 5 aborted transactions")
+
+    @staticmethod
+    def _call_retrying(call: Callable[[], None], attempts: int = 10) -> None:
+        for attempt in range(attempts):
+            try:
+                call()
+                return
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or attempt == attempts - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
 
 
 class AckReader:
@@ -199,7 +212,12 @@ class AckReader:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"chandy-acks-{job_id[:8]}", daemon=True)
 
-    def start(self, timeout_s: float = 30.0) -> None:
+    def start(self) -> None:
+        """Start dispatching (after :meth:`assign`)."""
+        self._thread.start()
+
+    def assign(self, timeout_s: float = 30.0) -> None:
+        """Position at the current end of the acks topic; nothing is dispatched before :meth:`start`."""
         metadata = self.consumer.list_topics(self.topic, timeout=timeout_s)
         partitions = sorted(metadata.topics[self.topic].partitions)
         # start at the end captured now: acks sent to an older coordinator are not ours
@@ -208,7 +226,6 @@ class AckReader:
             _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout_s, cached=False)
             assignment.append(TopicPartition(self.topic, p, high if high >= 0 else OFFSET_END))
         self.consumer.assign(assignment)
-        self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
@@ -235,7 +252,7 @@ class AckReader:
                         raise WireFormatError(f"{decoded.name} is not a message the coordinator reads",
                                               location_of(message))
                     self.dispatch(cls.from_avro(decoded.value))
-                except (WireFormatError, TypeError, KeyError) as exc:
+                except Exception as exc:  # noqa: BLE001 - one bad message must not stop the reader
                     self.bad_messages += 1
                     log.warning("skipping a bad message on %s: %s", self.topic, exc)
                     if self._dlq is not None:
@@ -361,12 +378,13 @@ class CoordinatorService:
             self.coordinator.add_listener(listener)
         self._acks = AckReader(self.bootstrap_servers, self.topics, self.job_id, self.codec, self._dispatch,
                                self._consumer_overrides, self._dead_letter_topic)
-        self._acks.start(timeout_s)
-        self.mailbox.start()
+        self._acks.assign(timeout_s)  # acks from now on are ours, but are read only once started
         self.storage.initialize_base_locations()
+        self.mailbox.start()
         started = self.mailbox.call(lambda: self.coordinator.start(
             restore_from=self._restore_from, allow_non_restored_state=self._allow_non_restored_state))
         started.result(timeout_s)
+        self._acks.start()
         if periodic:
             self.mailbox.execute(self.coordinator.start_periodic_scheduler)
         return self
@@ -404,8 +422,8 @@ class CoordinatorService:
         """Stop everything without writing (fenced or broken)."""
         if self._acks is not None:
             self._acks.close()
-        self.mailbox.close()
-        self.io_executor.shutdown(wait=False)
+        self.mailbox.close(discard=True)
+        self.io_executor.shutdown(wait=False, cancel_futures=True)
         self.stopped.set()
 
     def stop(self, timeout_s: float = 30.0) -> None:

@@ -126,7 +126,8 @@ def _apply_checkpoint(state: CoordinatorState, record: CheckpointRecord) -> None
         return  # savepoint failures never count, and savepoints do not reset the count
     if record.status == "COMPLETED":
         state.continuous_failures = 0
-    elif record.status == "ABORTED" and previous is not None and previous.status == "PENDING":
+    elif record.status == "ABORTED" and (previous is None or previous.status == "PENDING"):
+        # counted once per checkpoint; "previous is None" is a compacted log, whose PENDING record is gone
         if record.failure_reason and CheckpointFailureReason(record.failure_reason) in COUNTED_REASONS:
             state.continuous_failures += 1
 

@@ -26,6 +26,7 @@ is shorter, has another magic, another version, a wrong length or checksum, rais
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import struct
 import uuid
@@ -158,10 +159,11 @@ def deserialize_metadata(data: bytes, where: str = "<bytes>") -> CheckpointMetad
     if zlib.crc32(body) != crc:
         raise MetadataFormatError(f"{where}: _metadata checksum mismatch (corrupt file)")
     try:
-        value = SingleObjectCodec().decode(body).value
+        return serde.from_avro(CheckpointMetadata, SingleObjectCodec().decode(body).value)
     except WireFormatError as exc:
         raise MetadataFormatError(f"{where}: _metadata body does not decode: {exc.problem}") from exc
-    return serde.from_avro(CheckpointMetadata, value)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise MetadataFormatError(f"{where}: _metadata body is not a CheckpointMetadata: {exc}") from exc
 
 
 # -- path references ---------------------------------------------------------------------------
@@ -299,7 +301,12 @@ class CheckpointStorage:
             if _is_local(fs):
                 tmp = f"{path}.inprogress-{uuid.uuid4().hex}"
                 fs.pipe_file(tmp, data)
-                fs.mv(tmp, path)
+                try:
+                    os.link(tmp, path)  # atomic and exclusive: fails if another writer got there first
+                except FileExistsError as exc:
+                    raise CheckpointStorageError(f"{location.metadata_file} already exists; _metadata is written once") from exc
+                finally:
+                    os.unlink(tmp)
             else:
                 fs.pipe_file(path, data)
         except OSError as exc:

@@ -250,7 +250,9 @@ def _read_avro(body: bytes, writer: Schema, reader: Schema, location: MessageLoc
             value = fastavro.schemaless_reader(stream, writer.parsed, reader.parsed)
     except (EOFError, StopIteration, IndexError, struct.error) as exc:
         raise TruncatedMessageError(f"Avro body of {writer.name} ends early ({len(body)} bytes)", location) from exc
-    except (ValueError, TypeError, UnicodeDecodeError, KeyError, OverflowError, MemoryError) as exc:
+    except (ValueError, TypeError, UnicodeDecodeError, KeyError, OverflowError, MemoryError,
+            fastavro.read.SchemaResolutionError) as exc:
+        # SchemaResolutionError: the writer version cannot be read as the reader's (no default)
         raise WireFormatError(f"Avro body of {writer.name} does not decode: {exc!r}", location) from exc
     if stream.tell() != len(body):
         raise WireFormatError(
@@ -376,7 +378,12 @@ class ConfluentCodec:
             registered = self.registry.get_schema(schema_id)
         except SchemaRegistryError as exc:
             raise UnknownSchemaError(f"schema id {schema_id} is not in the Schema Registry: {exc}", location) from exc
-        writer = Schema.from_definition(registered.schema_str)
+        except Exception as exc:  # noqa: BLE001 - registry unreachable: this message cannot be read now
+            raise WireFormatError(f"Schema Registry lookup of schema id {schema_id} failed: {exc}", location) from exc
+        try:
+            writer = Schema.from_definition(registered.schema_str)
+        except Exception as exc:  # noqa: BLE001 - not an Avro schema (e.g. JSON Schema or Protobuf)
+            raise UnknownSchemaError(f"schema id {schema_id} is not an Avro record schema: {exc}", location) from exc
         with self._lock:
             self._writers[schema_id] = writer
         return writer

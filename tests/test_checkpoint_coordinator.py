@@ -487,3 +487,100 @@ def test_stats_json_is_shaped_like_flinks_checkpoints_endpoint(tmp_path: Path) -
     assert stats["latest"]["completed"]["num_acknowledged_subtasks"] == 3
     assert stats["latest"]["failed"]["failure_reason"] == "CHECKPOINT_DECLINED"
     assert [h["id"] for h in stats["history"]] == [2, 1]
+
+
+# -- found in review ------------------------------------------------------------------------------
+def test_acks_for_another_epoch_or_before_the_trigger_are_stale(tmp_path: Path) -> None:
+    hook = DictHook("slow")
+    slow: concurrent.futures.Future = concurrent.futures.Future()
+    hook.trigger_checkpoint = lambda checkpoint_id, timestamp, executor: slow
+    cc, env, _ = make(tmp_path, hooks=[hook])
+    trigger(cc)
+    # the trigger has not gone out (the hook is slow): an ack for "checkpoint 1" is not for ours
+    assert ack(cc, 1, "src", 0) is AckResult.STALE
+    slow.set_result({"x": 1})
+    env.run()
+    stale = AcknowledgeCheckpoint(JOB, cc.epoch + 1, 1, "src", 1, 0)  # a newer coordinator's checkpoint 1
+    assert cc.receive_acknowledge(stale) is AckResult.STALE
+    assert cc.receive_decline(DeclineCheckpoint(JOB, cc.epoch + 1, 1, "src", 1, 0, "CHECKPOINT_DECLINED")) is AckResult.STALE
+    assert 1 in cc.pending and cc.pending[1].num_acknowledged == 0
+
+
+def test_a_snapshot_the_job_was_restored_from_is_never_deleted(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path)
+    first = trigger(cc)
+    ack_all(cc, 1)
+    pointer = first.result(timeout=0).external_pointer  # another job's retained checkpoint
+    cc2, env2, _ = make(tmp_path / "new-job", restore_from=pointer, num_retained=1)
+    for checkpoint_id in (2, 3):
+        trigger(cc2)
+        ack_all(cc2, checkpoint_id)
+    assert [c.checkpoint_id for c in cc2.state.completed()] == [3]  # fell out of retention ...
+    assert Path(pointer.removeprefix("file://"), "_metadata").exists()  # ... but is not deleted
+
+
+def test_overlapping_triggers_keep_ids_and_events_in_order(tmp_path: Path) -> None:
+    coordinator = RecordingCoordinator("src")
+    slow: concurrent.futures.Future = concurrent.futures.Future()
+    hook = DictHook("slow")
+    hook.trigger_checkpoint = lambda checkpoint_id, timestamp, executor: slow if checkpoint_id == 1 else None
+    cc, env, _ = make(tmp_path, providers=[coordinator], hooks=[hook], max_concurrent=3)
+    cc.attempt_ready(SubtaskAttemptReady(JOB, "src", 0, 0))
+    gateway = coordinator.gateways[0]
+    trigger(cc)
+    coordinator.future.set_result(b"s1")
+    gateway.send_event(OperatorEvent("e", b"after-1"))
+    env.run()
+    savepoint = cc.trigger_savepoint()  # queued: checkpoint 1 is still triggering
+    env.run()
+    assert sorted(cc.pending) == [1] and not savepoint.done()
+    slow.set_result({"x": 1})
+    env.run()
+    coordinator.future.set_result(b"s2")
+    gateway.send_event(OperatorEvent("e", b"after-2"))
+    env.run()
+    order = [("trigger", m.checkpoint_id) if isinstance(m, TriggerCheckpoint) else ("event", m.payload)
+             for m in env.control if isinstance(m, (TriggerCheckpoint, OperatorEventMessage))]
+    assert order == [("trigger", 1), ("event", b"after-1"), ("trigger", 2), ("event", b"after-2")]
+
+
+def test_a_newer_attempt_fails_the_old_one_first_and_aborts_pending(tmp_path: Path) -> None:
+    coordinator = RecordingCoordinator("src")
+    cc, env, _ = make(tmp_path, providers=[coordinator], tolerable_failed=0)
+    cc.attempt_ready(SubtaskAttemptReady(JOB, "src", 0, 0))
+    pending = trigger(cc)
+    coordinator.future.set_result(b"")
+    env.run()
+    cc.attempt_ready(SubtaskAttemptReady(JOB, "src", 0, 1))  # the old attempt died silently
+    env.run()
+    calls = [c for c in coordinator.calls if c[0] in ("failed", "subtask_reset", "ready")]
+    assert calls == [("ready", 0, 0), ("failed", 0, 0), ("subtask_reset", 0, NO_CHECKPOINT), ("ready", 0, 1)]
+    assert pending.exception(timeout=0).reason.value == "TASK_FAILURE"
+    assert cc.job_status == "RUNNING"  # TASK_FAILURE does not count
+    cc.attempt_ready(SubtaskAttemptReady(JOB, "src", 7, 0))  # no such subtask: ignored, no crash
+    cc.attempt_ready(SubtaskAttemptReady(JOB, "nosuch", 0, 0))
+
+
+def test_a_failed_stop_with_savepoint_restarts_periodic_checkpoints(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, tolerable_failed=5)
+    cc.start_periodic_scheduler()
+    env.advance(1)
+    ack_all(cc, 1)
+    pointer = cc.trigger_savepoint(terminate=True)
+    env.run()
+    (savepoint_id,) = cc.pending
+    cc.receive_decline(DeclineCheckpoint(JOB, cc.epoch, savepoint_id, "src", 0, 0, "CHECKPOINT_DECLINED"))
+    env.run()
+    assert pointer.exception(timeout=0) is not None and cc.job_status == "RUNNING"
+    env.advance(500)
+    assert cc.pending or any(r.checkpoint_id > savepoint_id for r in cc.state.completed())
+
+
+def test_a_compacted_log_counts_aborted_checkpoints_like_the_live_one() -> None:
+    from coordinator.records import CheckpointRecord as Rec
+
+    aborted = [Rec(JOB, i, "CHECKPOINT", "ABORTED", 1, 0, 0, 1, failure_reason="CHECKPOINT_EXPIRED") for i in (1, 2)]
+    live = replay(JOB, [Rec(JOB, 1, "CHECKPOINT", "PENDING", 1, 0, 0, 1), aborted[0],
+                        Rec(JOB, 2, "CHECKPOINT", "PENDING", 1, 0, 0, 1), aborted[1]])
+    compacted = replay(JOB, aborted)  # compaction kept only the latest record per checkpoint
+    assert live.continuous_failures == compacted.continuous_failures == 2

@@ -178,3 +178,17 @@ def test_confluent_framing_through_the_schema_registry_serializer() -> None:
 def test_without_a_registry_the_codec_is_single_object() -> None:
     assert isinstance(codec_for(None), SingleObjectCodec)
     assert isinstance(codec_for({}), SingleObjectCodec)
+
+
+def test_a_writer_version_the_reader_cannot_resolve_is_a_wire_format_error() -> None:
+    current = SCHEMAS["chandy.v1.AcknowledgeCheckpoint"]
+    definition = copy.deepcopy(dict(current.definition))
+    definition["fields"] = [f for f in definition["fields"] if f["name"] != "metrics"]  # the reader has no default
+    older = Schema.from_definition(definition)
+    reader = SingleObjectCodec(SchemaRepository([current]))
+    reader.repository.register(older)
+    value = {k: v for k, v in example_value(current.definition).items() if k != "metrics"}
+    data = SingleObjectCodec(SchemaRepository([older])).encode(current.name, value)
+    with pytest.raises(WireFormatError, match="does not decode") as raised:
+        reader.decode(data, WHERE)
+    assert raised.value.location == WHERE
