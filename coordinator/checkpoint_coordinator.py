@@ -37,6 +37,7 @@ from typing import Any
 from coordinator.environment import Batch, CoordinatorEnvironment
 from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
+from coordinator.faults import crash_point
 from coordinator.hooks import MasterHooks, MasterTriggerRestoreHook
 from coordinator.listener import CheckpointListener
 from coordinator.messages import (
@@ -125,7 +126,7 @@ class CheckpointCoordinator:
         self.ack_counts: collections.Counter[AckResult] = collections.Counter()
         self.holders: dict[str, OperatorCoordinatorHolder] = {}
         for provider in coordinator_providers:
-            parallelism = self.operators.get(provider.operator_id, 1)
+            parallelism = getattr(provider, "parallelism", None) or self.operators.get(provider.operator_id, 1)
             self.holders[provider.operator_id] = OperatorCoordinatorHolder(
                 provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job,
                 lambda record: self._commit(Batch(records=[record])),
@@ -284,7 +285,8 @@ class CheckpointCoordinator:
     # -- triggering ------------------------------------------------------------------------------
     def trigger_checkpoint(self, *, forced: bool = False) -> concurrent.futures.Future:
         """Trigger a checkpoint now (manual trigger). Returns a future of its
-        :class:`~coordinator.records.CheckpointRecord` once completed; it fails with a
+        :class:`~coordinator.records.CheckpointRecord` once completed (its ``checkpoint_id``
+        attribute is the ID, or None while queued or when refused); it fails with a
         :class:`CheckpointException` (e.g. TOO_MANY_CHECKPOINT_REQUESTS, CHECKPOINT_DECLINED).
         ``forced`` bypasses ``max_concurrent`` and ``min_pause``."""
         return self._trigger("CHECKPOINT", forced=forced, periodic=False)
@@ -332,6 +334,7 @@ class CheckpointCoordinator:
     def _trigger(self, checkpoint_type: str, *, forced: bool, periodic: bool, target: str | None = None
                  ) -> concurrent.futures.Future:
         result: concurrent.futures.Future = concurrent.futures.Future()
+        result.checkpoint_id = None  # set once the checkpoint takes its ID; None if refused before
         if any(not p.trigger_sent for p in self.pending.values()):
             # another checkpoint is still collecting coordinator and hook state: starting this one now
             # could send its trigger first and mix up which events belong to which checkpoint
@@ -353,6 +356,7 @@ class CheckpointCoordinator:
             result.set_exception(CheckpointException(refused, "checkpoint request refused"))
             return result
         checkpoint_id = self.state.next_checkpoint_id
+        result.checkpoint_id = checkpoint_id
         expected = frozenset((op, i) for op, n in self.operators.items() for i in range(n))
         pending = PendingCheckpoint(
             checkpoint_id=checkpoint_id, checkpoint_type=checkpoint_type, trigger_timestamp=now,
@@ -500,6 +504,7 @@ class CheckpointCoordinator:
     def _maybe_finalize(self, pending: PendingCheckpoint) -> None:
         if pending.finalizing or not pending.is_fully_acknowledged:
             return
+        crash_point("before-complete", pending.checkpoint_id)
         pending.finalizing = True
         metadata = CheckpointMetadata(
             job_id=self.job_id, checkpoint_id=pending.checkpoint_id, checkpoint_type=pending.checkpoint_type,

@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from connectors.kafka import config as kafka_config
 from connectors.kafka.topics import ChandyTopics, TopicError
+from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.messages import (
     MESSAGE_TYPES,
@@ -48,6 +49,46 @@ from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[int, TriggerCheckpoint], Iterable[StateHandle]]
+
+
+class AckSender:
+    """Sends a subtask attempt's acknowledgements, declines and reports to ``<prefix>.acks``
+    without reading the control topic: for workers that learn of a checkpoint some other way
+    (a Spark task is handed its checkpoint ID by the driver). Keyed by job ID, like every Chandy message."""
+
+    def __init__(self, bootstrap_servers: str, job_id: str, *, prefix: str = "chandy", codec: Codec | None = None,
+                 producer_overrides: dict[str, Any] | None = None) -> None:
+        self.job_id = job_id
+        self.topic = ChandyTopics(prefix).acks
+        self.codec = codec or SingleObjectCodec()
+        self._key = job_id.encode()
+        self.producer = kafka_config.producer(bootstrap_servers, overrides=producer_overrides)
+
+    def send(self, message: Any, timeout_s: float = 30.0) -> None:
+        """Produce one message and wait until the broker has it.
+
+        Raises:
+            ChandyError: the message was not delivered within ``timeout_s`` seconds.
+        """
+        self.producer.produce(self.topic, self.codec.encode(message.SCHEMA, message.to_avro(), topic=self.topic),
+                              self._key)
+        if self.producer.flush(timeout_s) > 0:
+            raise ChandyError(f"{type(message).__name__} for job {self.job_id} not delivered within {timeout_s} s")
+
+    def acknowledge(self, epoch: int, checkpoint_id: int, operator_id: str, subtask_index: int, attempt_number: int,
+                    handles: Iterable[StateHandle], metrics: CheckpointMetrics | None = None) -> None:
+        """Acknowledge checkpoint ``checkpoint_id`` of coordinator ``epoch`` with ``handles``."""
+        self.send(AcknowledgeCheckpoint(self.job_id, epoch, checkpoint_id, operator_id, subtask_index, attempt_number,
+                                        tuple(handles), metrics or CheckpointMetrics(), int(time.time() * 1000)))
+
+    def decline(self, epoch: int, checkpoint_id: int, operator_id: str, subtask_index: int, attempt_number: int,
+                reason: CheckpointFailureReason, message: str) -> None:
+        """Decline checkpoint ``checkpoint_id``: it aborts."""
+        self.send(DeclineCheckpoint(self.job_id, epoch, checkpoint_id, operator_id, subtask_index, attempt_number,
+                                    reason.value, message, int(time.time() * 1000)))
+
+    def close(self) -> None:
+        self.producer.flush(10)
 
 
 class CheckpointParticipant:
@@ -94,7 +135,8 @@ class CheckpointParticipant:
         self.dropped_stale = 0
         self.bad_messages = 0
         self._key = job_id.encode()
-        self.producer = kafka_config.producer(bootstrap_servers, overrides=producer_overrides)
+        self.sender = AckSender(bootstrap_servers, job_id, prefix=prefix, codec=self.codec,
+                                producer_overrides=producer_overrides)
         self.consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 10,
                                                                              **(consumer_overrides or {})})
         self._stop = threading.Event()
@@ -105,9 +147,7 @@ class CheckpointParticipant:
         return int(time.time() * 1000)
 
     def _send(self, message: Any) -> None:
-        self.producer.produce(self.topics.acks, self.codec.encode(message.SCHEMA, message.to_avro(),
-                                                                 topic=self.topics.acks), self._key)
-        self.producer.flush(30)
+        self.sender.send(message)
 
     def start(self, timeout_s: float = 30.0) -> CheckpointParticipant:
         """Read the control topic from its current end, then report this attempt ready."""
@@ -143,7 +183,7 @@ class CheckpointParticipant:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(10)
         self.consumer.close()
-        self.producer.flush(10)
+        self.sender.close()
 
     # -- the control loop --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -202,12 +242,9 @@ class CheckpointParticipant:
             return
         took = int((time.monotonic() - start) * 1000)
         size = sum(h.state_size for h in handles)
-        self._send(AcknowledgeCheckpoint(
-            self.job_id, trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
-            self.attempt_number, handles, CheckpointMetrics(sync_duration_ms=took, bytes_persisted=size),
-            self._now(),
-        ))
+        self.sender.acknowledge(trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
+                                self.attempt_number, handles, CheckpointMetrics(sync_duration_ms=took, bytes_persisted=size))
 
     def _decline(self, trigger: TriggerCheckpoint, reason: CheckpointFailureReason, message: str) -> None:
-        self._send(DeclineCheckpoint(self.job_id, trigger.epoch, trigger.checkpoint_id, self.operator_id,
-                                     self.subtask_index, self.attempt_number, reason.value, message, self._now()))
+        self.sender.decline(trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
+                            self.attempt_number, reason, message)

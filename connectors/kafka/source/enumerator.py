@@ -406,6 +406,8 @@ class KafkaSourceCoordinatorProvider:
 
     operator_id: str
     options: KafkaSourceOptions
+    #: reader subtasks, when the readers are not an operator whose acks the coordinator awaits
+    parallelism: int | None = None
 
     def create(self, context: Any) -> KafkaSourceEnumerator:
         return KafkaSourceEnumerator(context, self.options)

@@ -1,0 +1,258 @@
+"""The Delta Lake sink, written with the ``deltalake`` package (delta-rs), readable by Spark,
+DuckDB, Polars and pyarrow.
+
+Tasks write Parquet files into the table location (:meth:`DeltaLakeSink.write_files`); the files
+are invisible until the lake committer adds them in one Delta commit that also records an *app
+transaction* ``(app id = job id, version = checkpoint id)``. delta-rs does not skip a repeated
+commit by itself, so :meth:`DeltaLakeSink.commit` reads ``transaction_version(job id)`` first and
+skips a checkpoint that is already in the table: committing after a restart is idempotent.
+
+Data files are named ``part-chandy-<job id[:8]>-<checkpoint:010d>-<subtask:05d>-a<attempt>-<uuid>.parquet``
+(under ``<column>=<value>/`` directories for partitioned tables, without the partition columns
+inside the files, as Delta lays them out), so files that no commit references can be found and
+deleted.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+from coordinator.errors import ChandyError
+from coordinator.messages import StateHandle
+
+log = logging.getLogger(__name__)
+
+FILE_KIND = "lake-file"
+_NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoint>\d{10})-(?P<subtask>\d{5})-a(?P<attempt>\d+)-[0-9a-f]+\.parquet$")
+
+
+class LakeCommitError(ChandyError):
+    """A lake commit failed (schema mismatch, storage error)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """A Parquet file written into the table location, not yet committed.
+
+    ``path`` is relative to the table root; ``size`` in bytes; ``records`` rows; ``schema`` the
+    table's Arrow schema (with the partition columns) as base64 IPC.
+    """
+
+    path: str
+    size: int
+    records: int
+    partition_values: Mapping[str, str | None]
+    modification_time: int
+    schema: str
+
+    def to_state_handle(self) -> StateHandle:
+        return StateHandle(FILE_KIND, self.path, None, self.size, {
+            "records": str(self.records), "partition_values": json.dumps(dict(self.partition_values)),
+            "modification_time": str(self.modification_time), "schema": self.schema})
+
+    @classmethod
+    def from_state_handle(cls, handle: StateHandle) -> DataFile:
+        p = handle.properties
+        return cls(handle.path or "", handle.state_size, int(p["records"]), json.loads(p["partition_values"]),
+                   int(p["modification_time"]), p["schema"])
+
+
+def _schema_to_b64(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def _schema_from_b64(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def _delta_compatible(table: pa.Table) -> pa.Table:
+    """Delta stores zoned timestamps as microseconds in UTC: Spark hands them over in its session
+    time zone (e.g. "Etc/UTC"), which delta-rs refuses, so cast them."""
+    target = pa.schema([
+        f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) and f.type.tz else f
+        for f in table.schema
+    ])
+    return table if target == table.schema else table.cast(target)
+
+
+def _partition_string(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+class DeltaLakeSink:
+    """A Delta table at any fsspec/object-store URL (see the module docstring).
+
+    Args:
+        table_uri: where the table lives (``file:///...``, ``s3://...``, a local path).
+        partition_by: partition columns (their values become ``<col>=<value>`` directories).
+        storage_options: options for fsspec and delta-rs, under their own names.
+    """
+
+    def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
+                 storage_options: Mapping[str, str] | None = None) -> None:
+        if "://" not in table_uri:
+            import os
+
+            table_uri = "file://" + os.path.abspath(table_uri)
+        self.table_uri = table_uri.rstrip("/")
+        self.partition_by = list(partition_by)
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.root = url_to_fs(self.table_uri, **self.storage_options)
+
+    @property
+    def _delta_uri(self) -> str:
+        # delta-rs takes local tables as plain paths
+        return self.root if self.table_uri.startswith("file://") else self.table_uri
+
+    @property
+    def _delta_options(self) -> dict[str, str] | None:
+        return {k: str(v) for k, v in self.storage_options.items()} or None
+
+    # -- task side ------------------------------------------------------------------------------------
+    def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int) -> list[DataFile]:
+        """Write ``table`` as Parquet files (one per partition value), not yet visible. Returns them."""
+        if table.num_rows == 0:
+            return []
+        table = _delta_compatible(table)
+        schema = _schema_to_b64(table.schema)
+        stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        if not self.partition_by:
+            return [self._write_one(table, stem, {}, schema)]
+        missing = [c for c in self.partition_by if c not in table.column_names]
+        if missing:
+            raise LakeCommitError(f"partition column(s) {missing} are not in the data: {table.column_names}")
+        files = []
+        keys = table.select(self.partition_by).group_by(self.partition_by).aggregate([]).to_pylist()
+        for key in keys:
+            mask = None
+            for column, value in key.items():
+                cond = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
+                mask = cond if mask is None else pc.and_(mask, cond)
+            part = table.filter(mask).drop_columns(self.partition_by)
+            values = {c: _partition_string(v) for c, v in key.items()}
+            directory = "/".join(f"{c}={quote(v if v is not None else '__HIVE_DEFAULT_PARTITION__', safe='')}"
+                                 for c, v in values.items())
+            files.append(self._write_one(part, f"{directory}/{stem}", values, schema))
+        return files
+
+    def _write_one(self, table: pa.Table, relative: str, partition_values: dict, schema: str) -> DataFile:
+        path = f"{self.root}/{relative}"
+        parent = path.rsplit("/", 1)[0]
+        self.fs.makedirs(parent, exist_ok=True)
+        with self.fs.open(path, "wb") as handle:
+            pq.write_table(table, handle, compression="zstd")
+        size = self.fs.size(path)
+        return DataFile(relative, size, table.num_rows, partition_values, int(time.time() * 1000), schema)
+
+    # -- committer side ----------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        from deltalake import DeltaTable
+
+        return DeltaTable.is_deltatable(self._delta_uri, self._delta_options)
+
+    def committed_checkpoint(self, job_id: str) -> int | None:
+        """The newest checkpoint of ``job_id`` in the table (its app transaction version), or None."""
+        from deltalake import DeltaTable
+
+        if not self.exists():
+            return None
+        return DeltaTable(self._delta_uri, storage_options=self._delta_options).transaction_version(job_id)
+
+    def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile]) -> bool:
+        """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id).
+
+        Returns False (and commits nothing) when the table already holds this checkpoint or a
+        later one of the job, or when there are no files.
+
+        Raises:
+            LakeCommitError: delta-rs refused the commit.
+        """
+        from deltalake import DeltaTable
+        from deltalake.transaction import AddAction, CommitProperties, Transaction, create_table_with_add_actions
+
+        files = list(files)
+        done = self.committed_checkpoint(job_id)
+        if done is not None and done >= checkpoint_id:
+            log.info("checkpoint %d of job %s is already in %s (version %d): skipped", checkpoint_id, job_id,
+                     self.table_uri, done)
+            return False
+        if not files:
+            return False
+        actions = [
+            AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True,
+                      json.dumps({"numRecords": f.records}))
+            for f in files
+        ]
+        properties = CommitProperties(
+            app_transactions=[Transaction(job_id, checkpoint_id)],
+            custom_metadata={"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id)},
+        )
+        schema = _schema_from_b64(files[0].schema)
+        try:
+            if not self.exists():
+                from deltalake import Schema as DeltaSchema
+
+                create_table_with_add_actions(
+                    self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
+                    partition_by=self.partition_by or None, storage_options=self._delta_options,
+                    commit_properties=properties)
+            else:
+                table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
+                table.create_write_transaction(actions, mode="append", schema=table.schema(),
+                                               partition_by=self.partition_by or None, commit_properties=properties)
+        except Exception as exc:  # noqa: BLE001 - delta-rs raises several exception types
+            raise LakeCommitError(f"committing checkpoint {checkpoint_id} to {self.table_uri} failed: {exc}") from exc
+        return True
+
+    def referenced_files(self) -> set[str]:
+        """Paths (relative to the table root) of the files in the table's current version."""
+        from deltalake import DeltaTable
+
+        if not self.exists():
+            return set()
+        table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
+        return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+
+    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]:
+        """Delete this job's data files that the table does not reference, except those of
+        checkpoints above ``keep_checkpoints_after`` (still in flight). Returns what was deleted."""
+        referenced = self.referenced_files()
+        deleted = []
+        for path in self.fs.find(self.root):
+            relative = path[len(self.root):].lstrip("/")
+            if relative.startswith("_delta_log/"):
+                continue
+            match = _NAME.search(relative)
+            if match is None or not job_id.startswith(match["job"]) or relative in referenced:
+                continue
+            if keep_checkpoints_after is not None and int(match["checkpoint"]) > keep_checkpoints_after:
+                continue
+            self.fs.rm(path)
+            deleted.append(relative)
+        if deleted:
+            log.info("deleted %d data file(s) no completed checkpoint references", len(deleted))
+        return deleted
+
+    def read_table(self) -> pa.Table:
+        """The committed table, read with pyarrow through deltalake (a reader other than the writer)."""
+        from deltalake import DeltaTable
+
+        return DeltaTable(self._delta_uri, storage_options=self._delta_options).to_pyarrow_table()

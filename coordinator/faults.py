@@ -1,0 +1,27 @@
+"""Crash points for the exactly-once tests: ``CHANDY_CRASH_AT=<point>@<checkpoint id>`` kills the
+whole pipeline (its process group, with SIGKILL) when the named point is reached for that
+checkpoint. Unset (always, outside tests), a crash point costs one dictionary lookup.
+
+Points, in protocol order: ``task-read`` (a task is reading its ranges), ``task-written`` (a
+task wrote its files, before its ack), ``before-complete`` (all acks in, before the checkpoint
+is completed), ``before-lake-commit`` (completed, before the lake commit), ``before-offset-commit``
+(lake committed, before the consumer-group offsets are committed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "CHANDY_CRASH_AT"
+POINTS = ("task-read", "task-written", "before-complete", "before-lake-commit", "before-offset-commit")
+
+
+def crash_point(point: str, checkpoint_id: int) -> None:
+    """SIGKILL the process group if ``CHANDY_CRASH_AT`` names this point and checkpoint."""
+    wanted = os.environ.get(ENV)
+    if not wanted:
+        return
+    name, _, checkpoint = wanted.partition("@")
+    if name == point and checkpoint == str(checkpoint_id):
+        os.killpg(os.getpgid(0), signal.SIGKILL)
