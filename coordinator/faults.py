@@ -14,6 +14,9 @@ import os
 import signal
 
 ENV = "CHANDY_CRASH_AT"
+#: The process group to kill; the pipeline driver sets it, since Spark's Python workers run in
+#: a process group of their own (pyspark's daemon calls setpgid).
+PGID_ENV = "CHANDY_CRASH_PGID"
 POINTS = ("task-read", "task-written", "before-complete", "before-lake-commit", "before-offset-commit")
 
 
@@ -24,4 +27,4 @@ def crash_point(point: str, checkpoint_id: int) -> None:
         return
     name, _, checkpoint = wanted.partition("@")
     if name == point and checkpoint == str(checkpoint_id):
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        os.killpg(int(os.environ.get(PGID_ENV) or os.getpgid(0)), signal.SIGKILL)

@@ -456,6 +456,11 @@ class CoordinatorService:
         """Trigger a savepoint; the future gives its pointer. See :meth:`CheckpointCoordinator.trigger_savepoint`."""
         return self._call(lambda: self.coordinator.trigger_savepoint(target, terminate=terminate))
 
+    def abort_checkpoint(self, checkpoint_id: int, reason: Any, message: str) -> bool:
+        """Abort a pending checkpoint (e.g. the driver saw its Spark job fail); see
+        :meth:`CheckpointCoordinator.abort_checkpoint`."""
+        return self._call(lambda: self.coordinator.abort_checkpoint(checkpoint_id, reason, message))
+
     def stats(self) -> dict[str, Any]:
         """Checkpoint statistics shaped like Flink's ``/jobs/:jobid/checkpoints``."""
         return self._call(lambda: self.coordinator.stats.to_json())

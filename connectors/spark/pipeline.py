@@ -45,7 +45,8 @@ from connectors.kafka.source.split import KafkaPartitionSplit
 from connectors.lake.committer import LakeCommitterProvider
 from connectors.lake.delta import DeltaLakeSink
 from coordinator.errors import ChandyError
-from coordinator.failure import CheckpointException
+from coordinator import faults
+from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.options import CheckpointingOptions
 from coordinator.runtime import CoordinatorService
 from coordinator.storage import CheckpointStorage
@@ -145,6 +146,7 @@ class PipelineProgress:
     elapsed_s: float
     lag: dict[tuple[str, int], int]
     message: str | None = None
+    spark_job_ms: float = 0.0  # of checkpoint_duration_ms, the Spark job (read, transform, write, ack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +222,10 @@ class Pipeline:
         from pyspark.sql import SparkSession
 
         # executors' Python workers must import chandy: use this interpreter unless told otherwise
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if not os.environ.get("PYSPARK_PYTHON"):
+            os.environ["PYSPARK_PYTHON"] = sys.executable
+        if os.environ.get(faults.ENV):
+            os.environ[faults.PGID_ENV] = str(os.getpgid(0))  # a crash point in a task kills the driver too
         builder = (SparkSession.builder.master(self.options.master).appName(f"chandy-pipeline-{self.job_id[:8]}")
                    .config("spark.ui.showConsoleProgress", "false")
                    .config("spark.sql.shuffle.partitions", str(self.parallelism)))
@@ -405,14 +410,18 @@ class Pipeline:
                 checkpoint_id = future.checkpoint_id or -1  # None: refused before it got an ID
                 message = None
                 records = 0
+                spark_job_ms = 0.0
                 try:
                     ranges = self._ranges(checkpoint_id, future, opts.checkpoint_timeout_ms / 1000)
                     records = sum(r.num_records for r in ranges.values())
+                    job_started = time.monotonic()
                     try:
                         self._run_micro_batch(spark, checkpoint_id, ranges, state)
-                    except Exception as exc:  # noqa: BLE001 - the tasks declined; the checkpoint aborts
+                    except Exception as exc:  # noqa: BLE001 - abort now rather than wait for the timeout
                         message = f"Spark job failed: {exc}".splitlines()[0]
                         log.error("checkpoint %d: %s", checkpoint_id, message)
+                        self.service.abort_checkpoint(checkpoint_id, CheckpointFailureReason.CHECKPOINT_DECLINED, message)
+                    spark_job_ms = (time.monotonic() - job_started) * 1000
                     future.result(opts.checkpoint_timeout_ms / 1000 + 10)
                     completed += 1
                 except CheckpointException as exc:
@@ -424,7 +433,7 @@ class Pipeline:
                     on_progress(PipelineProgress(
                         checkpoint_id, message is None, records, landed, completed, failed,
                         (time.monotonic() - batch_started) * 1000, time.monotonic() - started,
-                        self.lag(consumer), message))
+                        self.lag(consumer), message, spark_job_ms))
                 pause = opts.checkpoint_interval_ms / 1000 - (time.monotonic() - batch_started)
                 if pause > 0:
                     self._stop.wait(pause)
