@@ -100,6 +100,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=5_000_000)
     parser.add_argument("--per-batch", type=int, default=500_000, help="records per checkpoint / micro-batch")
     parser.add_argument("--topic", default=None)
+    parser.add_argument("--connector-version", default=None,
+                        help="spark-sql-kafka-0-10 version (default: pyspark's own; Maven Central may lag PyPI)")
     args = parser.parse_args()
     import pyspark
     from pyspark.sql import SparkSession
@@ -116,7 +118,7 @@ def main() -> None:
             topic = args.topic or f"bench-{args.records}"
             produce(servers, topic, args.records)
             spark = (SparkSession.builder.master("local[*]").appName("chandy-vs-structured-streaming")
-                     .config("spark.jars.packages", f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}")
+                     .config("spark.jars.packages", f"org.apache.spark:spark-sql-kafka-0-10_2.13:{args.connector_version or pyspark.__version__}")
                      .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(PARTITIONS))
                      .getOrCreate())
             spark.sparkContext.setLogLevel("WARN")
