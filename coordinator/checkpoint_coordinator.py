@@ -829,6 +829,10 @@ class CheckpointCoordinator:
         self.stop_periodic_scheduler()
         for pending in list(self.pending.values()):
             self._abort(pending, R.CHECKPOINT_COORDINATOR_SHUTDOWN, "coordinator shut down")
+        if self.state.job_status == "RUNNING":
+            # a clean stop, told apart in the log from a coordinator that was fenced or died
+            self._commit(Batch(records=[JobStatusRecord(self.job_id, "SUSPENDED", self.state.epoch,
+                                                        "coordinator stopped", self.env.now_ms())]))
         self._shutdown = True
         for holder in self.holders.values():
             holder.close()

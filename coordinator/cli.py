@@ -389,6 +389,147 @@ def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_chec
     run_pipeline_with_progress(options, verify=True)
 
 
+# -- chandy log -------------------------------------------------------------------------------
+@main.group("log")
+def log_group() -> None:
+    """The coordinator's event-sourced log (read-only: never writes, never fences)."""
+
+
+def _parse_time(value: str | None) -> int | None:
+    if value is None:
+        return None
+    import datetime
+
+    try:
+        moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise click.BadParameter(f"expected an ISO time like 2026-11-21T10:00:00Z, got {value!r}", param_hint="--until") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+@log_group.command("replay")
+@click.option("--job", "job_id", default=None, help="Job ID (default: every job in the log).")
+@click.option("--until-checkpoint", type=click.IntRange(0), default=None, help="State once checkpoint N was decided.")
+@click.option("--until", "until", default=None, help="State as of an ISO time, e.g. 2026-11-21T10:00:00Z.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--from-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Replay a file written by `chandy log export` instead of the live topic.")
+@click.option("--prefix", default="chandy", show_default=True)
+@bootstrap_option
+@data_dir_option
+@_handle_errors
+def log_replay(job_id: str | None, until_checkpoint: int | None, until: str | None, fmt: str, from_file: Path | None,
+               prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
+    """Show what the coordinator knew: a timeline and the resulting state."""
+    from connectors.kafka.topics import ChandyTopics
+    from coordinator.log import LoadStats
+    from coordinator.replay import read_logged, replay
+
+    servers = None if from_file else _bootstrap(bootstrap_servers, data_dir)
+    stats = LoadStats()
+    with err_console.status("replaying the coordinator log"):
+        result = replay(read_logged(servers, ChandyTopics(prefix).coordinator_log, from_file=from_file, job_id=job_id,
+                                    stats=stats), job_id=job_id, until_checkpoint=until_checkpoint,
+                        until_ms=_parse_time(until))
+    if fmt == "json":
+        for entry in result.timeline:
+            click.echo(json.dumps(entry))
+        for job, state in sorted(result.states.items()):
+            click.echo(json.dumps({"event": "state", "job_id": job, **_state_json(state)}))
+        return
+    table = Table("offset", "time", "job", "event", "checkpoint", "details", title="coordinator log timeline")
+    import datetime
+
+    for e in result.timeline:
+        details = {k: v for k, v in e.items() if k not in ("offset", "timestamp", "job_id", "event", "checkpoint_id")
+                   and v is not None}
+        when = datetime.datetime.fromtimestamp(e["timestamp"] / 1000, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        table.add_row(str(e["offset"]), when, e["job_id"][:8], e["event"], str(e.get("checkpoint_id", "")),
+                      ", ".join(f"{k}={v}" for k, v in details.items())[:120])
+    console.print(table)
+    for job, state in sorted(result.states.items()):
+        s = _state_json(state)
+        console.print(f"[bold]{job}[/]: epoch {s['epoch']}, job {s['job_status']}, next checkpoint "
+                      f"{s['next_checkpoint_id']}, pending {s['pending']}, completed {s['completed']}, "
+                      f"aborted {s['aborted']}, committed offsets {s['committed_offsets']}")
+    err_console.print(f"{result.records} records replayed; skipped: {stats.skipped_bad} bad, {stats.skipped_unknown} "
+                      "of unknown kinds")
+
+
+def _state_json(state: Any) -> dict[str, Any]:
+    return {
+        "epoch": state.epoch, "job_status": state.job_status, "next_checkpoint_id": state.next_checkpoint_id,
+        "continuous_failures": state.continuous_failures,
+        "pending": [c.checkpoint_id for c in state.pending()],
+        "completed": [c.checkpoint_id for c in state.completed()],
+        "aborted": [c.checkpoint_id for c in state.checkpoints.values() if c.status == "ABORTED"],
+        "split_assignments": {op: len(r.splits) for op, r in state.split_assignments.items()},
+        "committed_offsets": {g: {f"{o.topic}-{o.partition}": o.offset for o in r.offsets}
+                              for g, r in state.committed_offsets.items()},
+    }
+
+
+@log_group.command("export")
+@click.option("--job", "job_id", default=None, help="Job ID (default: every job).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--prefix", default="chandy", show_default=True)
+@bootstrap_option
+@data_dir_option
+@_handle_errors
+def log_export(job_id: str | None, output: Path, prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
+    """Write the coordinator log to a file, for `chandy log replay --from-file` elsewhere."""
+    from connectors.kafka.topics import ChandyTopics
+    from coordinator.replay import export_log
+
+    count = export_log(_bootstrap(bootstrap_servers, data_dir), ChandyTopics(prefix).coordinator_log, output, job_id=job_id)
+    err_console.print(f"{count} records written to {output}")
+
+
+# -- chandy events ----------------------------------------------------------------------------
+@main.group()
+def events() -> None:
+    """The public checkpoint events."""
+
+
+@events.command("tail")
+@click.option("--job", "job_id", default=None, help="Only this job's events.")
+@click.option("--from-beginning", is_flag=True, help="Start at the earliest event (default: new events only).")
+@click.option("--group-id", default=None, help="Resume this consumer group's position (overrides --from-beginning).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--max-events", type=click.IntRange(1), default=None, help="Stop after this many events.")
+@click.option("--prefix", default="chandy", show_default=True)
+@bootstrap_option
+@data_dir_option
+@_handle_errors
+def events_tail(job_id: str | None, from_beginning: bool, group_id: str | None, fmt: str, max_events: int | None,
+                prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
+    """Follow checkpoint events (Ctrl-C stops)."""
+    import dataclasses
+
+    from coordinator.subscriber import subscribe
+
+    start = "committed" if group_id else ("earliest" if from_beginning else "latest")
+    seen = 0
+    with subscribe(_bootstrap(bootstrap_servers, data_dir), job_id=job_id, start=start, group_id=group_id,
+                   prefix=prefix) as subscription:
+        try:
+            for event in subscription:
+                if fmt == "json":
+                    click.echo(json.dumps(dataclasses.asdict(event)))
+                else:
+                    extra = (f" {event.end_to_end_duration_ms} ms, {event.num_acknowledged}/{event.num_subtasks} acks"
+                             if event.end_to_end_duration_ms is not None else "")
+                    reason = f" ({event.failure_reason})" if event.failure_reason else ""
+                    click.echo(f"{event.job_id[:8]} #{event.checkpoint_id} {event.event_type}{reason}{extra}")
+                seen += 1
+                if max_events is not None and seen >= max_events:
+                    break
+        except KeyboardInterrupt:
+            pass
+
+
 # -- chandy topics ---------------------------------------------------------------------------
 @main.group()
 def topics() -> None:

@@ -134,7 +134,7 @@ def read_log(
                     remaining.discard(message.partition())
                     continue
                 read += 1
-                decoded = _decode(codec, message, job_id, stats)
+                decoded = decode_message(codec, message, job_id, stats)
                 if decoded is not None:
                     yield decoded
                 if message.offset() + 1 >= ends[message.partition()]:
@@ -146,7 +146,8 @@ def read_log(
         stats.seconds = time.monotonic() - started
 
 
-def _decode(codec: Codec, message: Any, job_id: str | None, stats: LoadStats) -> LoggedRecord | None:
+def decode_message(codec: Codec, message: Any, job_id: str | None, stats: LoadStats) -> LoggedRecord | None:
+    """Decode one log message (key and value; None value = tombstone); None when skipped (counted in ``stats``)."""
     where = location_of(message)
     try:
         key = LogKey.from_avro(codec.decode(message.key(), where).value)
