@@ -8,21 +8,14 @@ acks for a trigger of an older epoch as late.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from coordinator import serde
 
 
-class _Message:
+class _Message(serde.AvroMapped):
     SCHEMA: ClassVar[str]
     job_id: str
-
-    def to_avro(self) -> dict[str, Any]:
-        return serde.to_avro(self)
-
-    @classmethod
-    def from_avro(cls, value: dict[str, Any]) -> Any:
-        return serde.from_avro(cls, value)
 
 
 @dataclasses.dataclass(frozen=True)

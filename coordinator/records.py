@@ -40,7 +40,7 @@ class LogKey:
         return cls(value["job_id"], value["kind"], value["entity_id"])
 
 
-class _Record:
+class _Record(serde.AvroMapped):
     """Shared behaviour; subclasses set ``SCHEMA`` and ``KIND`` and define ``entity_id``."""
 
     SCHEMA: ClassVar[str]
@@ -54,13 +54,6 @@ class _Record:
 
     def key(self) -> LogKey:
         return LogKey(self.job_id, self.KIND, self.entity_id)
-
-    def to_avro(self) -> dict[str, Any]:
-        return serde.to_avro(self)
-
-    @classmethod
-    def from_avro(cls, value: dict[str, Any]) -> Any:
-        return serde.from_avro(cls, value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,19 @@ def to_avro(obj: Any) -> Any:
     return obj
 
 
+class AvroMapped:
+    """Mixin for dataclasses with an Avro schema ``SCHEMA``: ``to_avro()`` and ``from_avro(value)``."""
+
+    SCHEMA: str
+
+    def to_avro(self) -> dict[str, Any]:
+        return to_avro(self)
+
+    @classmethod
+    def from_avro(cls, value: dict[str, Any]) -> Any:
+        return from_avro(cls, value)
+
+
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
