@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
@@ -34,6 +34,80 @@ class RangesPartition(InputPartition):
     ranges: list
 
 
+def read_ranges(options: dict, ranges: list) -> Iterator[pa.RecordBatch]:
+    """A subtask's ranges ([topic, partition, start, stop], ...) as Arrow batches, in order."""
+    from connectors.kafka.source.reader import KafkaRangeReader
+    from connectors.kafka.source.split import KafkaPartitionSplit
+    from coordinator.faults import crash_point
+
+    checkpoint_id = int(options["checkpoint_id"])
+    batch_size = int(options.get("batch_size", "20000"))
+    reader = KafkaRangeReader(options["bootstrap_servers"], json.loads(options.get("consumer_overrides", "{}")))
+    try:
+        for topic, p, start, stop in ranges:
+            buffer = []
+            for message in reader.read(KafkaPartitionSplit(topic, p, start, stop)):
+                buffer.append(message)
+                if len(buffer) >= batch_size:
+                    yield to_record_batch(buffer)
+                    buffer = []
+                    crash_point("task-read", checkpoint_id)
+            if buffer:
+                yield to_record_batch(buffer)
+                crash_point("task-read", checkpoint_id)
+    finally:
+        reader.close()
+
+
+def write_and_acknowledge(options: dict, batches: Iterator[pa.RecordBatch], subtask: int, attempt: int) -> tuple[int, int]:
+    """Write one subtask's batches as lake files and acknowledge the checkpoint with them; on
+    failure decline it when this is the last allowed attempt, and re-raise. Returns (files, rows)."""
+    from connectors.lake.delta import DeltaLakeSink
+    from coordinator.failure import CheckpointFailureReason
+    from coordinator.faults import crash_point
+    from coordinator.participant import AckSender
+
+    o = options
+    checkpoint_id, epoch = int(o["checkpoint_id"]), int(o["epoch"])
+    sender = AckSender(o["bootstrap_servers"], o["job_id"], prefix=o["prefix"],
+                       producer_overrides=json.loads(o.get("producer_overrides", "{}")))
+    try:
+        batches = list(batches)
+        table = pa.Table.from_batches(batches) if batches else None
+        sink = DeltaLakeSink(o["table_uri"], partition_by=json.loads(o.get("partition_by", "[]")),
+                             storage_options=json.loads(o.get("storage_options", "{}")))
+        files = [] if table is None else sink.write_files(
+            table, job_id=o["job_id"], checkpoint_id=checkpoint_id, subtask=subtask, attempt=attempt)
+        crash_point("task-written", checkpoint_id)
+        sender.acknowledge(epoch, checkpoint_id, o["operator_id"], subtask, attempt, [f.to_state_handle() for f in files])
+        return len(files), 0 if table is None else table.num_rows
+    except Exception as exc:
+        # Spark retries a failed task; only its last allowed attempt declines the checkpoint
+        if attempt + 1 >= int(o.get("max_task_failures", "1")):
+            try:
+                sender.decline(epoch, checkpoint_id, o["operator_id"], subtask, attempt,
+                               CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}")
+            except Exception:  # noqa: BLE001, S110 - the checkpoint then expires instead
+                pass
+        raise
+    finally:
+        sender.close()
+
+
+def read_write_and_acknowledge(options: dict) -> Callable[[int, Iterator[list]], Iterator[tuple[int, int]]]:
+    """For ``rdd.mapPartitionsWithIndex``: a task that reads its ranges, writes them and acknowledges,
+    all in one Python worker (no round trip through the JVM): the path without decoding or transform."""
+
+    def task(index: int, ranges: Iterator[list]) -> Iterator[tuple[int, int]]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        mine = [r for subtask_ranges in ranges for r in subtask_ranges]
+        yield write_and_acknowledge(options, read_ranges(options, mine), context.partitionId(), context.attemptNumber())
+
+    return task
+
+
 class _RangesReader(DataSourceReader):
     def __init__(self, options: dict) -> None:
         self.options = options
@@ -43,27 +117,7 @@ class _RangesReader(DataSourceReader):
         return [RangesPartition(i, ranges) for i, ranges in enumerate(per_subtask)]
 
     def read(self, partition: RangesPartition) -> Iterator[pa.RecordBatch]:
-        from connectors.kafka.source.reader import KafkaRangeReader
-        from connectors.kafka.source.split import KafkaPartitionSplit
-        from coordinator.faults import crash_point
-
-        checkpoint_id = int(self.options["checkpoint_id"])
-        batch_size = int(self.options.get("batch_size", "20000"))
-        reader = KafkaRangeReader(self.options["bootstrap_servers"], json.loads(self.options.get("consumer_overrides", "{}")))
-        try:
-            for topic, p, start, stop in partition.ranges:
-                buffer = []
-                for message in reader.read(KafkaPartitionSplit(topic, p, start, stop)):
-                    buffer.append(message)
-                    if len(buffer) >= batch_size:
-                        yield to_record_batch(buffer)
-                        buffer = []
-                        crash_point("task-read", checkpoint_id)
-                if buffer:
-                    yield to_record_batch(buffer)
-                    crash_point("task-read", checkpoint_id)
-        finally:
-            reader.close()
+        return read_ranges(self.options, partition.ranges)
 
 
 class KafkaRangesDataSource(DataSource):
@@ -95,39 +149,10 @@ class _LakeFilesWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesWritten:
         from pyspark import TaskContext
 
-        from connectors.lake.delta import DeltaLakeSink
-        from coordinator.failure import CheckpointFailureReason
-        from coordinator.faults import crash_point
-        from coordinator.participant import AckSender
-
-        o = self.options
         context = TaskContext.get()
         subtask, attempt = context.partitionId(), context.attemptNumber()
-        checkpoint_id, epoch = int(o["checkpoint_id"]), int(o["epoch"])
-        sender = AckSender(o["bootstrap_servers"], o["job_id"], prefix=o["prefix"],
-                           producer_overrides=json.loads(o.get("producer_overrides", "{}")))
-        try:
-            batches = list(iterator)
-            table = pa.Table.from_batches(batches) if batches else None
-            sink = DeltaLakeSink(o["table_uri"], partition_by=json.loads(o.get("partition_by", "[]")),
-                                 storage_options=json.loads(o.get("storage_options", "{}")))
-            files = [] if table is None else sink.write_files(
-                table, job_id=o["job_id"], checkpoint_id=checkpoint_id, subtask=subtask, attempt=attempt)
-            crash_point("task-written", checkpoint_id)
-            sender.acknowledge(epoch, checkpoint_id, o["operator_id"], subtask, attempt,
-                               [f.to_state_handle() for f in files])
-            return FilesWritten(subtask, attempt, len(files), 0 if table is None else table.num_rows)
-        except Exception as exc:
-            # Spark retries a failed task; only its last allowed attempt declines the checkpoint
-            if attempt + 1 >= int(o.get("max_task_failures", "1")):
-                try:
-                    sender.decline(epoch, checkpoint_id, o["operator_id"], subtask, attempt,
-                                   CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}")
-                except Exception:  # noqa: BLE001, S110 - the checkpoint then expires instead
-                    pass
-            raise
-        finally:
-            sender.close()
+        files, rows = write_and_acknowledge(self.options, iterator, subtask, attempt)
+        return FilesWritten(subtask, attempt, files, rows)
 
     def commit(self, messages: list[FilesWritten]) -> None:
         pass  # the lake committer commits, on checkpoint completion

@@ -338,10 +338,26 @@ class Pipeline:
                         and ranges[s.topic_partition].num_records > 0]
                        for i in range(self.parallelism)]
         opts = self.options
-        df = (spark.read.format(RANGES_FORMAT)
-              .option("ranges", json.dumps(per_subtask)).option("checkpoint_id", str(checkpoint_id))
-              .option("bootstrap_servers", opts.bootstrap_servers)
-              .option("consumer_overrides", json.dumps(dict(opts.consumer_overrides))).load())
+        task_options = {
+            "table_uri": opts.table_uri, "partition_by": json.dumps(list(opts.partition_by)),
+            "storage_options": json.dumps(dict(opts.storage_options)), "job_id": self.job_id,
+            "checkpoint_id": str(checkpoint_id), "epoch": str(self.service.coordinator.epoch),
+            "operator_id": SINK_OPERATOR, "bootstrap_servers": opts.bootstrap_servers, "prefix": opts.prefix,
+            "producer_overrides": json.dumps(dict(opts.producer_overrides)),
+            "consumer_overrides": json.dumps(dict(opts.consumer_overrides)),
+            "max_task_failures": spark.conf.get("spark.task.maxFailures", "1"),
+        }
+        if opts.value_format is None and self._transform is None:
+            # nothing for Spark SQL to do: each task reads, writes and acknowledges in one Python
+            # worker, sparing the batches a round trip through the JVM
+            from connectors.spark.datasource import read_write_and_acknowledge
+
+            # one element per slice: partition i is subtask i, with its ranges
+            (spark.sparkContext.parallelize(per_subtask, self.parallelism)
+             .mapPartitionsWithIndex(read_write_and_acknowledge(task_options)).collect())
+            return
+        df = (spark.read.format(RANGES_FORMAT).options(**task_options)
+              .option("ranges", json.dumps(per_subtask)).load())
         if opts.value_format == "json" and not opts.value_schema and "json_sample" not in state:
             state["json_sample"] = self._sample(ranges)
         df = self._decode(spark, df, state.get("json_sample", []))
@@ -352,15 +368,7 @@ class Pipeline:
                 df = df.coalesce(self.parallelism)
             elif partitions < self.parallelism:
                 df = df.repartition(self.parallelism)
-        (df.write.format(LAKE_FILES_FORMAT).mode("append")
-         .option("table_uri", opts.table_uri).option("partition_by", json.dumps(list(opts.partition_by)))
-         .option("storage_options", json.dumps(dict(opts.storage_options)))
-         .option("job_id", self.job_id).option("checkpoint_id", str(checkpoint_id))
-         .option("epoch", str(self.service.coordinator.epoch)).option("operator_id", SINK_OPERATOR)
-         .option("bootstrap_servers", opts.bootstrap_servers).option("prefix", opts.prefix)
-         .option("producer_overrides", json.dumps(dict(opts.producer_overrides)))
-         .option("max_task_failures", spark.conf.get("spark.task.maxFailures", "1"))
-         .save())
+        df.write.format(LAKE_FILES_FORMAT).mode("append").options(**task_options).save()
 
     def run(self, on_progress: Callable[[PipelineProgress], None] | None = None) -> PipelineSummary:
         """Run until drained (``stop_when_drained``), ``max_checkpoints``, :meth:`request_stop`, or a failure.
