@@ -126,17 +126,21 @@ def test_random_kills_then_restart_lands_every_record_exactly_once(kafka_bootstr
     prefix = f"eo{uuid.uuid4().hex[:8]}"
     rng = random.Random(int(os.environ.get("CHANDY_SEED", "7")))
     kills = int(os.environ.get("CHANDY_KILLS", "8"))
+    killed_mid_run = 0
     for _ in range(kills):
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         process = subprocess.Popen(
             [sys.executable, "-m", "coordinator.cli", "pipeline", "run", "--table", str(table), "--topic", topic,
-             "-b", kafka_bootstrap_servers, "--prefix", prefix, "--until-drained", "--max-records-per-checkpoint", "100",
+             "-b", kafka_bootstrap_servers, "--prefix", prefix, "--until-drained", "--max-records-per-checkpoint", "20",
              "--parallelism", str(PARTITIONS), "--master", "local[2]"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         time.sleep(rng.uniform(5, 30))
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+            killed_mid_run += 1
         process.wait()
+    print(f"{killed_mid_run} of {kills} runs were killed while running")
+    assert killed_mid_run > 0
     finished = run_pipeline(kafka_bootstrap_servers, topic, table, prefix)
     assert finished.returncode == 0, finished.stderr[-3000:]
     check_exactly_once(kafka_bootstrap_servers, table, content, topic)

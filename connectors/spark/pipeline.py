@@ -151,7 +151,8 @@ class PipelineProgress:
 
 @dataclasses.dataclass(frozen=True)
 class PipelineSummary:
-    """The end of a run. ``duplicates``/``missing`` are None unless verified."""
+    """The end of a run: rows this run committed, its checkpoints, seconds, and why it stopped
+    (:func:`verify_table` compares the table with the topics)."""
 
     table_uri: str
     job_id: str
@@ -159,9 +160,6 @@ class PipelineSummary:
     checkpoints_completed: int
     checkpoints_failed: int
     seconds: float
-    rows_in_table: int | None = None
-    duplicates: int | None = None
-    missing: int | None = None
     stopped_because: str = "drained"
 
 
