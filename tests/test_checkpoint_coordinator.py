@@ -584,3 +584,16 @@ def test_a_compacted_log_counts_aborted_checkpoints_like_the_live_one() -> None:
                         Rec(JOB, 2, "CHECKPOINT", "PENDING", 1, 0, 0, 1), aborted[1]])
     compacted = replay(JOB, aborted)  # compaction kept only the latest record per checkpoint
     assert live.continuous_failures == compacted.continuous_failures == 2
+
+
+def test_abort_checkpoint_aborts_a_pending_checkpoint_at_once(tmp_path: Path) -> None:
+    from coordinator.failure import CheckpointFailureReason
+
+    cc, env, listener = make(tmp_path, tolerable_failed=5)
+    future = trigger(cc)
+    assert cc.abort_checkpoint(1, CheckpointFailureReason.CHECKPOINT_DECLINED, "Spark job failed") is True
+    env.run()
+    assert future.exception(timeout=0).reason.value == "CHECKPOINT_DECLINED"
+    assert "Spark job failed" in str(future.exception(timeout=0))
+    assert listener.aborted == [1] and cc.state.checkpoints[1].status == "ABORTED"
+    assert cc.abort_checkpoint(1, CheckpointFailureReason.CHECKPOINT_DECLINED, "again") is False  # no longer pending
