@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
@@ -74,27 +74,23 @@ class LoggedRecord:
     timestamp_ms: int
 
 
-def read_log(
+def raw_messages(
     bootstrap_servers: str,
     topic: str,
     *,
     job_id: str | None = None,
-    codec: Codec | None = None,
     consumer_overrides: dict[str, Any] | None = None,
     stats: LoadStats | None = None,
     timeout_s: float = 60.0,
-    on_progress: Callable[[int], None] | None = None,
-) -> Iterator[LoggedRecord]:
-    """Yield the log's records (of ``job_id``, or of all jobs) from the beginning up to the end
-    offsets captured when called, decoded. Undecodable records are logged and skipped.
+) -> Iterator[Any]:
+    """The log's messages, undecoded, from the beginning up to the end offsets captured when
+    called: of ``job_id``'s partition, or of all partitions. Read-only: a consumer without a
+    group that never commits.
 
     Raises:
-        LogLoadError: the topic is missing, or the end was not reached within ``timeout_s``
-            seconds without progress.
+        LogLoadError: the topic is missing, or no progress for ``timeout_s`` seconds.
     """
-    codec = codec or SingleObjectCodec()
     stats = stats if stats is not None else LoadStats()
-    started = time.monotonic()
     overrides = {"enable.partition.eof": True, "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
                  **(consumer_overrides or {})}
     consumer = kafka_config.consumer(bootstrap_servers, overrides=overrides)
@@ -116,7 +112,6 @@ def read_log(
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
         remaining = set(ends)
         last_progress = time.monotonic()
-        read = 0
         while remaining:
             messages = consumer.consume(num_messages=10_000, timeout=0.05)
             if not messages and time.monotonic() - last_progress > timeout_s:
@@ -133,16 +128,39 @@ def read_log(
                 if message.offset() >= ends[message.partition()]:
                     remaining.discard(message.partition())
                     continue
-                read += 1
-                decoded = decode_message(codec, message, job_id, stats)
-                if decoded is not None:
-                    yield decoded
+                yield message
                 if message.offset() + 1 >= ends[message.partition()]:
                     remaining.discard(message.partition())
-            if on_progress is not None:
-                on_progress(read)
     finally:
         consumer.close()
+
+
+def read_log(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    job_id: str | None = None,
+    codec: Codec | None = None,
+    consumer_overrides: dict[str, Any] | None = None,
+    stats: LoadStats | None = None,
+    timeout_s: float = 60.0,
+) -> Iterator[LoggedRecord]:
+    """The log's records (of ``job_id``, or of all jobs) up to the end offsets captured when
+    called, decoded (:func:`raw_messages`); undecodable records are logged, counted and skipped.
+
+    Raises:
+        LogLoadError: as :func:`raw_messages`.
+    """
+    codec = codec or SingleObjectCodec()
+    stats = stats if stats is not None else LoadStats()
+    started = time.monotonic()
+    try:
+        for message in raw_messages(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides,
+                                    stats=stats, timeout_s=timeout_s):
+            decoded = decode_message(codec, message, job_id, stats)
+            if decoded is not None:
+                yield decoded
+    finally:
         stats.seconds = time.monotonic() - started
 
 

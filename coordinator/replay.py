@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.errors import ChandyError
-from coordinator.log import LoadStats, LoggedRecord, decode_message, read_log
+from coordinator.log import LoadStats, LoggedRecord, decode_message, raw_messages, read_log
 from coordinator.records import (
     CheckpointIdCounterRecord,
     CheckpointRecord,
@@ -141,41 +141,6 @@ def replay(logged: Iterable[LoggedRecord], *, job_id: str | None = None, until_c
 
 
 # -- export / import ---------------------------------------------------------------------------------
-def _raw_messages(bootstrap_servers: str, topic: str, consumer_overrides: dict | None) -> Iterator[Any]:
-    """Every message of the log topic up to its current end, undecoded (read-only, no group)."""
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
-
-    from connectors.kafka import config as kafka_config
-
-    consumer = kafka_config.consumer(bootstrap_servers, overrides={"enable.partition.eof": True,
-                                                                    **(consumer_overrides or {})})
-    try:
-        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise ExportFileError(f"topic {topic} does not exist")
-        ends = {}
-        for p in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
-            if high > low:
-                ends[p] = high
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-        remaining = set(ends)
-        while remaining:
-            for message in consumer.consume(10_000, timeout=0.05):
-                if message.error() is not None:
-                    if message.error().code() == KafkaError._PARTITION_EOF and message.offset() >= ends[message.partition()]:
-                        remaining.discard(message.partition())
-                    continue
-                if message.offset() >= ends[message.partition()]:
-                    remaining.discard(message.partition())
-                    continue
-                yield message
-                if message.offset() + 1 >= ends[message.partition()]:
-                    remaining.discard(message.partition())
-    finally:
-        consumer.close()
-
-
 def export_log(bootstrap_servers: str, topic: str, path: Path, *, job_id: str | None = None,
                consumer_overrides: dict | None = None) -> int:
     """Write the log (of ``job_id`` or all jobs) to ``path``: a header line, then one JSON line per
@@ -184,7 +149,7 @@ def export_log(bootstrap_servers: str, topic: str, path: Path, *, job_id: str | 
     written = 0
     with open(path, "w", encoding="utf-8") as out:
         out.write(json.dumps({"format": EXPORT_FORMAT, "topic": topic, "job_id": job_id}) + "\n")
-        for message in _raw_messages(bootstrap_servers, topic, consumer_overrides):
+        for message in raw_messages(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides):
             if job_id is not None:
                 try:
                     if LogKey.from_avro(codec.decode(message.key()).value).job_id != job_id:
