@@ -31,10 +31,10 @@ import concurrent.futures
 import logging
 import random
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from coordinator.environment import Batch, CoordinatorEnvironment
+from coordinator.environment import Batch, CoordinatorEnvironment, OutboundMessage
 from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.faults import crash_point
@@ -109,8 +109,18 @@ class CheckpointCoordinator:
         state: CoordinatorState | None = None,
         transactional_id: str = "",
         on_job_status: Callable[[str, str | None], None] | None = None,
+        completion_outputs: Callable[[CheckpointMetadata], Sequence[OutboundMessage]] | None = None,
     ) -> None:
+        """Args (beyond the obvious):
+            completion_outputs: called on the I/O executor once a checkpoint's ``_metadata`` is
+                written, before it completes; the messages it returns are published in the same
+                Kafka transaction as the checkpoint's COMPLETED record, so they become visible
+                exactly when (and only if) the checkpoint completes. An exception aborts the
+                checkpoint with FINALIZE_CHECKPOINT_FAILURE. Not called for intermediate
+                savepoints, which commit no side effects (Flink 1.15+, FLINK-25191).
+        """
         self.job_id = job_id
+        self.completion_outputs = completion_outputs
         self.options = options
         self.env = env
         self.storage = storage
@@ -182,7 +192,8 @@ class CheckpointCoordinator:
         )
 
     # -- start / recovery -------------------------------------------------------------------------
-    def start(self, *, restore_from: str | None = None, allow_non_restored_state: bool = False) -> None:
+    def start(self, *, restore_from: str | None = None, allow_non_restored_state: bool = False,
+              checkpoint_id_floor: int | None = None) -> None:
         """Become the job's coordinator: new epoch, abort leftovers, restore, notify, start coordinators.
 
         Run once after the state was replayed from the log (step 7 of the issue: "Recovery"):
@@ -194,6 +205,11 @@ class CheckpointCoordinator:
            completion again; with none, restore ``restore_from`` (a savepoint path) if given,
            else reset hooks and coordinators to ``NO_CHECKPOINT``.
 
+        ``checkpoint_id_floor``: the next checkpoint ID is at least this, written to the log with
+        the new epoch (Flink's ``CheckpointIDCounter.setCount`` on restore). External systems
+        that key their commits by checkpoint ID (a lake table's app transaction) may already hold
+        IDs this log never saw, after the log was lost or recreated.
+
         Raises:
             RestoreError: the savepoint holds state for an operator this job lacks (unless
                 ``allow_non_restored_state``), or no retained checkpoint's ``_metadata`` is readable.
@@ -203,6 +219,10 @@ class CheckpointCoordinator:
         batch.records.append(CoordinatorEpochRecord(
             self.job_id, self.state.epoch + 1, self.transactional_id, socket.gethostname(), now))
         batch.records.append(JobStatusRecord(self.job_id, "RUNNING", self.state.epoch + 1, None, now))
+        if checkpoint_id_floor is not None and checkpoint_id_floor > self.state.next_checkpoint_id:
+            log.info("job %s: checkpoint IDs continue at %d (was %d)", self.job_id, checkpoint_id_floor,
+                     self.state.next_checkpoint_id)
+            batch.records.append(CheckpointIdCounterRecord(self.job_id, checkpoint_id_floor))
         leftovers = self.state.pending()
         for record in leftovers:
             batch.records.append(CheckpointRecord(
@@ -512,7 +532,13 @@ class CheckpointCoordinator:
             master_states=tuple(pending.master_states), operator_states=pending.operator_states(),
         )
         location = pending.location
-        future = self.env.io_executor.submit(self.storage.write_metadata, location, metadata)
+        outputs = self.completion_outputs if pending.checkpoint_type != "SAVEPOINT" else None
+
+        def finalize() -> list[OutboundMessage]:
+            self.storage.write_metadata(location, metadata)
+            return list(outputs(metadata)) if outputs is not None else []
+
+        future = self.env.io_executor.submit(finalize)
         future.add_done_callback(lambda f: self.env.execute(lambda: self._metadata_written(pending, f)))
 
     def _metadata_written(self, pending: PendingCheckpoint, future: concurrent.futures.Future) -> None:
@@ -521,11 +547,11 @@ class CheckpointCoordinator:
             self._dispose_directory(pending.location.directory if pending.location else None)
             return
         if future.exception() is not None:
-            self._abort(pending, R.FINALIZE_CHECKPOINT_FAILURE, f"writing _metadata failed: {future.exception()}")
+            self._abort(pending, R.FINALIZE_CHECKPOINT_FAILURE, f"finalizing failed: {future.exception()}")
             return
-        self._complete(pending)
+        self._complete(pending, future.result())
 
-    def _complete(self, pending: PendingCheckpoint) -> None:
+    def _complete(self, pending: PendingCheckpoint, outputs: Sequence[OutboundMessage] = ()) -> None:
         """Flink's ``completePendingCheckpoint``: COMPLETED, subsume, retain, notify."""
         now = self.env.now_ms()
         checkpoint_id = pending.checkpoint_id
@@ -538,6 +564,7 @@ class CheckpointCoordinator:
             events=[self._event(pending, "SAVEPOINT_COMPLETED" if pending.is_savepoint else "COMPLETED", now,
                                 end_to_end_duration_ms=now - pending.trigger_timestamp, state_size=state_size,
                                 external_pointer=pointer)],
+            outputs=list(outputs),
         )
         subsumed: list[PendingCheckpoint] = []
         if not pending.is_savepoint:

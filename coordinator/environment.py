@@ -30,18 +30,32 @@ log = logging.getLogger(__name__)
 Action = Callable[[], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class OutboundMessage:
+    """A message published atomically with a decision, to a topic outside Chandy's own (for
+    example a dead-letter topic): ``key`` and ``value`` are raw bytes (``None`` for a null),
+    ``headers`` a list of (name, bytes) pairs, as Kafka's producer takes them."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
 @dataclasses.dataclass
 class Batch:
-    """The output of one decision: log records, control messages and public events."""
+    """The output of one decision: log records, control messages, public events and outbound
+    messages, all written in one Kafka transaction."""
 
     records: list[LogRecord] = dataclasses.field(default_factory=list)
     control: list[Any] = dataclasses.field(default_factory=list)
     events: list[CheckpointEvent] = dataclasses.field(default_factory=list)
+    outputs: list[OutboundMessage] = dataclasses.field(default_factory=list)
     #: ids of records in ``records`` already applied to the state when they were decided
     pre_applied: set[int] = dataclasses.field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return bool(self.records or self.control or self.events)
+        return bool(self.records or self.control or self.events or self.outputs)
 
 
 class Cancellable(Protocol):

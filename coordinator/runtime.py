@@ -138,6 +138,8 @@ class LogWriter:
         for event in batch.events:
             self.producer.produce(self.topics.checkpoint_events, self.codec.encode(event.SCHEMA, event.to_avro(),
                                                                                    topic=self.topics.checkpoint_events), key)
+        for output in batch.outputs:
+            self.producer.produce(output.topic, output.value, output.key, headers=list(output.headers) or None)
 
     def _run(self) -> None:
         while True:
@@ -279,6 +281,10 @@ class CoordinatorService:
         producer_overrides / consumer_overrides: librdkafka settings under their own names.
         storage_options: fsspec options for the checkpoint storage.
         dead_letter_topic: where undecodable acks are copied, if set.
+        completion_outputs: messages to publish in each checkpoint's completion transaction
+            (see :class:`~coordinator.checkpoint_coordinator.CheckpointCoordinator`).
+        checkpoint_id_floor: the next checkpoint ID is at least this (Flink's
+            ``CheckpointIDCounter.setCount``), written to the log at start.
     """
 
     def __init__(
@@ -300,6 +306,8 @@ class CoordinatorService:
         storage_options: Mapping[str, Any] | None = None,
         dead_letter_topic: str | None = None,
         io_threads: int = 4,
+        completion_outputs: Callable[[Any], Any] | None = None,
+        checkpoint_id_floor: int | None = None,
     ) -> None:
         if not options.checkpoint_dir:
             raise ChandyError("a checkpoint directory (state.checkpoints.dir) is required")
@@ -320,6 +328,8 @@ class CoordinatorService:
         self._producer_overrides = dict(producer_overrides or {})
         self._consumer_overrides = dict(consumer_overrides or {})
         self._dead_letter_topic = dead_letter_topic
+        self._completion_outputs = completion_outputs
+        self._checkpoint_id_floor = checkpoint_id_floor
         self.storage = CheckpointStorage(options.checkpoint_dir, job_id, savepoint_dir=options.savepoint_dir,
                                          storage_options=dict(storage_options or {}))
         self.io_executor = concurrent.futures.ThreadPoolExecutor(io_threads, thread_name_prefix=f"chandy-io-{job_id[:8]}")
@@ -370,7 +380,7 @@ class CoordinatorService:
         self.coordinator = CheckpointCoordinator(
             self.job_id, self.options, self, self.storage, self.operators,
             coordinator_providers=self._providers, state=state, transactional_id=self.transactional_id,
-            on_job_status=self._on_job_status,
+            on_job_status=self._on_job_status, completion_outputs=self._completion_outputs,
         )
         for hook in self._hooks:
             self.coordinator.add_master_hook(hook)
@@ -382,7 +392,8 @@ class CoordinatorService:
         self.storage.initialize_base_locations()
         self.mailbox.start()
         started = self.mailbox.call(lambda: self.coordinator.start(
-            restore_from=self._restore_from, allow_non_restored_state=self._allow_non_restored_state))
+            restore_from=self._restore_from, allow_non_restored_state=self._allow_non_restored_state,
+            checkpoint_id_floor=self._checkpoint_id_floor))
         started.result(timeout_s)
         self._acks.start()
         if periodic:
@@ -408,7 +419,23 @@ class CoordinatorService:
         log.error("job %s: coordinator log writer stopped (%s); this coordinator stops", self.job_id, exc)
         self.fenced.set()
         self.stop_reason = exc
+        self._fail_pending(exc)
         threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        """A fenced coordinator decides nothing more: fail the futures of its pending and queued
+        checkpoints at once, so callers learn it now rather than at the checkpoint timeout."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        futures = [p.result for p in list(coordinator.pending.values())]
+        futures += [entry[-1] for entry in list(coordinator._trigger_queue)]
+        for future in futures:
+            if not future.done():
+                try:
+                    future.set_exception(exc)
+                except concurrent.futures.InvalidStateError:
+                    pass
 
     def _on_mailbox_error(self, exc: BaseException) -> None:
         self.stop_reason = exc
