@@ -618,8 +618,11 @@ class CheckpointCoordinator:
         return directories
 
     def _notify_complete(self, checkpoint_id: int) -> None:
+        # in registration order; a coordinator whose notification failed (and failed the job)
+        # stops the later ones: the pipeline's offset commit must never follow a failed lake commit
         for holder in self.holders.values():
-            holder.call("notify_checkpoint_complete", checkpoint_id)
+            if not holder.call("notify_checkpoint_complete", checkpoint_id):
+                break
         for listener in self.listeners:
             try:
                 listener.notify_checkpoint_complete(checkpoint_id)

@@ -217,9 +217,16 @@ class OperatorCoordinatorHolder:
         self._closed = True
         self.call("close")
 
-    def call(self, method: str, *args: Any) -> None:
-        """Call a notification method, logging (not propagating) exceptions."""
+    def call(self, method: str, *args: Any) -> bool:
+        """Call a notification method, logging (not propagating) exceptions. Returns False when
+        it raised. A failed ``notify_checkpoint_complete`` fails the job (Flink's
+        OperatorCoordinatorHolder hands it to the global failure handler): a coordinator whose
+        commit failed must not let the job go on as if it had succeeded."""
         try:
             getattr(self.coordinator, method)(*args)
-        except Exception:  # noqa: BLE001
+            return True
+        except Exception as exc:  # noqa: BLE001
             log.exception("operator coordinator %s: %s%r failed", self.operator_id, method, args)
+            if method == "notify_checkpoint_complete":
+                self._fail_job(exc)
+            return False
