@@ -223,10 +223,12 @@ def _progress_view(p: Any, group: str | None = None) -> Table:
     rate = p.records_landed / p.elapsed_s if p.elapsed_s > 0 else 0.0
     table = Table(title=f"checkpoint {p.checkpoint_id} {'completed' if p.succeeded else 'FAILED: ' + (p.message or '')}",
                   show_header=True, title_justify="left")
-    for column in ("records landed", "records/s", "checkpoints ok", "failed", "last duration", "lag (total)"):
+    for column in ("records landed", "records/s", "checkpoints ok", "failed", "bad records", "dead-lettered",
+                   "last duration", "lag (total)"):
         table.add_column(column, justify="right")
     table.add_row(f"{p.records_landed:,}", f"{rate:,.0f}", str(p.checkpoints_completed), str(p.checkpoints_failed),
-                  f"{p.checkpoint_duration_ms:,.0f} ms", f"{sum(p.lag.values()):,}")
+                  f"{p.bad_records:,}", f"{p.dead_lettered:,}", f"{p.checkpoint_duration_ms:,.0f} ms",
+                  f"{sum(p.lag.values()):,}")
     lag = Table("partition", "lag", title="lag per partition (records)", title_justify="left")
     for (topic, partition), records in sorted(p.lag.items())[:16]:
         lag.add_row(f"{topic}-{partition}", f"{records:,}")
@@ -237,36 +239,29 @@ def _progress_view(p: Any, group: str | None = None) -> Table:
 
 
 def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
-    """Run a pipeline with a live progress view and Ctrl-C handling; print and return its summary.
-    The first Ctrl-C finishes (or aborts) the checkpoint in flight and stops; a second one exits at once."""
-    import signal
-
+    """Run a pipeline with a live progress view; print and return its summary. Ctrl-C or
+    SIGTERM finishes (or aborts) the checkpoint in flight, prints the summary and exits 130 /
+    143; a fenced run exits 3; a failed one prints the root cause in its last line and exits 2."""
     from rich.live import Live
 
-    from connectors.spark.pipeline import Pipeline, verify_table
+    from connectors.spark.pipeline import Pipeline, PipelineFencedError, verify_table
 
     pipeline = Pipeline(options)
-    interrupts = {"count": 0}
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        interrupts["count"] += 1
-        if interrupts["count"] > 1:
-            raise KeyboardInterrupt
-        err_console.print("stopping after the checkpoint in flight (Ctrl-C again to stop at once)")
-        pipeline.request_stop()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    with err_console.status("checking Kafka, the table and the coordinator log"):
+        pipeline.preflight()
     try:
         with Live(Table(title="starting Spark and the coordinator ..."), console=err_console,
                   refresh_per_second=4, transient=False) as live:
-            summary = pipeline.run(on_progress=lambda p: live.update(_progress_view(p)))
-    finally:
-        signal.signal(signal.SIGINT, previous)
+            summary = pipeline.run(on_progress=lambda p: live.update(_progress_view(p)), handle_signals=True)
+    except PipelineFencedError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(3)
     rows = duplicates = missing = None
     if verify:
         with err_console.status("verifying the table against the topics (a reader other than the writer)"):
             rows, duplicates, missing = verify_table(pipeline.sink, options.bootstrap_servers, list(options.topics),
-                                                     options.consumer_overrides)
+                                                     options.consumer_overrides, topic_pattern=options.topic_pattern,
+                                                     dead_letter_topic=options.dead_letter_topic)
     table = Table("", "", title="pipeline summary", show_header=False, title_justify="left")
     table.add_row("table", pipeline.sink.table_uri)
     table.add_row("job id", summary.job_id)
@@ -275,13 +270,22 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
         table.add_row("rows in table", f"{rows:,}")
         table.add_row("duplicates", f"{duplicates:,}")
         table.add_row("missing", f"{missing:,}")
+    table.add_row("bad records", f"{summary.bad_records:,}")
+    if options.dead_letter_topic:
+        table.add_row("dead-lettered", f"{summary.dead_lettered:,} (to {options.dead_letter_topic})")
+    if summary.tombstones_skipped:
+        table.add_row("tombstones skipped", f"{summary.tombstones_skipped:,}")
     table.add_row("checkpoints completed", str(summary.checkpoints_completed))
     table.add_row("checkpoints failed", str(summary.checkpoints_failed))
     table.add_row("time taken", f"{summary.seconds:,.1f} s")
     table.add_row("stopped", summary.stopped_because)
+    for notice in summary.notices:
+        table.add_row("note", notice)
     console.print(table)
     if verify and (duplicates or missing):
         raise ChandyError(f"exactly-once violated: {duplicates} duplicates, {missing} missing")
+    if summary.signal is not None:
+        sys.exit(128 + summary.signal)
     return summary
 
 
@@ -327,6 +331,19 @@ def pipeline() -> None:
 @click.option("--until-drained", is_flag=True, help="Stop once every partition is read to its end.")
 @click.option("--max-checkpoints", type=click.IntRange(1), default=None, help="Stop after this many checkpoints.")
 @click.option("--verify/--no-verify", default=False, help="Compare the table with the topics at the end.")
+@click.option("--errors-tolerance", type=click.Choice(["none", "all"]), default="none", show_default=True,
+              help="Kafka Connect's errors.tolerance: none fails the micro-batch at the first bad record "
+                   "(naming topic, partition, offset); all skips bad records (counted, logged).")
+@click.option("--dead-letter-topic", default=None, metavar="TOPIC",
+              help="With --errors-tolerance all: publish bad records, raw, with Connect's __connect.errors.* "
+                   "headers, exactly once with their checkpoint.")
+@click.option("--tombstones", type=click.Choice(["error", "skip", "null"]), default="error", show_default=True,
+              help="With --value-format: a null value is a bad record, skipped, or a row of null columns.")
+@click.option("--avro-schema-id", type=click.IntRange(0), default=None,
+              help="With --avro-framing confluent: the only schema ID accepted.")
+@click.option("--resume-from-table/--no-resume-from-table", default=True, show_default=True,
+              help="When the coordinator log is missing or behind the table, resume from the table's offsets "
+                   "(or refuse).")
 @_handle_errors
 def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | None, bootstrap_servers: str | None,
                  data_dir: Path | None, job_id: str | None, group_id: str | None, starting_offsets: str,
@@ -335,8 +352,13 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  spark_conf: tuple[str, ...], consumer_conf: tuple[str, ...], producer_conf: tuple[str, ...],
                  value_format: str | None, value_schema: str | None, avro_framing: str, keep_raw_value: bool,
                  transform: str | None, partition_by: tuple[str, ...], storage_conf: tuple[str, ...], prefix: str,
-                 until_drained: bool, max_checkpoints: int | None, verify: bool) -> None:
-    """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch."""
+                 until_drained: bool, max_checkpoints: int | None, verify: bool, errors_tolerance: str,
+                 dead_letter_topic: str | None, tombstones: str, avro_schema_id: int | None,
+                 resume_from_table: bool) -> None:
+    """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
+
+    Exit codes: 0 done, 2 an error (the last line says why), 3 fenced by a newer run of the
+    same job, 130 / 143 stopped by Ctrl-C / SIGTERM (after the checkpoint in flight)."""
     from connectors.spark.pipeline import PipelineOptions
 
     if value_schema and value_schema.startswith("@"):
@@ -354,7 +376,9 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
         avro_framing=avro_framing, keep_raw_value=keep_raw_value, transform=transform, partition_by=partition_by,
         consumer_overrides=_parse_settings(consumer_conf), producer_overrides=_parse_settings(producer_conf, "--producer-property"),
         storage_options=_parse_settings(storage_conf, "--storage-option"), prefix=prefix,
-        stop_when_drained=until_drained, max_checkpoints=max_checkpoints,
+        stop_when_drained=until_drained, max_checkpoints=max_checkpoints, errors_tolerance=errors_tolerance,
+        dead_letter_topic=dead_letter_topic, tombstones=tombstones, avro_schema_id=avro_schema_id,
+        resume_from_table=resume_from_table,
     )
     run_pipeline_with_progress(options, verify=verify)
 

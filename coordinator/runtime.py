@@ -488,6 +488,29 @@ class CoordinatorService:
         :meth:`CheckpointCoordinator.abort_checkpoint`."""
         return self._call(lambda: self.coordinator.abort_checkpoint(checkpoint_id, reason, message))
 
+    @property
+    def epoch(self) -> int:
+        """This coordinator's epoch (control messages carry it; workers drop older ones)."""
+        return self.coordinator.state.epoch if self.coordinator is not None else 0
+
+    def call_operator_coordinator(self, operator_id: str, func: Callable[[Any], Any], timeout_s: float = 60.0) -> Any:
+        """Run ``func(coordinator)`` on the mailbox thread with operator ``operator_id``'s
+        operator coordinator and return its result: the one safe way to read or drive an
+        operator coordinator from another thread (its methods run on the mailbox only).
+
+        Raises:
+            CoordinatorStoppedError: the service is stopped; KeyError: no such operator coordinator.
+        """
+        if self.stopped.is_set():
+            raise CoordinatorStoppedError(f"the coordinator of job {self.job_id} is stopped ({self.stop_reason})")
+        return self.mailbox.call(lambda: func(self.coordinator.holders[operator_id].coordinator)).result(timeout_s)
+
+    def failure_reason(self) -> str | None:
+        """Why the job failed or the coordinator stopped, in one line (None while running)."""
+        if self.coordinator is not None and self.coordinator.state.job_status_reason and self.job_status == "FAILED":
+            return self.coordinator.state.job_status_reason
+        return None if self.stop_reason is None else str(self.stop_reason).splitlines()[0]
+
     def stats(self) -> dict[str, Any]:
         """Checkpoint statistics shaped like Flink's ``/jobs/:jobid/checkpoints``."""
         return self._call(lambda: self.coordinator.stats.to_json())

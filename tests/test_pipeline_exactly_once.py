@@ -91,7 +91,7 @@ def check_exactly_once(servers: str, table: Path, content: dict, topic: str) -> 
     assert set(keys) == set(content), f"{len(set(content) - set(keys))} missing"
     assert all(content[(t, p, o)] == v for t, p, o, v in rows), "content differs from the source"
     # the consumer group shows the pipeline's progress: its offsets are the topic's ends
-    group = f"chandy-{default_job_id(str(table))}"
+    group = f"chandy-{default_job_id(str(table), [topic])}"
     admin = kafka_config.admin_client(servers)
     committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
     consumer = kafka_config.consumer(servers)

@@ -4,10 +4,16 @@ Protocol, in order (DESIGN.md, "The Spark pipeline"):
 
 1. the write tasks (subtasks of this operator) write Parquet files into the table location and
    acknowledge checkpoint N with them as state handles; the files are in N's ``_metadata``;
-2. ``notify_checkpoint_complete(N)``: read N's ``_metadata``, and commit its files in one
-   Delta commit with app transaction (job id, N), unless the table already holds N (a repeated
-   commit after a restart is skipped);
-3. only then does the Kafka source, notified next, commit the consumer-group offsets.
+2. ``notify_checkpoint_complete(N)``: read N's ``_metadata``: its files, and (through
+   ``offsets_of``) the offset range of every (topic, partition) it covers;
+3. check the table, which is the truth about what landed: if the table already holds N (its app
+   transaction version is N or later) the commit is skipped, but only when the table's recorded
+   offsets cover N's ranges; if a range starts below what the table holds, landing it would
+   duplicate records, so nothing is committed and the job fails, naming the partition;
+4. commit N's files in one Delta commit with app transaction (job id, N) and ``commitInfo``
+   recording the end offsets of every partition landed so far (cumulative);
+5. only then does the Kafka source, notified next, commit the consumer-group offsets: offsets
+   are never committed past what the table holds.
 
 The commit runs on the mailbox thread, on purpose: it must finish before the source commits its
 offsets, and that order is the order of notifications. ``reset_to_checkpoint(N)`` (a restart)
@@ -20,25 +26,48 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from connectors.lake.delta import FILE_KIND, DataFile, DeltaLakeSink
+from connectors.lake.delta import FILE_KIND, TP, DataFile, DeltaLakeSink, LakeCommitError
 from coordinator.faults import crash_point
 from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
-from coordinator.storage import CheckpointStorage, CheckpointStorageError, resolve_checkpoint_pointer
+from coordinator.storage import (
+    CheckpointMetadata,
+    CheckpointStorage,
+    CheckpointStorageError,
+    resolve_checkpoint_pointer,
+)
 
 log = logging.getLogger(__name__)
 
+#: (topic, partition) -> (start offset, end offset) of a checkpoint's ranges
+OffsetRanges = Mapping[TP, tuple[int, int]]
+
 
 class LakeCommitter:
-    """The lake sink's operator coordinator (see the module docstring)."""
+    """The lake sink's operator coordinator (see the module docstring).
 
-    def __init__(self, context: Any, sink: DeltaLakeSink, storage: CheckpointStorage) -> None:
+    Args:
+        context: the operator coordinator context.
+        sink: the table.
+        storage: the job's checkpoint storage, to read ``_metadata``.
+        offsets_of: the offset ranges a checkpoint covers, read from its ``_metadata`` (the
+            source's state); None when the source has no offsets (nothing is recorded or checked).
+        cluster_id: the Kafka cluster's ID, recorded with each commit.
+    """
+
+    def __init__(self, context: Any, sink: DeltaLakeSink, storage: CheckpointStorage, *,
+                 offsets_of: Callable[[CheckpointMetadata], OffsetRanges] | None = None,
+                 cluster_id: str | None = None) -> None:
         self.context = context
         self.sink = sink
         self.storage = storage
+        self.offsets_of = offsets_of
+        self.cluster_id = cluster_id
         self.committed_checkpoints: list[int] = []
         self.records_committed = 0
+        self.table_offsets: dict[TP, int] = {}  # what the table holds for this job, per partition
 
     def start(self) -> None:
         pass
@@ -49,20 +78,57 @@ class LakeCommitter:
     def checkpoint_coordinator(self, checkpoint_id: int, result_future: concurrent.futures.Future) -> None:
         result_future.set_result(b"")  # no state of its own: the files are the subtasks' state
 
-    def files_of(self, checkpoint_id: int) -> list[DataFile]:
-        """The data files checkpoint ``checkpoint_id`` references, from its ``_metadata``."""
+    def _metadata(self, checkpoint_id: int) -> CheckpointMetadata:
         _, metadata = resolve_checkpoint_pointer(self.storage.checkpoint_directory(checkpoint_id),
                                                  self.storage.storage_options)
+        return metadata
+
+    def files_of(self, checkpoint_id: int, metadata: CheckpointMetadata | None = None) -> list[DataFile]:
+        """The data files checkpoint ``checkpoint_id`` references, from its ``_metadata``."""
+        metadata = metadata or self._metadata(checkpoint_id)
         operator = metadata.operator(self.context.operator_id)
         if operator is None:
             return []
         return [DataFile.from_state_handle(h) for s in operator.subtask_states for h in s.state_handles
                 if h.kind == FILE_KIND]
 
+    def _check_ranges(self, checkpoint_id: int, ranges: OffsetRanges, already_committed: int | None) -> None:
+        """Step 3 of the module docstring. Raises LakeCommitError instead of losing or duplicating."""
+        held = self.table_offsets
+        if already_committed is not None and already_committed >= checkpoint_id:
+            behind = {tp: (end, held.get(tp)) for tp, (start, end) in ranges.items()
+                      if end > start and held.get(tp, -1) < end}
+            if behind:
+                (topic, partition), (end, has) = sorted(behind.items())[0]
+                raise LakeCommitError(
+                    f"table {self.sink.table_uri} holds checkpoint {already_committed} of job {self.context.job_id}, "
+                    f"so checkpoint {checkpoint_id} would be skipped, but the table holds {topic}-{partition} only up "
+                    f"to offset {has} and checkpoint {checkpoint_id} reads up to {end}: its checkpoint IDs do not match "
+                    "the table's (was the coordinator log deleted or recreated?); refusing to skip records")
+            return
+        for (topic, partition), (start, end) in sorted(ranges.items()):
+            has = held.get((topic, partition))
+            if has is None or end <= start:
+                continue
+            if start < has:
+                raise LakeCommitError(
+                    f"checkpoint {checkpoint_id} would land {topic}-{partition} offsets [{start}, {end}) but table "
+                    f"{self.sink.table_uri} already holds that partition up to offset {has}: refusing to duplicate")
+            if start > has:
+                log.warning("checkpoint %d starts %s-%d at offset %d, but the table holds it only up to %d: "
+                            "offsets [%d, %d) are not in the table", checkpoint_id, topic, partition, start, has,
+                            has, start)
+
     def _commit(self, checkpoint_id: int) -> None:
         crash_point("before-lake-commit", checkpoint_id)
-        files = self.files_of(checkpoint_id)
-        if self.sink.commit(self.context.job_id, checkpoint_id, files):
+        metadata = self._metadata(checkpoint_id)
+        files = self.files_of(checkpoint_id, metadata)
+        ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
+        self._check_ranges(checkpoint_id, ranges, self.sink.committed_checkpoint(self.context.job_id))
+        offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
+        if self.sink.commit(self.context.job_id, checkpoint_id, files, offsets=offsets or None,
+                            cluster_id=self.cluster_id):
+            self.table_offsets = offsets
             self.committed_checkpoints.append(checkpoint_id)
             self.records_committed += sum(f.records for f in files)
             log.info("checkpoint %d: %d file(s), %d record(s) committed to %s", checkpoint_id, len(files),
@@ -70,11 +136,10 @@ class LakeCommitter:
         crash_point("before-offset-commit", checkpoint_id)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        try:
-            self._commit(checkpoint_id)
-        except Exception as exc:  # noqa: BLE001 - the checkpoint stays complete; a restart commits it
-            log.exception("lake commit of checkpoint %d failed", checkpoint_id)
-            self.context.fail_job(exc)
+        """Commit the checkpoint (steps 2 to 4). An exception fails the job and stops the
+        notification of the coordinators after this one (the offset commit); the checkpoint
+        stays complete, and a restart commits it."""
+        self._commit(checkpoint_id)
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         job_id = self.context.job_id
@@ -82,12 +147,24 @@ class LakeCommitter:
                                 lambda deleted, error: error and log.warning("cleanup failed: %s", error))
 
     def reset_to_checkpoint(self, checkpoint_id: int, checkpoint_data: bytes | None) -> None:
+        """Restore (a restart): read what the table holds, commit ``checkpoint_id`` if the table
+        lacks it (restoring implies completion), delete files no commit references.
+
+        Raises:
+            LakeCommitError: the restored checkpoint disagrees with the table (see step 3), or
+                its ``_metadata`` is unreadable while the table does not hold it.
+        """
+        self.table_offsets = dict(self.sink.progress(self.context.job_id).offsets)
         if checkpoint_id != NO_CHECKPOINT:
             try:
                 self._commit(checkpoint_id)
             except CheckpointStorageError as exc:
-                log.warning("restored checkpoint %d has no readable _metadata in this job's storage (%s); "
-                            "nothing to commit", checkpoint_id, exc)
+                done = self.sink.committed_checkpoint(self.context.job_id)
+                if done is None or done < checkpoint_id:
+                    raise LakeCommitError(
+                        f"restored checkpoint {checkpoint_id} is not in table {self.sink.table_uri} and its _metadata "
+                        f"is not readable ({exc}): its records cannot be committed") from exc
+                log.info("restored checkpoint %d is already in the table; its _metadata is gone (%s)", checkpoint_id, exc)
         self.sink.delete_unreferenced(self.context.job_id)
 
     def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
@@ -110,6 +187,8 @@ class LakeCommitterProvider:
     operator_id: str
     sink: DeltaLakeSink
     storage: CheckpointStorage
+    offsets_of: Callable[[CheckpointMetadata], OffsetRanges] | None = None
+    cluster_id: str | None = None
 
     def create(self, context: Any) -> LakeCommitter:
-        return LakeCommitter(context, self.sink, self.storage)
+        return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id)

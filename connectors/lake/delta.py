@@ -7,6 +7,11 @@ transaction* ``(app id = job id, version = checkpoint id)``. delta-rs does not s
 commit by itself, so :meth:`DeltaLakeSink.commit` reads ``transaction_version(job id)`` first and
 skips a checkpoint that is already in the table: committing after a restart is idempotent.
 
+Each commit also records, in its ``commitInfo``, ``chandy.job_id``, ``chandy.checkpoint_id``,
+``chandy.offsets`` (JSON ``{topic: {partition: end offset}}``: every partition the job has landed,
+cumulative) and ``chandy.kafka_cluster_id``, so the table itself says what landed
+(:meth:`DeltaLakeSink.progress`); the pipeline reconciles with it at start.
+
 Data files are named ``part-chandy-<job id[:8]>-<checkpoint:010d>-<subtask:05d>-a<attempt>-<uuid>.parquet``
 (under ``<column>=<value>/`` directories for partitioned tables, without the partition columns
 inside the files, as Delta lays them out), so files that no commit references can be found and
@@ -41,7 +46,80 @@ _NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoint>\d{10}
 
 
 class LakeCommitError(ChandyError):
-    """A lake commit failed (schema mismatch, storage error)."""
+    """A lake commit failed (storage error), or would land records the table already holds."""
+
+
+class LakeSchemaError(LakeCommitError):
+    """The data's schema does not fit the table's (a column the table lacks, or another type)."""
+
+
+TP = tuple[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableProgress:
+    """What a table says it holds for one job, from its app transactions and ``commitInfo``.
+
+    ``checkpoint_id``: the job's newest committed checkpoint (its app transaction version), or
+    None; ``offsets``: end offset (exclusive) per (topic, partition) landed by the job;
+    ``cluster_id``: the Kafka cluster the job's newest commit read from; ``other_jobs``: the
+    offsets other jobs recorded in the same table, by job ID.
+    """
+
+    checkpoint_id: int | None
+    offsets: Mapping[TP, int]
+    cluster_id: str | None
+    other_jobs: Mapping[str, Mapping[TP, int]]
+
+
+def _offsets_to_json(offsets: Mapping[TP, int]) -> str:
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        nested.setdefault(topic, {})[str(partition)] = int(offset)
+    return json.dumps(nested, separators=(",", ":"))
+
+
+def _offsets_from_json(text: str | None) -> dict[TP, int]:
+    if not text:
+        return {}
+    try:
+        nested = json.loads(text)
+        return {(topic, int(p)): int(o) for topic, parts in nested.items() for p, o in parts.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise LakeCommitError(f"the table's chandy.offsets commit metadata is not readable: {text[:200]!r}: {exc}") from exc
+
+
+def _type_shape(delta_type_json: Any) -> Any:
+    """A Delta type's JSON without nullability and metadata, for comparing types."""
+    if isinstance(delta_type_json, dict):
+        return {k: _type_shape(v) for k, v in delta_type_json.items()
+                if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
+    if isinstance(delta_type_json, list):
+        return [_type_shape(v) for v in delta_type_json]
+    return delta_type_json
+
+
+def _type_text(delta_type_json: Any) -> str:
+    return delta_type_json if isinstance(delta_type_json, str) else json.dumps(_type_shape(delta_type_json))
+
+
+def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any]) -> list[str]:
+    """What stops ``data`` (Arrow) from landing in a table whose columns are ``table_fields``
+    (name -> Delta type JSON); empty when it fits. Columns of the table the data lacks are fine
+    (they land as nulls); a column the table lacks, or of another type, is a difference."""
+    from deltalake import Schema as DeltaSchema
+
+    target = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) and f.type.tz
+                        else f for f in data])
+    mine = {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(target).to_json())["fields"]}
+    problems = []
+    for name, kind in mine.items():
+        if name not in table_fields:
+            problems.append(f"column {name} ({_type_text(kind)}) is not in the table")
+        elif _type_shape(kind) != _type_shape(table_fields[name]):
+            problems.append(f"column {name} is {_type_text(kind)} in the data but "
+                            f"{_type_text(table_fields[name])} in the table")
+    return problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,11 +186,9 @@ class DeltaLakeSink:
 
     def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
                  storage_options: Mapping[str, str] | None = None) -> None:
-        if "://" not in table_uri:
-            import os
+        from connectors.lake.uri import normalize_table_uri
 
-            table_uri = "file://" + os.path.abspath(table_uri)
-        self.table_uri = table_uri.rstrip("/")
+        self.table_uri = normalize_table_uri(table_uri)
         self.partition_by = list(partition_by)
         self.storage_options = dict(storage_options or {})
         self.fs, self.root = url_to_fs(self.table_uri, **self.storage_options)
@@ -176,13 +252,66 @@ class DeltaLakeSink:
             return None
         return DeltaTable(self._delta_uri, storage_options=self._delta_options).transaction_version(job_id)
 
-    def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile]) -> bool:
-        """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id).
+    def table_fields(self) -> dict[str, Any] | None:
+        """The table's columns (name -> Delta type JSON), or None when there is no table yet."""
+        from deltalake import DeltaTable
 
-        Returns False (and commits nothing) when the table already holds this checkpoint or a
-        later one of the job, or when there are no files.
+        if not self.exists():
+            return None
+        table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
+        return {f["name"]: f["type"] for f in json.loads(table.schema().to_json())["fields"]}
+
+    def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
+        """Refuse data that does not fit the table (see :func:`schema_differences`).
 
         Raises:
+            LakeSchemaError: one line naming every column that differs, with both types.
+        """
+        fields = self.table_fields() if table_fields is None else table_fields
+        if fields is None:
+            return
+        problems = schema_differences(data, fields)
+        if problems:
+            raise LakeSchemaError(f"{where}the data does not fit table {self.table_uri}: {'; '.join(problems)} "
+                                  "(adding columns is not supported yet: nothing was committed)")
+
+    def progress(self, job_id: str) -> TableProgress:
+        """What the table holds for ``job_id`` (and which partitions other jobs landed), read from
+        its app transactions and the ``commitInfo`` of its commits (newest first)."""
+        from deltalake import DeltaTable
+
+        if not self.exists():
+            return TableProgress(None, {}, None, {})
+        table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
+        done = table.transaction_version(job_id)
+        offsets: dict[TP, int] | None = None
+        cluster_id = None
+        others: dict[str, dict[TP, int]] = {}
+        for commit in table.history():  # newest first
+            owner = commit.get("chandy.job_id")
+            if owner is None or "chandy.offsets" not in commit:
+                continue
+            if owner == job_id:
+                if offsets is None:
+                    offsets = _offsets_from_json(commit["chandy.offsets"])
+                    cluster_id = commit.get("chandy.kafka_cluster_id")
+            elif owner not in others:
+                others[owner] = _offsets_from_json(commit["chandy.offsets"])
+        return TableProgress(done, offsets or {}, cluster_id, others)
+
+    def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
+               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> bool:
+        """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id)
+        and ``commitInfo`` recording the job, the checkpoint and the ``offsets`` (end offset per
+        (topic, partition), cumulative) it covers.
+
+        Returns False (and commits nothing) when the table already holds this checkpoint or a
+        later one of the job, or when there are neither files nor offsets to record (a commit
+        with offsets but no files records progress: records that were all filtered out or
+        dead-lettered are landed too).
+
+        Raises:
+            LakeSchemaError: the files' schema does not fit the table's.
             LakeCommitError: delta-rs refused the commit.
         """
         from deltalake import DeltaTable
@@ -194,22 +323,27 @@ class DeltaLakeSink:
             log.info("checkpoint %d of job %s is already in %s (version %d): skipped", checkpoint_id, job_id,
                      self.table_uri, done)
             return False
-        if not files:
+        if not files and (not offsets or not self.exists()):
             return False
         actions = [
             AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True,
                       json.dumps({"numRecords": f.records}))
             for f in files
         ]
-        properties = CommitProperties(
-            app_transactions=[Transaction(job_id, checkpoint_id)],
-            custom_metadata={"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id)},
-        )
-        schema = _schema_from_b64(files[0].schema)
+        metadata = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id)}
+        if offsets:
+            metadata["chandy.offsets"] = _offsets_to_json(offsets)
+        if cluster_id:
+            metadata["chandy.kafka_cluster_id"] = cluster_id
+        properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
+        fields = self.table_fields()
+        for schema_b64 in {f.schema for f in files}:
+            self.check_schema(_schema_from_b64(schema_b64), fields, where=f"checkpoint {checkpoint_id}: ")
         try:
-            if not self.exists():
+            if fields is None:
                 from deltalake import Schema as DeltaSchema
 
+                schema = _schema_from_b64(files[0].schema)
                 create_table_with_add_actions(
                     self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
                     partition_by=self.partition_by or None, storage_options=self._delta_options,

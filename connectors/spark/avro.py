@@ -1,4 +1,5 @@
-"""Avro-encoded Kafka values, decoded in the Spark tasks with fastavro (no spark-avro jar needed).
+"""Avro value schemas for the pipeline: which Avro schemas become which columns. Values are
+decoded in the Spark tasks with fastavro (no spark-avro jar needed), see :mod:`connectors.spark.decode`.
 
 Supported: a record schema whose fields are Avro primitives (null, boolean, int, long, float,
 double, bytes, string) or nullable unions of one primitive. Framing: Avro single-object encoding
@@ -9,7 +10,6 @@ as the writer schema), or raw Avro binary.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -53,32 +53,15 @@ def value_fields(schema_json: str) -> list[tuple[str, str]]:
     return [(f["name"], _field_type(f["type"])) for f in schema["fields"]]
 
 
-def decode_avro_values(df: Any, schema_json: str, framing: str, keep: list[str]) -> Any:
-    """``df`` with the Avro value fields as columns (``keep`` Kafka columns first)."""
-    fields = value_fields(schema_json)
-    kafka_types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
-    ddl = ", ".join([f"`{c}` {kafka_types[c]}" for c in keep] + [f"`{n}` {_SPARK[t]}" for n, t in fields])
+def value_struct(schema_json: str) -> Any:
+    """The value schema's fields as a :class:`pyspark.sql.types.StructType` (decoding itself
+    happens record by record in :mod:`connectors.spark.decode`).
 
-    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import io
+    Raises:
+        AvroValueSchemaError: see :func:`value_fields`.
+    """
+    from pyspark.sql import types as T
 
-        import fastavro
-
-        from schemas.codec import Schema, SchemaRepository, SingleObjectCodec
-
-        parsed = fastavro.parse_schema(json.loads(schema_json))
-        codec = SingleObjectCodec(SchemaRepository([Schema.from_definition(schema_json)]))
-        for batch in batches:
-            rows = []
-            for raw in batch.column("value").to_pylist():
-                if raw is None:
-                    rows.append({})
-                elif framing == "single-object":
-                    rows.append(codec.decode(raw).value)
-                else:
-                    rows.append(fastavro.schemaless_reader(io.BytesIO(raw[5:] if framing == "confluent" else raw), parsed, None))
-            columns = [batch.column(c) for c in keep]
-            columns += [pa.array([r.get(n) for r in rows], _ARROW[t]) for n, t in fields]
-            yield pa.RecordBatch.from_arrays(columns, names=keep + [n for n, _ in fields])
-
-    return df.mapInArrow(decode, ddl)
+    spark_types = {"boolean": T.BooleanType(), "int": T.IntegerType(), "long": T.LongType(), "float": T.FloatType(),
+                   "double": T.DoubleType(), "bytes": T.BinaryType(), "string": T.StringType()}
+    return T.StructType([T.StructField(name, spark_types[kind]) for name, kind in value_fields(schema_json)])

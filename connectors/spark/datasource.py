@@ -7,23 +7,67 @@
   table location (invisible until committed) and acknowledges the checkpoint with them as state
   handles; an attempt that fails on its last allowed try declines the checkpoint instead.
 
-Both run inside Spark tasks; their options are strings (JSON for structured values), set by
+Both run inside Spark tasks; what they need travels as one typed :class:`TaskOptions`, set by
 :mod:`connectors.spark.pipeline`.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
+import pickle
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
 
+from connectors.spark.decode import ValueDecoder, decode_batches
 from connectors.spark.records import SPARK_DDL, to_record_batch
 
 RANGES_FORMAT = "chandy_kafka_ranges"
 LAKE_FILES_FORMAT = "chandy_lake_files"
+TASK_OPTION = "chandy.task"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """What a Spark task of micro-batch N needs, as one typed, picklable object.
+
+    It reaches the tasks in the closure of an RDD function, or as the single data source option
+    :data:`TASK_OPTION` (:meth:`encode` / :meth:`decode`), never as loose strings.
+    ``table_fields`` are the table's columns (name -> Delta type JSON) when the table exists, so
+    a task refuses data of another shape before writing anything; ``decoder`` decodes values in
+    the task (None: raw Kafka columns); ``checkpoint_dir`` is where dead letters go.
+    """
+
+    table_uri: str
+    job_id: str
+    checkpoint_id: int
+    epoch: int
+    operator_id: str
+    bootstrap_servers: str
+    prefix: str
+    checkpoint_dir: str
+    partition_by: tuple[str, ...] = ()
+    storage_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    producer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    consumer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    max_task_failures: int = 1
+    table_fields: Mapping[str, Any] | None = None
+    decoder: ValueDecoder | None = None
+    batch_size: int = 20_000
+
+    def encode(self) -> str:
+        return base64.b64encode(pickle.dumps(self)).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> TaskOptions:
+        options = pickle.loads(base64.b64decode(text))
+        if not isinstance(options, cls):
+            raise TypeError(f"{TASK_OPTION} holds a {type(options).__name__}, not TaskOptions")
+        return options
 
 
 @dataclasses.dataclass
@@ -34,21 +78,20 @@ class RangesPartition(InputPartition):
     ranges: list
 
 
-def read_ranges(options: dict, ranges: list) -> Iterator[pa.RecordBatch]:
+def read_ranges(options: TaskOptions, ranges: list) -> Iterator[pa.RecordBatch]:
     """A subtask's ranges ([topic, partition, start, stop], ...) as Arrow batches, in order."""
     from connectors.kafka.source.reader import KafkaRangeReader
     from connectors.kafka.source.split import KafkaPartitionSplit
     from coordinator.faults import crash_point
 
-    checkpoint_id = int(options["checkpoint_id"])
-    batch_size = int(options.get("batch_size", "20000"))
-    reader = KafkaRangeReader(options["bootstrap_servers"], json.loads(options.get("consumer_overrides", "{}")))
+    checkpoint_id = options.checkpoint_id
+    reader = KafkaRangeReader(options.bootstrap_servers, dict(options.consumer_overrides))
     try:
         for topic, p, start, stop in ranges:
             buffer = []
             for message in reader.read(KafkaPartitionSplit(topic, p, start, stop)):
                 buffer.append(message)
-                if len(buffer) >= batch_size:
+                if len(buffer) >= options.batch_size:
                     yield to_record_batch(buffer)
                     buffer = []
                     crash_point("task-read", checkpoint_id)
@@ -59,33 +102,53 @@ def read_ranges(options: dict, ranges: list) -> Iterator[pa.RecordBatch]:
         reader.close()
 
 
-def write_and_acknowledge(options: dict, batches: Iterator[pa.RecordBatch], subtask: int, attempt: int) -> tuple[int, int]:
+def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,
+                             counts: Any = None) -> Iterator[pa.RecordBatch]:
+    """Decode a subtask's batches with ``options.decoder``; bad records are written, at the end
+    of the input, to the checkpoint's dead-letter file of this subtask (see
+    :mod:`connectors.spark.dead_letters`). ``counts``: a Spark accumulator of (bad, skipped)."""
+    from connectors.spark.dead_letters import DeadLetterFile
+
+    assert options.decoder is not None
+    dead = DeadLetterFile(options.checkpoint_dir, options.job_id, options.checkpoint_id, subtask,
+                          options.storage_options)
+    yield from decode_batches(batches, options.decoder, dead.add, dead.add_skipped)
+    dead.close()
+    if counts is not None and (dead.count or dead.skipped):
+        counts.add((dead.count, dead.skipped))
+
+
+def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,
+                          attempt: int) -> tuple[int, int]:
     """Write one subtask's batches as lake files and acknowledge the checkpoint with them; on
-    failure decline it when this is the last allowed attempt, and re-raise. Returns (files, rows)."""
+    failure decline it when this is the last allowed attempt, and re-raise. Returns (files, rows).
+
+    Raises:
+        LakeSchemaError: the data does not fit the table (checked before anything is written).
+    """
     from connectors.lake.delta import DeltaLakeSink
     from coordinator.failure import CheckpointFailureReason
     from coordinator.faults import crash_point
     from coordinator.participant import AckSender
 
     o = options
-    checkpoint_id, epoch = int(o["checkpoint_id"]), int(o["epoch"])
-    sender = AckSender(o["bootstrap_servers"], o["job_id"], prefix=o["prefix"],
-                       producer_overrides=json.loads(o.get("producer_overrides", "{}")))
+    sender = AckSender(o.bootstrap_servers, o.job_id, prefix=o.prefix, producer_overrides=dict(o.producer_overrides))
     try:
         batches = list(batches)
         table = pa.Table.from_batches(batches) if batches else None
-        sink = DeltaLakeSink(o["table_uri"], partition_by=json.loads(o.get("partition_by", "[]")),
-                             storage_options=json.loads(o.get("storage_options", "{}")))
+        sink = DeltaLakeSink(o.table_uri, partition_by=o.partition_by, storage_options=o.storage_options)
+        if table is not None and o.table_fields is not None:
+            sink.check_schema(table.schema, o.table_fields, where=f"checkpoint {o.checkpoint_id}: ")
         files = [] if table is None else sink.write_files(
-            table, job_id=o["job_id"], checkpoint_id=checkpoint_id, subtask=subtask, attempt=attempt)
-        crash_point("task-written", checkpoint_id)
-        sender.acknowledge(epoch, checkpoint_id, o["operator_id"], subtask, attempt, [f.to_state_handle() for f in files])
+            table, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask, attempt=attempt)
+        crash_point("task-written", o.checkpoint_id)
+        sender.acknowledge(o.epoch, o.checkpoint_id, o.operator_id, subtask, attempt, [f.to_state_handle() for f in files])
         return len(files), 0 if table is None else table.num_rows
     except Exception as exc:
         # Spark retries a failed task; only its last allowed attempt declines the checkpoint
-        if attempt + 1 >= int(o.get("max_task_failures", "1")):
+        if attempt + 1 >= o.max_task_failures:
             try:
-                sender.decline(epoch, checkpoint_id, o["operator_id"], subtask, attempt,
+                sender.decline(o.epoch, o.checkpoint_id, o.operator_id, subtask, attempt,
                                CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}")
             except Exception:  # noqa: BLE001, S110 - the checkpoint then expires instead
                 pass
@@ -94,16 +157,21 @@ def write_and_acknowledge(options: dict, batches: Iterator[pa.RecordBatch], subt
         sender.close()
 
 
-def read_write_and_acknowledge(options: dict) -> Callable[[int, Iterator[list]], Iterator[tuple[int, int]]]:
-    """For ``rdd.mapPartitionsWithIndex``: a task that reads its ranges, writes them and acknowledges,
-    all in one Python worker (no round trip through the JVM): the path without decoding or transform."""
+def read_write_and_acknowledge(options: TaskOptions, counts: Any = None) -> Callable[[int, Iterator[list]], Iterator[tuple[int, int]]]:
+    """For ``rdd.mapPartitionsWithIndex``: a task that reads its ranges, decodes them (with a
+    decoder), writes them and acknowledges, all in one Python worker (no round trip through the
+    JVM): the path without a transform."""
 
     def task(index: int, ranges: Iterator[list]) -> Iterator[tuple[int, int]]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
+        subtask = context.partitionId()
         mine = [r for subtask_ranges in ranges for r in subtask_ranges]
-        yield write_and_acknowledge(options, read_ranges(options, mine), context.partitionId(), context.attemptNumber())
+        batches = read_ranges(options, mine)
+        if options.decoder is not None:
+            batches = decode_with_dead_letters(options, batches, subtask, counts)
+        yield write_and_acknowledge(options, batches, subtask, context.attemptNumber())
 
     return task
 
@@ -117,7 +185,7 @@ class _RangesReader(DataSourceReader):
         return [RangesPartition(i, ranges) for i, ranges in enumerate(per_subtask)]
 
     def read(self, partition: RangesPartition) -> Iterator[pa.RecordBatch]:
-        return read_ranges(self.options, partition.ranges)
+        return read_ranges(TaskOptions.decode(self.options[TASK_OPTION]), partition.ranges)
 
 
 class KafkaRangesDataSource(DataSource):
@@ -151,7 +219,7 @@ class _LakeFilesWriter(DataSourceArrowWriter):
 
         context = TaskContext.get()
         subtask, attempt = context.partitionId(), context.attemptNumber()
-        files, rows = write_and_acknowledge(self.options, iterator, subtask, attempt)
+        files, rows = write_and_acknowledge(TaskOptions.decode(self.options[TASK_OPTION]), iterator, subtask, attempt)
         return FilesWritten(subtask, attempt, files, rows)
 
     def commit(self, messages: list[FilesWritten]) -> None:

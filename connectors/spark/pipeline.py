@@ -14,11 +14,24 @@ coordinators, the lake committer (operator ``lake-sink``) and the Kafka source e
    committer commits N's files in one Delta commit with app transaction (job id, N), and only
    then the enumerator commits the ranges' ends to the consumer group.
 
-A failed or aborted checkpoint commits nothing; the next one reads its ranges again. After a
-crash anywhere, the next start replays the coordinator log, restores the latest completed
-checkpoint (committing it to the table if it was not yet: restoring implies completion; a
-repeated commit is skipped by its app transaction), deletes unreferenced files, and continues
-from that checkpoint's ends: every record lands exactly once.
+A failed or aborted checkpoint commits nothing; the next one reads its ranges again, after an
+exponential back-off (Flink's exponential-delay restart strategy). After a crash anywhere, the next
+start replays the coordinator log, restores the latest completed checkpoint (committing it to the
+table if it was not yet: restoring implies completion; a repeated commit is skipped by its app
+transaction), deletes unreferenced files, and continues from that checkpoint's ends: every record
+lands exactly once.
+
+The table is the truth about what landed. Before Spark starts, :meth:`Pipeline.preflight` checks
+the brokers, the Kafka settings, the table's location and schema, and reconciles:
+
+1. the table's commits record, per job, the end offset of every (topic, partition) they cover;
+   another job that landed one of this job's partitions into the table is an error;
+2. the coordinator log is read (read-only); when it holds no completed checkpoint at or after the
+   table's (lost, recreated, or a new Kafka cluster with the same topics), the job resumes from
+   the table's offsets and says so in one line (``resume_from_table=False`` refuses instead);
+3. checkpoint IDs continue above the table's newest (Flink's ``CheckpointIDCounter.setCount``),
+   no range starts below the table's offsets (the source's ``offset_floor``), and a consumer group
+   ahead of the table is moved back to it: offsets are never committed past what the table holds.
 """
 
 from __future__ import annotations
@@ -28,6 +41,9 @@ import importlib
 import json
 import logging
 import os
+import random
+import re
+import signal
 import sys
 import threading
 import time
@@ -35,36 +51,54 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import TopicPartition
+import pyarrow as pa
+from confluent_kafka import KafkaException, TopicPartition
 
 from connectors.kafka import config as kafka_config
 from connectors.kafka.source import offsets as offsets_module
-from connectors.kafka.source.enumerator import KafkaSourceCoordinatorProvider, KafkaSourceOptions
+from connectors.kafka.source.enumerator import (
+    KafkaSourceCoordinatorProvider,
+    KafkaSourceEnumeratorState,
+    KafkaSourceOptions,
+)
 from connectors.kafka.source.reader import KafkaRangeReader
 from connectors.kafka.source.split import KafkaPartitionSplit
-from connectors.lake.committer import LakeCommitterProvider
-from connectors.lake.delta import DeltaLakeSink
-from coordinator.errors import ChandyError
+from connectors.kafka.source.subscriber import subscribed_topics
+from connectors.kafka.topics import ChandyTopics, ensure_topics
+from connectors.lake.committer import LakeCommitterProvider, OffsetRanges
+from connectors.lake.delta import TP, DeltaLakeSink, LakeSchemaError, TableProgress
+from connectors.lake.uri import normalize_table_uri
+from connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
 from coordinator import faults
+from coordinator.environment import OutboundMessage
+from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.options import CheckpointingOptions
-from coordinator.runtime import CoordinatorService
-from coordinator.storage import CheckpointStorage
+from coordinator.runtime import CoordinatorFencedError, CoordinatorService
+from coordinator.storage import CheckpointMetadata, CheckpointStorage
 
 log = logging.getLogger(__name__)
 
 SOURCE_OPERATOR = "kafka-source"
 SINK_OPERATOR = "lake-sink"
-KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestamp_type", "headers")
+
+#: errors a retry cannot fix: the job stops at the first one instead of retrying
+DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError")
 
 
 class PipelineError(ChandyError):
-    """The pipeline cannot start or had to stop (the message says why)."""
+    """The pipeline cannot start or had to stop (the message says why, in one line)."""
 
 
-def default_job_id(table_uri: str) -> str:
-    """A job ID derived from the table URI: the same pipeline resumes its own checkpoints."""
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"chandy-pipeline:{table_uri.rstrip('/')}").hex
+class PipelineFencedError(PipelineError):
+    """A newer coordinator of the same job took over; this run stopped writing at once."""
+
+
+def default_job_id(table_uri: str, topics: tuple[str, ...] | list[str] = (), topic_pattern: str | None = None) -> str:
+    """A job ID derived from the normalised, absolute table URI and the topics (or pattern):
+    the same pipeline resumes its own checkpoints however the table was spelled."""
+    source = ",".join(sorted(topics)) if topics else f"pattern:{topic_pattern or ''}"
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"chandy-pipeline:{normalize_table_uri(table_uri)}|{source}").hex
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +107,13 @@ class PipelineOptions:
 
     Kafka settings pass through under librdkafka's names (``consumer_overrides``,
     ``producer_overrides``), Spark settings under Spark's (``spark_conf``), storage settings under
-    fsspec's / delta-rs's (``storage_options``).
+    fsspec's / delta-rs's (``storage_options``). ``table_uri`` is normalised to an absolute URI
+    when the options are made. Bad records follow Kafka Connect's ``errors.tolerance`` (``none``
+    or ``all``) and ``errors.deadletterqueue.topic.name`` (``dead_letter_topic``); ``tombstones``
+    is ``error``, ``skip`` or ``null`` (see :mod:`connectors.spark.decode`).
+
+    Raises:
+        PipelineError: inconsistent options; DdlError / AvroValueSchemaError: a bad value schema.
     """
 
     table_uri: str
@@ -94,6 +134,7 @@ class PipelineOptions:
     value_format: str | None = None
     value_schema: str | None = None
     avro_framing: str = "single-object"
+    avro_schema_id: int | None = None
     keep_raw_value: bool = False
     transform: str | None = None
     partition_by: tuple[str, ...] = ()
@@ -103,10 +144,21 @@ class PipelineOptions:
     prefix: str = "chandy"
     stop_when_drained: bool = False
     max_checkpoints: int | None = None
+    errors_tolerance: str = "none"
+    dead_letter_topic: str | None = None
+    tombstones: str = "error"
+    resume_from_table: bool = True
+    restart_backoff_initial_ms: int = 1_000
+    restart_backoff_max_ms: int = 60_000
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
             raise PipelineError("give topics (a list) or a topic pattern (a regex), not both and not neither")
+        if self.topic_pattern:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise PipelineError(f"--topic-pattern {self.topic_pattern!r} is not a regex: {exc}") from exc
         if self.starting_offsets not in ("earliest", "latest", "committed"):
             raise PipelineError(f"starting offsets must be earliest, latest or committed, got {self.starting_offsets!r}")
         if self.value_format not in (None, "json", "avro"):
@@ -117,10 +169,28 @@ class PipelineOptions:
             raise PipelineError(f"Avro framing must be single-object, confluent or raw, got {self.avro_framing!r}")
         if self.transform and ":" not in self.transform:
             raise PipelineError(f"--transform takes module:function, got {self.transform!r}")
+        if self.errors_tolerance not in ("none", "all"):
+            raise PipelineError(f"errors tolerance must be none or all, got {self.errors_tolerance!r}")
+        if self.tombstones not in ("error", "skip", "null"):
+            raise PipelineError(f"tombstones must be error, skip or null, got {self.tombstones!r}")
+        if self.dead_letter_topic and self.value_format is None:
+            raise PipelineError("a dead-letter topic needs a value format (--value-format): raw records are never bad")
+        if self.dead_letter_topic and self.errors_tolerance != "all":
+            raise PipelineError("a dead-letter topic needs --errors-tolerance all (with none, the first bad record "
+                                "fails the micro-batch), as Kafka Connect's errors.deadletterqueue.topic.name")
+        object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
+        if self.value_format == "json" and self.value_schema:
+            from connectors.spark.ddl import parse_ddl
+
+            parse_ddl(self.value_schema)
+        if self.value_format == "avro":
+            from connectors.spark.avro import value_fields
+
+            value_fields(self.value_schema or "")
 
     @property
     def resolved_job_id(self) -> str:
-        return self.job_id or default_job_id(self.table_uri)
+        return self.job_id or default_job_id(self.table_uri, self.topics, self.topic_pattern)
 
     @property
     def resolved_group_id(self) -> str:
@@ -147,12 +217,15 @@ class PipelineProgress:
     lag: dict[tuple[str, int], int]
     message: str | None = None
     spark_job_ms: float = 0.0  # of checkpoint_duration_ms, the Spark job (read, transform, write, ack)
+    bad_records: int = 0  # this run, in completed checkpoints
+    dead_lettered: int = 0  # of those, published to the dead-letter topic
+    tombstones_skipped: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class PipelineSummary:
-    """The end of a run: rows this run committed, its checkpoints, seconds, and why it stopped
-    (:func:`verify_table` compares the table with the topics)."""
+    """The end of a run: rows this run committed, its checkpoints, seconds, why it stopped, and
+    the signal that stopped it (if any); :func:`verify_table` compares the table with the topics."""
 
     table_uri: str
     job_id: str
@@ -161,6 +234,11 @@ class PipelineSummary:
     checkpoints_failed: int
     seconds: float
     stopped_because: str = "drained"
+    bad_records: int = 0
+    dead_lettered: int = 0
+    tombstones_skipped: int = 0
+    signal: int | None = None
+    notices: tuple[str, ...] = ()
 
 
 def load_transform(spec: str) -> Callable[[Any], Any]:
@@ -180,6 +258,25 @@ def load_transform(spec: str) -> Callable[[Any], Any]:
     return transform
 
 
+_CAUSE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Invalid)): (.+)$", re.MULTILINE)
+_WRAPPERS = {"PythonException", "Py4JJavaError", "SparkException", "AnalysisException", "CheckpointException"}
+
+
+def root_cause(error: BaseException | str) -> str:
+    """The one line that says why: the first error raised by our own code in a Spark task (its
+    class and message), else the innermost Python error, else the first line of ``error``."""
+    text = str(error)
+    found = [(m.group(1), m.group(2).strip()) for m in _CAUSE.finditer(text) if m.group(1) not in _WRAPPERS]
+    for name, message in found:
+        if name in DETERMINISTIC_ERRORS:
+            return f"{name}: {message}"
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return first
+
+
 class Pipeline:
     """One run of the pipeline (see the module docstring). Not reusable after :meth:`run`."""
 
@@ -188,32 +285,220 @@ class Pipeline:
         self.job_id = options.resolved_job_id
         self._spark = spark
         self._stop = threading.Event()
+        self.stop_signal: int | None = None
         self.sink = DeltaLakeSink(options.table_uri, partition_by=options.partition_by,
                                   storage_options=options.storage_options)
         self._transform = load_transform(options.transform) if options.transform else None
         self.service: CoordinatorService | None = None
         self.parallelism = 0
+        self.topic_names: list[str] = list(options.topics)
+        self.partitions: list[TP] = []
+        self.notices: list[str] = []
+        self.table_progress: TableProgress | None = None
+        self.table_fields: dict[str, Any] | None = None
+        self.cluster_id: str | None = None
+        self.decoder: ValueDecoder | None = None
+        self.bad_records = 0
+        self.dead_lettered = 0
+        self._checkpoint_id_floor: int | None = None
+        self._preflight_done = False
+        self._last_committed = 0
 
-    def request_stop(self) -> None:
+    def request_stop(self, signum: int | None = None) -> None:
         """Finish (or abort) the checkpoint in flight and stop; callable from any thread or signal handler."""
+        if signum is not None and self.stop_signal is None:
+            self.stop_signal = signum
         self._stop.set()
 
-    # -- setup -------------------------------------------------------------------------------------
-    def _partitions(self) -> list[tuple[str, int]]:
-        import re
+    def _notice(self, message: str) -> None:
+        self.notices.append(message)
+        log.warning("%s", message)
 
-        metadata = kafka_config.admin_client(self.options.bootstrap_servers).list_topics(timeout=30)
-        if self.options.topics:
-            missing = [t for t in self.options.topics if t not in metadata.topics]
+    # -- preflight: everything checked before Spark starts --------------------------------------
+    def preflight(self) -> None:
+        """Check and reconcile before Spark starts (see the module docstring).
+
+        Raises:
+            PipelineError: unreachable brokers, an unknown Kafka setting, missing topics, an
+                unwritable table location, a schema that does not fit the table, another job's
+                data in the table, a table from another Kafka cluster, or (with
+                ``resume_from_table=False``) a coordinator log behind the table.
+        """
+        if self._preflight_done:
+            return
+        opts = self.options
+        self._check_kafka()
+        self._check_table_location()
+        self.decoder = self._decoder_from_known_schema()
+        if self._transform is None and (opts.value_format is None or self.decoder is not None):
+            self._check_output_schema(self._output_schema())
+        self._reconcile()
+        self._preflight_done = True
+
+    def _check_kafka(self) -> None:
+        opts = self.options
+        for what, make in (("-X (consumer)", lambda: kafka_config.consumer(opts.bootstrap_servers,
+                                                                           overrides=dict(opts.consumer_overrides))),
+                           ("--producer-property", lambda: kafka_config.producer(
+                               opts.bootstrap_servers, overrides=dict(opts.producer_overrides)))):
+            try:
+                client = make()
+            except KafkaException as exc:
+                raise PipelineError(f"{what} setting refused by librdkafka: {exc.args[0].str() if exc.args else exc}") from exc
+            except (TypeError, ValueError) as exc:
+                raise PipelineError(f"{what} setting refused by librdkafka: {exc}") from exc
+            if hasattr(client, "close"):
+                client.close()
+        admin = kafka_config.admin_client(opts.bootstrap_servers, {"socket.connection.setup.timeout.ms": 10_000})
+        try:
+            metadata = admin.list_topics(timeout=15)
+            self.cluster_id = metadata.cluster_id
+        except KafkaException as exc:
+            raise PipelineError(f"cannot reach Kafka at {opts.bootstrap_servers} within 15 s: "
+                                f"{exc.args[0].str() if exc.args else exc}") from exc
+        available = [t for t, m in metadata.topics.items() if m.error is None]
+        if opts.topics:
+            missing = [t for t in opts.topics if t not in available]
             if missing:
-                raise PipelineError(f"topic(s) not found on {self.options.bootstrap_servers}: {', '.join(missing)}")
-            names = list(self.options.topics)
-        else:
-            names = [t for t in metadata.topics if re.fullmatch(self.options.topic_pattern, t)]
-            if not names:
-                raise PipelineError(f"no topic matches {self.options.topic_pattern!r}")
-        return [(t, p) for t in names for p in metadata.topics[t].partitions]
+                raise PipelineError(f"topic(s) not found on {opts.bootstrap_servers}: {', '.join(missing)}")
+        self.topic_names = subscribed_topics(available, opts.topics, opts.topic_pattern)
+        if not self.topic_names:
+            raise PipelineError(f"no topic matches {opts.topic_pattern!r} on {opts.bootstrap_servers}")
+        self.partitions = [(t, p) for t in self.topic_names for p in sorted(metadata.topics[t].partitions)]
+        if opts.dead_letter_topic and opts.dead_letter_topic not in available:
+            raise PipelineError(f"dead-letter topic {opts.dead_letter_topic} not found on {opts.bootstrap_servers} "
+                                "(create it first, with the retention you want for bad records)")
 
+    def _check_table_location(self) -> None:
+        try:
+            self.table_fields = self.sink.table_fields()
+        except Exception as exc:  # noqa: BLE001 - delta-rs and fsspec raise many types
+            raise PipelineError(f"cannot read table {self.sink.table_uri}: {root_cause(exc)}") from exc
+        probe = f"{self.sink.root}/_chandy_write_probe_{uuid.uuid4().hex[:8]}"
+        try:
+            self.sink.fs.makedirs(self.sink.root, exist_ok=True)
+            with self.sink.fs.open(probe, "wb") as handle:
+                handle.write(b"chandy")
+            self.sink.fs.rm(probe)
+        except Exception as exc:  # noqa: BLE001 - every storage error means "not writable"
+            raise PipelineError(f"table location {self.sink.table_uri} is not writable: {exc}") from exc
+
+    def _value_columns(self, struct: Any) -> tuple[pa.Schema, tuple[str, ...]]:
+        """Spark StructType of the value -> (landed Arrow columns, names in the value)."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        arrow = to_arrow_schema(struct, timezone="UTC")
+        renamed = [f.with_name(f"value_{f.name}") if f.name in KAFKA_COLUMNS else f for f in arrow]
+        return pa.schema(renamed), tuple(f.name for f in arrow)
+
+    def _make_decoder(self, columns: pa.Schema, names: tuple[str, ...], unknown_fields: str) -> ValueDecoder:
+        opts = self.options
+        keep = tuple(c for c in KAFKA_COLUMNS if c != "value" or opts.keep_raw_value)
+        return ValueDecoder(opts.value_format or "json", columns, names, keep, avro_schema=opts.value_schema
+                            if opts.value_format == "avro" else None, avro_framing=opts.avro_framing,
+                            avro_schema_id=opts.avro_schema_id, unknown_fields=unknown_fields,
+                            tombstones=opts.tombstones, errors_tolerance=opts.errors_tolerance)
+
+    def _decoder_from_known_schema(self) -> ValueDecoder | None:
+        """The decoder when the value's columns are known before reading: a DDL, an Avro schema,
+        or (inferred JSON) an existing table's columns. None: JSON to infer from the first batch."""
+        opts = self.options
+        if opts.value_format is None:
+            return None
+        if opts.value_format == "avro":
+            from connectors.spark.avro import value_struct
+
+            columns, names = self._value_columns(value_struct(opts.value_schema or ""))
+            return self._make_decoder(columns, names, "ignore")
+        if opts.value_schema:
+            from connectors.spark.ddl import parse_ddl
+
+            columns, names = self._value_columns(parse_ddl(opts.value_schema))
+            return self._make_decoder(columns, names, "ignore")
+        if self.table_fields is not None and self._transform is None:
+            from deltalake import Schema as DeltaSchema
+
+            value_fields = [{"name": n, "type": t, "nullable": True, "metadata": {}}
+                            for n, t in self.table_fields.items() if n not in KAFKA_COLUMNS]
+            arrow = pa.schema(DeltaSchema.from_json(json.dumps({"type": "struct", "fields": value_fields})).to_arrow())
+            names = tuple(f.name[len("value_"):] if f.name.startswith("value_") and f.name[6:] in KAFKA_COLUMNS
+                          else f.name for f in arrow)
+            return self._make_decoder(arrow, names, "error")
+        return None
+
+    def _output_schema(self) -> pa.Schema:
+        from connectors.spark.records import ARROW_SCHEMA
+
+        return self.decoder.output_schema if self.decoder is not None else ARROW_SCHEMA
+
+    def _check_output_schema(self, schema: pa.Schema) -> None:
+        try:
+            self.sink.check_schema(schema, self.table_fields)
+        except LakeSchemaError as exc:
+            raise PipelineError(str(exc)) from exc
+
+    def _reconcile(self) -> None:
+        """Steps 1 to 3 of the module docstring."""
+        from coordinator.log import load_state
+
+        opts = self.options
+        progress = self.sink.progress(self.job_id)
+        self.table_progress = progress
+        mine = set(self.partitions)
+        for other, offsets in sorted(progress.other_jobs.items()):
+            shared = sorted(mine & set(offsets))
+            if shared:
+                topic, partition = shared[0]
+                raise PipelineError(
+                    f"table {self.sink.table_uri} already holds {topic}-{partition} (and {len(shared) - 1} more "
+                    f"partition(s)) landed by job {other}; two jobs landing one partition would duplicate it: "
+                    f"pass --job-id {other} to resume that job")
+        if progress.checkpoint_id is None:
+            return
+        if progress.cluster_id and self.cluster_id and progress.cluster_id != self.cluster_id:
+            raise PipelineError(
+                f"table {self.sink.table_uri} was landed by job {self.job_id} from Kafka cluster {progress.cluster_id}, "
+                f"but {opts.bootstrap_servers} is cluster {self.cluster_id}: offsets do not carry over between "
+                "clusters; land this cluster's topics with a new --job-id (or into a new table)")
+        topics = ChandyTopics(opts.prefix)
+        ensure_topics(kafka_config.admin_client(opts.bootstrap_servers), topics)
+        state, _ = load_state(opts.bootstrap_servers, topics.coordinator_log, self.job_id,
+                              consumer_overrides=dict(opts.consumer_overrides), timeout_s=60)
+        completed = state.completed(savepoints=False)
+        latest = completed[-1].checkpoint_id if completed else None
+        self._checkpoint_id_floor = progress.checkpoint_id + 1
+        if latest is None or latest < progress.checkpoint_id:
+            where = ", ".join(f"{t}-{p}@{o}" for (t, p), o in sorted(progress.offsets.items())[:6])
+            more = "" if len(progress.offsets) <= 6 else f" and {len(progress.offsets) - 6} more"
+            log_state = "has no completed checkpoint" if latest is None else f"ends at checkpoint {latest}"
+            if not opts.resume_from_table:
+                raise PipelineError(
+                    f"the coordinator log of job {self.job_id} {log_state} but table {self.sink.table_uri} holds "
+                    f"checkpoint {progress.checkpoint_id}; refusing to guess (--no-resume-from-table)")
+            self._notice(f"the coordinator log of job {self.job_id} {log_state}, the table holds checkpoint "
+                         f"{progress.checkpoint_id}: resuming from the table's offsets ({where}{more}); "
+                         f"checkpoint IDs continue at {progress.checkpoint_id + 1}")
+        self._rewind_group_past_table(progress.offsets)
+
+    def _rewind_group_past_table(self, table_offsets: Mapping[TP, int]) -> None:
+        """A consumer group ahead of the table is moved back to the table's offsets."""
+        opts = self.options
+        if not table_offsets:
+            return
+        consumer = kafka_config.consumer(opts.bootstrap_servers, group_id=opts.resolved_group_id,
+                                         overrides=dict(opts.consumer_overrides))
+        try:
+            committed = consumer.committed([TopicPartition(t, p) for t, p in sorted(table_offsets)], timeout=30)
+            ahead = [TopicPartition(tp.topic, tp.partition, table_offsets[(tp.topic, tp.partition)])
+                     for tp in committed if tp.offset >= 0 and tp.offset > table_offsets[(tp.topic, tp.partition)]]
+            if ahead:
+                consumer.commit(offsets=ahead, asynchronous=False)
+                self._notice(f"consumer group {opts.resolved_group_id} was ahead of the table on {len(ahead)} "
+                             "partition(s): moved back to the table's offsets")
+        finally:
+            consumer.close()
+
+    # -- setup -------------------------------------------------------------------------------------
     def _spark_session(self) -> Any:
         if self._spark is not None:
             return self._spark
@@ -233,14 +518,48 @@ class Pipeline:
         spark.sparkContext.setLogLevel("WARN")
         return spark
 
+    def offsets_of(self, metadata: CheckpointMetadata) -> OffsetRanges:
+        """The offset ranges checkpoint ``metadata`` covers, from the Kafka source's state in it."""
+        operator = metadata.operator(SOURCE_OPERATOR)
+        if operator is None or operator.coordinator_state is None:
+            return {}
+        state = KafkaSourceEnumeratorState.deserialize(operator.coordinator_state)
+        return {r.topic_partition: (r.starting_offset, r.stopping_offset) for r in state.ranges}
+
+    def completion_outputs(self, metadata: CheckpointMetadata) -> list[OutboundMessage]:
+        """On the I/O executor, before checkpoint N completes: its bad records, as dead letters
+        published in N's completion transaction (see :mod:`connectors.spark.dead_letters`)."""
+        from connectors.spark.dead_letters import delete_dead_letters_before, read_dead_letters, to_messages
+
+        opts = self.options
+        if opts.value_format is None:
+            return []
+        checkpoint_dir, checkpoint_id = opts.resolved_checkpoint_dir, metadata.checkpoint_id
+        bad = read_dead_letters(checkpoint_dir, self.job_id, checkpoint_id, opts.storage_options)
+        delete_dead_letters_before(checkpoint_dir, self.job_id, checkpoint_id, opts.storage_options)
+        if bad.num_rows == 0:
+            return []
+        first = bad.slice(0, 1).to_pylist()[0]
+        self.bad_records += bad.num_rows
+        where = "published to " + opts.dead_letter_topic if opts.dead_letter_topic else "skipped"
+        log.warning("checkpoint %d: %d bad record(s) %s; first: topic %s partition %d offset %d: %s: %s",
+                    checkpoint_id, bad.num_rows, where, first["topic"], first["partition"], first["offset"],
+                    first["error_class"], first["error_message"])
+        if not opts.dead_letter_topic:
+            return []
+        self.dead_lettered += bad.num_rows
+        return to_messages(bad, opts.dead_letter_topic, f"chandy-{self.job_id}")
+
     def _start_coordinator(self) -> CoordinatorService:
         opts = self.options
         initializer = {"earliest": offsets_module.earliest(), "latest": offsets_module.latest(),
                        "committed": offsets_module.committed("earliest")}[opts.starting_offsets]
+        floor = dict(self.table_progress.offsets) if self.table_progress is not None else {}
         source = KafkaSourceOptions(
             opts.bootstrap_servers, topics=tuple(opts.topics), topic_pattern=opts.topic_pattern,
             group_id=opts.resolved_group_id, starting_offsets=initializer,
-            max_records_per_checkpoint=opts.max_records_per_checkpoint, consumer_overrides=dict(opts.consumer_overrides))
+            max_records_per_checkpoint=opts.max_records_per_checkpoint, consumer_overrides=dict(opts.consumer_overrides),
+            offset_floor=floor)
         storage = CheckpointStorage(opts.resolved_checkpoint_dir, self.job_id, storage_options=dict(opts.storage_options))
         service = CoordinatorService(
             self.job_id, opts.bootstrap_servers,
@@ -249,28 +568,32 @@ class Pipeline:
                                  checkpoint_dir=opts.resolved_checkpoint_dir),
             {SINK_OPERATOR: self.parallelism},
             # order matters: the lake commit happens before the offset commit (notification order)
-            coordinator_providers=[LakeCommitterProvider(SINK_OPERATOR, self.sink, storage),
+            coordinator_providers=[LakeCommitterProvider(SINK_OPERATOR, self.sink, storage, offsets_of=self.offsets_of,
+                                                         cluster_id=self.cluster_id),
                                    KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
             prefix=opts.prefix, producer_overrides=dict(opts.producer_overrides),
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
+            completion_outputs=self.completion_outputs, checkpoint_id_floor=self._checkpoint_id_floor,
         )
-        return service.start(periodic=False)
+        try:
+            return service.start(periodic=False)
+        except ChandyError as exc:
+            service.stop()
+            raise PipelineError(f"job {self.job_id} cannot start: {exc}") from exc
 
-    def _on_mailbox(self, func: Callable[[], Any]) -> Any:
-        return self.service.mailbox.call(func).result(60)
+    def _enumerator_call(self, func: Callable[[Any], Any]) -> Any:
+        assert self.service is not None
+        return self.service.call_operator_coordinator(SOURCE_OPERATOR, func)
 
-    @property
-    def _enumerator(self) -> Any:
-        return self.service.coordinator.holders[SOURCE_OPERATOR].coordinator
-
-    @property
-    def _committer(self) -> Any:
-        return self.service.coordinator.holders[SINK_OPERATOR].coordinator
+    def _committed_records(self) -> int:
+        assert self.service is not None
+        self._last_committed = self.service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.records_committed)
+        return self._last_committed
 
     # -- the loop ------------------------------------------------------------------------------------
     def lag(self, consumer: Any) -> dict[tuple[str, int], int]:
         """Records between the last completed checkpoint's ends and the last stable offsets."""
-        ends = self._on_mailbox(lambda: dict(self._enumerator.committed_end))
+        ends = self._enumerator_call(lambda e: dict(e.committed_end))
         lag = {}
         for tp, start in sorted(ends.items()):
             high = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=30, cached=False)[1]
@@ -280,7 +603,7 @@ class Pipeline:
     def _ranges(self, checkpoint_id: int, future: Any, timeout_s: float) -> dict[tuple[str, int], KafkaPartitionSplit]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            ranges = self._on_mailbox(lambda: self._enumerator.ranges_of(checkpoint_id))
+            ranges = self._enumerator_call(lambda e: e.ranges_of(checkpoint_id))
             if ranges:
                 return ranges
             if future.done():
@@ -289,28 +612,30 @@ class Pipeline:
             time.sleep(0.005)
         raise PipelineError(f"the offset ranges of checkpoint {checkpoint_id} were not fixed within {timeout_s} s")
 
-    def _decode(self, spark: Any, df: Any, sample: list[bytes]) -> Any:
-        from pyspark.sql import functions as F
+    def _infer_decoder(self, ranges: dict[tuple[str, int], KafkaPartitionSplit]) -> ValueDecoder:
+        """JSON without a schema or a table: infer the columns from up to 1,000 values of the
+        first micro-batch (pyarrow's JSON inference); later fields without a column are bad."""
+        import io
 
-        opts = self.options
-        keep = [c for c in KAFKA_COLUMNS if c != "value" or opts.keep_raw_value]
-        if opts.value_format == "json":
-            if opts.value_schema:
-                schema = opts.value_schema
-                fields = [f.strip().split()[0] for f in opts.value_schema.split(",")]
-            else:
-                if not sample:
-                    raise PipelineError("cannot infer the JSON value schema: the first micro-batch has no records")
-                inferred = spark.read.json(spark.sparkContext.parallelize([v.decode("utf-8", "replace") for v in sample]))
-                schema, fields = inferred.schema, inferred.schema.fieldNames()
-            parsed = df.withColumn("__value", F.from_json(F.col("value").cast("string"), schema))
-            return parsed.select(*keep, *[F.col(f"__value.{f}").alias(f if f not in KAFKA_COLUMNS else f"value_{f}")
-                                          for f in fields])
-        if opts.value_format == "avro":
-            from connectors.spark.avro import decode_avro_values
+        from pyarrow import json as pa_json
 
-            return decode_avro_values(df, opts.value_schema, opts.avro_framing, keep)
-        return df
+        lines = []
+        for raw in self._sample(ranges):
+            try:
+                value = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(value, dict):
+                lines.append(json.dumps(value))
+        if not lines:
+            raise PipelineError("cannot infer the JSON value schema: the first micro-batch has no JSON object "
+                                "(give --value-schema)")
+        inferred = pa_json.read_json(io.BytesIO("\n".join(lines).encode())).schema
+        inferred = pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type)
+                              else f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type)
+                              else f for f in inferred])
+        renamed = [f.with_name(f"value_{f.name}") if f.name in KAFKA_COLUMNS else f for f in inferred]
+        return self._make_decoder(pa.schema(renamed), tuple(f.name for f in inferred), "error")
 
     def _sample(self, ranges: dict[tuple[str, int], KafkaPartitionSplit], limit: int = 1000) -> list[bytes]:
         reader = KafkaRangeReader(self.options.bootstrap_servers, self.options.consumer_overrides)
@@ -326,81 +651,164 @@ class Pipeline:
             reader.close()
         return values
 
-    def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, state: dict) -> None:
-        from connectors.spark.datasource import LAKE_FILES_FORMAT, RANGES_FORMAT
+    def _task_options(self, spark: Any, checkpoint_id: int) -> Any:
+        from connectors.spark.datasource import TaskOptions
 
-        assignment = self._on_mailbox(self._enumerator.assignment)
+        opts = self.options
+        if self.table_fields is None:
+            self.table_fields = self.sink.table_fields()
+        assert self.service is not None
+        return TaskOptions(
+            table_uri=opts.table_uri, job_id=self.job_id, checkpoint_id=checkpoint_id, epoch=self.service.epoch,
+            operator_id=SINK_OPERATOR, bootstrap_servers=opts.bootstrap_servers, prefix=opts.prefix,
+            checkpoint_dir=opts.resolved_checkpoint_dir, partition_by=tuple(opts.partition_by),
+            storage_options=dict(opts.storage_options), producer_overrides=dict(opts.producer_overrides),
+            consumer_overrides=dict(opts.consumer_overrides),
+            max_task_failures=int(spark.conf.get("spark.task.maxFailures", "1")),
+            table_fields=self.table_fields, decoder=self.decoder)
+
+    def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, counts: Any) -> None:
+        from connectors.spark.datasource import LAKE_FILES_FORMAT, RANGES_FORMAT, TASK_OPTION, read_write_and_acknowledge
+
+        assignment = self._enumerator_call(lambda e: e.assignment())
         per_subtask = [[[s.topic, s.partition, ranges[s.topic_partition].starting_offset,
                          ranges[s.topic_partition].stopping_offset]
                         for s in assignment.get(i, []) if s.topic_partition in ranges
                         and ranges[s.topic_partition].num_records > 0]
                        for i in range(self.parallelism)]
-        opts = self.options
-        task_options = {
-            "table_uri": opts.table_uri, "partition_by": json.dumps(list(opts.partition_by)),
-            "storage_options": json.dumps(dict(opts.storage_options)), "job_id": self.job_id,
-            "checkpoint_id": str(checkpoint_id), "epoch": str(self.service.coordinator.epoch),
-            "operator_id": SINK_OPERATOR, "bootstrap_servers": opts.bootstrap_servers, "prefix": opts.prefix,
-            "producer_overrides": json.dumps(dict(opts.producer_overrides)),
-            "consumer_overrides": json.dumps(dict(opts.consumer_overrides)),
-            "max_task_failures": spark.conf.get("spark.task.maxFailures", "1"),
-        }
-        if opts.value_format is None and self._transform is None:
-            # nothing for Spark SQL to do: each task reads, writes and acknowledges in one Python
-            # worker, sparing the batches a round trip through the JVM
-            from connectors.spark.datasource import read_write_and_acknowledge
-
-            # one element per slice: partition i is subtask i, with its ranges
+        if self.options.value_format is not None and self.decoder is None:
+            self.decoder = self._infer_decoder(ranges)
+            if self._transform is None:
+                self._check_output_schema(self._output_schema())
+        task = self._task_options(spark, checkpoint_id)
+        if self._transform is None:
+            # nothing for Spark SQL to do: each task reads, decodes, writes and acknowledges in one
+            # Python worker, sparing the batches a round trip through the JVM
             (spark.sparkContext.parallelize(per_subtask, self.parallelism)
-             .mapPartitionsWithIndex(read_write_and_acknowledge(task_options)).collect())
+             .mapPartitionsWithIndex(read_write_and_acknowledge(task, counts)).collect())
             return
-        df = (spark.read.format(RANGES_FORMAT).options(**task_options)
+        df = (spark.read.format(RANGES_FORMAT).option(TASK_OPTION, task.encode())
               .option("ranges", json.dumps(per_subtask)).load())
-        if opts.value_format == "json" and not opts.value_schema and "json_sample" not in state:
-            state["json_sample"] = self._sample(ranges)
-        df = self._decode(spark, df, state.get("json_sample", []))
-        if self._transform is not None:
-            df = self._transform(df)
-            partitions = df.rdd.getNumPartitions()
-            if partitions > self.parallelism:
-                df = df.coalesce(self.parallelism)
-            elif partitions < self.parallelism:
-                df = df.repartition(self.parallelism)
-        df.write.format(LAKE_FILES_FORMAT).mode("append").options(**task_options).save()
+        if self.decoder is not None:
+            df = self._decode_frame(df, task, counts)
+        df = self._transform(df)
+        partitions = df.rdd.getNumPartitions()
+        if partitions > self.parallelism:
+            df = df.coalesce(self.parallelism)
+        elif partitions < self.parallelism:
+            df = df.repartition(self.parallelism)
+        df.write.format(LAKE_FILES_FORMAT).mode("append").option(TASK_OPTION, task.encode()).save()
 
-    def run(self, on_progress: Callable[[PipelineProgress], None] | None = None) -> PipelineSummary:
-        """Run until drained (``stop_when_drained``), ``max_checkpoints``, :meth:`request_stop`, or a failure.
+    @staticmethod
+    def _decode_frame(df: Any, task: Any, counts: Any) -> Any:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from connectors.spark.datasource import decode_with_dead_letters
+
+        def decode(batches: Any) -> Any:
+            from pyspark import TaskContext
+
+            yield from decode_with_dead_letters(task, batches, TaskContext.get().partitionId(), counts)
+
+        return df.mapInArrow(decode, from_arrow_schema(task.decoder.output_schema, prefer_timestamp_ntz=False))
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Ctrl-C (SIGINT) and SIGTERM finish or abort the checkpoint in flight and stop; a
+        second one stops at once. Installed after Spark starts, since PySpark's SparkContext
+        replaces the SIGINT handler with its own."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop.is_set():
+                raise KeyboardInterrupt
+            print(f"\n{signal.Signals(signum).name}: stopping after the checkpoint in flight "
+                  "(again to stop at once)", file=sys.stderr)
+            self.request_stop(signum)
+
+        previous = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+        return previous
+
+    def _fenced_message(self) -> str:
+        from coordinator.log import load_state
+
+        assert self.service is not None
+        mine = self.service.epoch
+        newer = mine
+        deadline = time.monotonic() + 10
+        while newer <= mine and time.monotonic() < deadline:
+            try:
+                state, _ = load_state(self.options.bootstrap_servers, ChandyTopics(self.options.prefix).coordinator_log,
+                                      self.job_id, consumer_overrides=dict(self.options.consumer_overrides), timeout_s=10)
+                newer = state.epoch
+            except ChandyError:
+                break
+            if newer <= mine:
+                time.sleep(0.5)
+        epoch = f"epoch {newer}" if newer > mine else f"an epoch above {mine}"
+        return f"job {self.job_id}: fenced by a newer coordinator ({epoch}); this run stopped writing"
+
+    def run(self, on_progress: Callable[[PipelineProgress], None] | None = None, *,
+            handle_signals: bool = False) -> PipelineSummary:
+        """Run until drained (``stop_when_drained``), ``max_checkpoints``, :meth:`request_stop`, a
+        signal (with ``handle_signals``), or a failure.
 
         Raises:
-            PipelineError: the topics are missing, or the job failed (too many failed checkpoints).
+            PipelineError: a preflight check failed, a record or schema the job cannot land, or
+                the job failed; the message names the root cause.
+            PipelineFencedError: a newer coordinator of the job took over.
         """
         opts = self.options
         started = time.monotonic()
-        partitions = self._partitions()
-        self.parallelism = opts.parallelism or max(1, len(partitions))
+        self.preflight()
+        self.parallelism = opts.parallelism or max(1, len(self.partitions))
         spark = self._spark_session()
+        previous_handlers = self._install_signal_handlers() if handle_signals else {}
         from connectors.spark.datasource import KafkaRangesDataSource, LakeFilesDataSource
 
         spark.dataSource.register(KafkaRangesDataSource)
         spark.dataSource.register(LakeFilesDataSource)
-        self.service = self._start_coordinator()
+        from pyspark.accumulators import AccumulatorParam
+
+        class _Pair(AccumulatorParam):
+            def zero(self, value: Any) -> tuple[int, int]:
+                return (0, 0)
+
+            def addInPlace(self, a: Any, b: Any) -> tuple[int, int]:  # noqa: N802 - PySpark's name
+                return (a[0] + b[0], a[1] + b[1])
+
+        counts = spark.sparkContext.accumulator((0, 0), _Pair())
+        try:
+            self.service = self._start_coordinator()
+        except BaseException:
+            self._restore_signal_handlers(previous_handlers)
+            if self._spark is None:
+                spark.stop()
+            raise
         consumer = kafka_config.consumer(opts.bootstrap_servers, overrides=dict(opts.consumer_overrides))
-        completed = failed = 0
-        landed_before = self._on_mailbox(lambda: self._committer.records_committed)
-        state: dict[str, Any] = {}
+        completed = failed = consecutive = 0
+        first_failure: str | None = None
+        landed_before = self._committed_records()
         stopped_because = "stopped"
         try:
             deadline = time.monotonic() + 60
-            while not self._on_mailbox(lambda: len(self._enumerator.splits)):
+            while not self._enumerator_call(lambda e: len(e.splits)):
                 if time.monotonic() > deadline:
                     raise PipelineError("partition discovery found no partitions within 60 s")
                 time.sleep(0.05)
             while True:
                 if self._stop.is_set():
-                    stopped_because = "stopped on request"
+                    stopped_because = ("stopped by " + signal.Signals(self.stop_signal).name if self.stop_signal
+                                       else "stopped on request")
                     break
+                if self.service.fenced.is_set():
+                    raise PipelineFencedError(self._fenced_message())
                 if self.service.job_status == "FAILED" or self.service.stopped.is_set():
-                    raise PipelineError(f"job {self.job_id} failed: {self.service.coordinator.state.job_status_reason}")
+                    reason = self.service.failure_reason() or "the coordinator stopped"
+                    cause = f"; first failure: {first_failure}" if first_failure else ""
+                    raise PipelineError(f"job {self.job_id} failed: {reason}{cause}")
                 if opts.max_checkpoints is not None and completed >= opts.max_checkpoints:
                     stopped_because = f"{opts.max_checkpoints} checkpoints done"
                     break
@@ -412,68 +820,116 @@ class Pipeline:
                     self._stop.wait(max(0.2, opts.checkpoint_interval_ms / 1000))
                     continue
                 batch_started = time.monotonic()
-                future = self.service.trigger_checkpoint()
-                checkpoint_id = future.checkpoint_id or -1  # None: refused before it got an ID
+                trigger = self.service.trigger_checkpoint()
+                checkpoint_id = trigger.checkpoint_id or -1  # None: refused before it got an ID
                 message = None
+                fatal = None
                 records = 0
                 spark_job_ms = 0.0
                 try:
-                    ranges = self._ranges(checkpoint_id, future, opts.checkpoint_timeout_ms / 1000)
+                    ranges = self._ranges(checkpoint_id, trigger, opts.checkpoint_timeout_ms / 1000)
                     records = sum(r.num_records for r in ranges.values())
                     job_started = time.monotonic()
                     try:
-                        self._run_micro_batch(spark, checkpoint_id, ranges, state)
+                        self._run_micro_batch(spark, checkpoint_id, ranges, counts)
                     except Exception as exc:  # noqa: BLE001 - abort now rather than wait for the timeout
-                        message = f"Spark job failed: {exc}".splitlines()[0]
-                        log.error("checkpoint %d: %s", checkpoint_id, message)
-                        self.service.abort_checkpoint(checkpoint_id, CheckpointFailureReason.CHECKPOINT_DECLINED, message)
+                        message = root_cause(exc)
+                        fatal = message if message.split(":")[0] in DETERMINISTIC_ERRORS else None
+                        log.error("checkpoint %d: Spark job failed: %s", checkpoint_id, message)
+                        self.service.abort_checkpoint(checkpoint_id, CheckpointFailureReason.CHECKPOINT_DECLINED,
+                                                      f"Spark job failed: {message}"[:1000])
                     spark_job_ms = (time.monotonic() - job_started) * 1000
-                    future.result(opts.checkpoint_timeout_ms / 1000 + 10)
+                    trigger.result(opts.checkpoint_timeout_ms / 1000 + 10)
                     completed += 1
+                    consecutive = 0
+                    first_failure = None
+                except CoordinatorFencedError as exc:
+                    raise PipelineFencedError(self._fenced_message()) from exc
                 except CheckpointException as exc:
                     failed += 1
-                    message = message or str(exc)
-                    log.warning("checkpoint %d failed: %s", checkpoint_id, exc)
-                landed = self._on_mailbox(lambda: self._committer.records_committed) - landed_before
+                    consecutive += 1
+                    message = message or root_cause(exc)
+                    first_failure = first_failure or f"checkpoint {checkpoint_id}: {message}"
+                    log.warning("checkpoint %d failed: %s", checkpoint_id, message)
+                if fatal is not None:
+                    raise PipelineError(f"checkpoint {checkpoint_id} failed: {fatal}")
                 if on_progress is not None:
+                    landed = self._committed_records() - landed_before
                     on_progress(PipelineProgress(
                         checkpoint_id, message is None, records, landed, completed, failed,
                         (time.monotonic() - batch_started) * 1000, time.monotonic() - started,
-                        self.lag(consumer), message, spark_job_ms))
+                        self.lag(consumer), message, spark_job_ms, self.bad_records, self.dead_lettered,
+                        counts.value[1]))
                 pause = opts.checkpoint_interval_ms / 1000 - (time.monotonic() - batch_started)
+                if consecutive:
+                    pause = max(pause, self._backoff_s(consecutive))
                 if pause > 0:
                     self._stop.wait(pause)
         finally:
+            landed_total = self._safe_committed_records() - landed_before
             consumer.close()
             self.service.stop()
             if self._spark is None:
                 spark.stop()
-        return PipelineSummary(opts.table_uri, self.job_id, self._committer.records_committed - landed_before,
-                               completed, failed, time.monotonic() - started, stopped_because=stopped_because)
+            self._restore_signal_handlers(previous_handlers)
+        return PipelineSummary(opts.table_uri, self.job_id, landed_total, completed, failed,
+                               time.monotonic() - started, stopped_because=stopped_because,
+                               bad_records=self.bad_records, dead_lettered=self.dead_lettered,
+                               tombstones_skipped=counts.value[1], signal=self.stop_signal,
+                               notices=tuple(self.notices))
+
+    def _safe_committed_records(self) -> int:
+        try:
+            return self._committed_records()
+        except Exception:  # noqa: BLE001 - a stopped (fenced) coordinator: what it last said
+            return self._last_committed
+
+    def _backoff_s(self, consecutive_failures: int) -> float:
+        """Flink's exponential-delay restart strategy: initial x 2^(n-1), capped, with 10 % jitter."""
+        opts = self.options
+        delay = min(opts.restart_backoff_max_ms, opts.restart_backoff_initial_ms * 2 ** (consecutive_failures - 1))
+        return delay * (1 + random.uniform(-0.1, 0.1)) / 1000
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def verify_table(sink: DeltaLakeSink, bootstrap_servers: str, topics: list[str],
-                 consumer_overrides: Mapping[str, Any] | None = None) -> tuple[int, int, int]:
+                 consumer_overrides: Mapping[str, Any] | None = None, *,
+                 topic_pattern: str | None = None, dead_letter_topic: str | None = None) -> tuple[int, int, int]:
     """Compare the committed table with the source topics: (rows in the table, duplicates, missing).
 
-    A duplicate is a (topic, partition, offset) present more than once; a missing record is one
-    readable in the topic (read_committed, up to the last stable offset) that is not in the table.
-    Reads the table with pyarrow through deltalake, not with the writer.
+    A duplicate is a (topic, partition, offset) present more than once (in the table, or in the
+    table and the dead-letter topic); a missing record is one readable in the topic
+    (read_committed, up to the last stable offset) that is in neither. Reads the table with
+    pyarrow through deltalake, not with the writer; ``topic_pattern`` selects topics as the
+    source does.
     """
     table = sink.read_table().select(["topic", "partition", "offset"]) if sink.exists() else None
     rows = 0 if table is None else table.num_rows
-    present: set[tuple[str, int, int]] = set()
+    seen: list[tuple[str, int, int]] = []
     if table is not None:
-        for t, p, o in zip(*(table.column(c).to_pylist() for c in ("topic", "partition", "offset"))):
-            present.add((t, p, o))
-    duplicates = rows - len(present)
+        seen.extend(zip(*(table.column(c).to_pylist() for c in ("topic", "partition", "offset"))))
+    reader = KafkaRangeReader(bootstrap_servers, consumer_overrides)
+    consumer = kafka_config.consumer(bootstrap_servers, overrides=consumer_overrides)
     admin = kafka_config.admin_client(bootstrap_servers)
     metadata = admin.list_topics(timeout=30)
-    consumer = kafka_config.consumer(bootstrap_servers, overrides=consumer_overrides)
-    reader = KafkaRangeReader(bootstrap_servers, consumer_overrides)
-    missing = 0
     try:
-        for topic in topics:
+        if dead_letter_topic:
+            for partition in metadata.topics[dead_letter_topic].partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(dead_letter_topic, partition), timeout=30,
+                                                           cached=False)
+                for message in reader.read(KafkaPartitionSplit(dead_letter_topic, partition, low, high)):
+                    headers = dict(message.headers() or [])
+                    seen.append((headers["__connect.errors.topic"].decode(),
+                                 int(headers["__connect.errors.partition"]), int(headers["__connect.errors.offset"])))
+        present = set(seen)
+        duplicates = len(seen) - len(present)
+        missing = 0
+        available = [t for t, m in metadata.topics.items() if m.error is None]
+        for topic in subscribed_topics(available, topics, topic_pattern):
             for partition in metadata.topics[topic].partitions:
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
                 for message in reader.read(KafkaPartitionSplit(topic, partition, low, high)):

@@ -44,6 +44,7 @@ from connectors.kafka import config as kafka_config
 from connectors.kafka.source import offsets as offsets_module
 from connectors.kafka.source.offsets import ConsumerOffsetsRetriever, OffsetsInitializer
 from connectors.kafka.source.split import KafkaPartitionSplit, split_owner
+from connectors.kafka.source.subscriber import subscribed_topics
 from coordinator import serde
 from coordinator.errors import ChandyError
 from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
@@ -75,6 +76,9 @@ class KafkaSourceOptions:
         starting_offsets: offsets initializer of the first discovery (default earliest).
         max_records_per_checkpoint: ``max.records.per.checkpoint`` per partition (None: no cap).
         consumer_overrides: librdkafka settings under their own names.
+        offset_floor: per (topic, partition), the lowest offset a range may start at, whatever the
+            initializer or a restored checkpoint says: what the sink already holds (the pipeline
+            passes the lake table's recorded offsets, so no range is landed twice).
     """
 
     bootstrap_servers: str
@@ -86,6 +90,7 @@ class KafkaSourceOptions:
     starting_offsets: OffsetsInitializer = dataclasses.field(default_factory=offsets_module.earliest)
     max_records_per_checkpoint: int | None = None
     consumer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    offset_floor: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
@@ -194,14 +199,11 @@ class KafkaSourceEnumerator:
     def _discover(self) -> tuple[bool, dict[TP, int]]:
         """On the I/O executor: partitions not yet known, with their starting offsets."""
         metadata = self._consumer.list_topics(timeout=30)
-        if self.options.topics:
-            wanted = [t for t in self.options.topics if t in metadata.topics and metadata.topics[t].error is None]
-            missing = set(self.options.topics) - set(wanted)
-            if missing:
-                log.warning("Kafka source topics not found (yet): %s", ", ".join(sorted(missing)))
-        else:
-            pattern = re.compile(self.options.topic_pattern)
-            wanted = [t for t in metadata.topics if pattern.fullmatch(t) and not t.startswith("__")]
+        available = [t for t, m in metadata.topics.items() if m.error is None]
+        wanted = subscribed_topics(available, self.options.topics, self.options.topic_pattern)
+        missing = set(self.options.topics) - set(wanted)
+        if missing:
+            log.warning("Kafka source topics not found (yet): %s", ", ".join(sorted(missing)))
         found = {(t, p) for t in wanted for p in metadata.topics[t].partitions}
         new = sorted(found - self._known)
         initial = not self.initial_discovery_finished
@@ -225,6 +227,7 @@ class KafkaSourceEnumerator:
         for split in added:
             self.splits[split.topic_partition] = split
             self.committed_end.setdefault(split.topic_partition, split.starting_offset)
+        self._apply_offset_floor()
         self._known = frozenset(self.splits)
         log.info("Kafka source %s: %d new partition(s)", self.context.operator_id, len(added))
         self._assign(added)
@@ -369,7 +372,15 @@ class KafkaSourceEnumerator:
             # restoring implies completion: committing its offsets is safe (OperatorCoordinator seed)
             if ends:
                 self._commit(checkpoint_id, ends)
+        self._apply_offset_floor()
         self._known = frozenset(self.splits)
+
+    def _apply_offset_floor(self) -> None:
+        for tp, floor in self.options.offset_floor.items():
+            if tp in self.committed_end and self.committed_end[tp] < floor:
+                log.info("Kafka source %s: %s-%d starts at %d, the offset the sink already holds (not %d)",
+                         self.context.operator_id, tp[0], tp[1], floor, self.committed_end[tp])
+                self.committed_end[tp] = floor
 
     # -- offset commits ----------------------------------------------------------------------------------------
     def _commit(self, checkpoint_id: int, ends: dict[TP, int]) -> None:

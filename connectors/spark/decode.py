@@ -1,0 +1,287 @@
+"""Kafka values (JSON or Avro) decoded into columns inside the Spark tasks, record by record, so
+that a record that does not decode is never silent.
+
+A record is *bad* when its value is not valid JSON / Avro, is not a JSON object, has a field of
+another type than its column, has a field the table has no column for (when the columns come from
+the table or an inferred schema), is empty, or is a tombstone (a null value) while tombstones are
+errors. What happens to bad records follows Kafka Connect's error handling:
+
+- ``errors_tolerance="none"`` (the default): the micro-batch fails with a :class:`BadRecordError`
+  naming the first bad record's topic, partition, offset and the parse error;
+- ``errors_tolerance="all"``: bad records are left out of the table and kept, raw, as
+  :data:`BAD_RECORDS_SCHEMA` rows (the pipeline counts them, logs them and, with a dead-letter
+  topic, publishes them exactly once with the checkpoint, see :mod:`connectors.spark.dead_letters`).
+
+Tombstones have their own setting: ``"error"`` (a bad record, the default), ``"skip"`` (left out,
+counted) or ``"null"`` (a row whose value columns are null).
+
+Avro framing is validated: single-object encoding checks the magic ``C3 01`` and the schema
+fingerprint; the Confluent wire format checks the magic byte ``0`` and, when given, the schema ID;
+every framing checks that the Avro binary is consumed exactly (no trailing bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import io
+import json
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from coordinator.errors import ChandyError
+
+#: The Kafka record's columns, in the order they are landed.
+KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestamp_type", "headers")
+
+#: A bad record, raw, with why it was bad (the columns of a dead-letter file).
+BAD_RECORDS_SCHEMA = pa.schema([
+    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+    ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ("error_class", pa.string()), ("error_message", pa.string()),
+])
+
+
+class BadRecordError(ChandyError):
+    """A record that does not decode, under ``errors_tolerance="none"``: the message names its
+    topic, partition and offset and what was wrong."""
+
+
+class _Bad(Exception):
+    """Internal: why one record is bad."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueDecoder:
+    """How values become columns (picklable: it travels to the Spark tasks).
+
+    Args:
+        value_format: ``"json"`` or ``"avro"``.
+        columns: the value's columns as landed (Arrow), in order.
+        source_names: the field name in the value for each column (a field named like a Kafka
+            column lands as ``value_<name>``).
+        keep: the Kafka columns kept before the value columns.
+        avro_schema: the Avro writer schema (JSON) for ``"avro"``.
+        avro_framing: ``"single-object"``, ``"confluent"`` or ``"raw"``.
+        avro_schema_id: with Confluent framing, the only schema ID accepted (None: any).
+        unknown_fields: ``"ignore"`` (fields without a column are dropped, as Spark's
+            ``from_json``) or ``"error"`` (a bad record: the columns are fixed by the table).
+        tombstones: ``"error"``, ``"skip"`` or ``"null"`` (see the module docstring).
+        errors_tolerance: ``"none"`` or ``"all"`` (Kafka Connect's ``errors.tolerance``).
+    """
+
+    value_format: str
+    columns: pa.Schema
+    source_names: tuple[str, ...]
+    keep: tuple[str, ...]
+    avro_schema: str | None = None
+    avro_framing: str = "single-object"
+    avro_schema_id: int | None = None
+    unknown_fields: str = "ignore"
+    tombstones: str = "error"
+    errors_tolerance: str = "none"
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        """The decoded batches' schema: the kept Kafka columns, then the value columns."""
+        from connectors.spark.records import ARROW_SCHEMA
+
+        return pa.schema([ARROW_SCHEMA.field(c) for c in self.keep] + list(self.columns))
+
+    def _parser(self) -> Callable[[bytes], dict[str, Any]]:
+        if self.value_format == "json":
+            return _parse_json
+        import fastavro
+
+        from schemas.codec import Schema, SchemaRepository, SingleObjectCodec, WireFormatError
+
+        assert self.avro_schema is not None
+        parsed = fastavro.parse_schema(json.loads(self.avro_schema))
+        codec = SingleObjectCodec(SchemaRepository([Schema.from_definition(self.avro_schema)]))
+        framing, schema_id = self.avro_framing, self.avro_schema_id
+
+        def parse_avro(raw: bytes) -> dict[str, Any]:
+            if framing == "single-object":
+                try:
+                    return dict(codec.decode(raw).value)
+                except WireFormatError as exc:
+                    raise _Bad("WireFormatError", str(exc).split(" (at ")[0]) from exc
+            body = raw
+            if framing == "confluent":
+                if len(raw) < 5 or raw[0] != 0:
+                    raise _Bad("WireFormatError", f"not the Confluent wire format: magic byte {raw[:1].hex() or 'missing'}, "
+                                                  "expected 00 followed by a 4-byte schema ID")
+                found = struct.unpack(">I", raw[1:5])[0]
+                if schema_id is not None and found != schema_id:
+                    raise _Bad("WireFormatError", f"schema ID {found}, expected {schema_id}")
+                body = raw[5:]
+            stream = io.BytesIO(body)
+            try:
+                value = fastavro.schemaless_reader(stream, parsed, None)
+            except Exception as exc:  # noqa: BLE001 - fastavro raises many types on bad bytes
+                raise _Bad(type(exc).__name__, f"not Avro of the value schema: {exc}") from exc
+            if stream.tell() != len(body):
+                raise _Bad("WireFormatError", f"{len(body) - stream.tell()} trailing byte(s) after the Avro record")
+            if not isinstance(value, dict):
+                raise _Bad("WireFormatError", "the Avro value is not a record")
+            return value
+
+        return parse_avro
+
+    def decode(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch | None, int]:
+        """One batch of Kafka records (:data:`~connectors.spark.records.ARROW_SCHEMA`): returns
+        (decoded rows, bad records as :data:`BAD_RECORDS_SCHEMA` or None, tombstones skipped).
+
+        Raises:
+            BadRecordError: a bad record under ``errors_tolerance="none"``.
+        """
+        parse = self._parser()
+        raws = batch.column("value").to_pylist()
+        known = set(self.source_names)
+        rows: list[dict[str, Any] | None] = []
+        keep_rows: list[int] = []
+        bad: dict[int, _Bad] = {}
+        skipped = 0
+        for i, raw in enumerate(raws):
+            try:
+                if raw is None:
+                    if self.tombstones == "skip":
+                        skipped += 1
+                        continue
+                    if self.tombstones == "null":
+                        rows.append(None)
+                        keep_rows.append(i)
+                        continue
+                    raise _Bad("Tombstone", "a tombstone (null value); choose what tombstones do with --tombstones skip|null")
+                if not raw:
+                    raise _Bad("EmptyValue", "an empty value")
+                value = parse(raw)
+                if self.unknown_fields == "error":
+                    extra = sorted(set(value) - known)
+                    if extra:
+                        raise _Bad("UnknownField", f"field(s) {', '.join(extra)} have no column in the table "
+                                                   "(adding columns is not supported yet)")
+                rows.append(value)
+                keep_rows.append(i)
+            except _Bad as exc:
+                bad[i] = exc
+                self._check_tolerance(batch, i, exc)
+        columns, type_bad = self._columns(rows)
+        if type_bad:
+            for position in sorted(type_bad):
+                exc = type_bad[position]
+                bad[keep_rows[position]] = exc
+                self._check_tolerance(batch, keep_rows[position], exc)
+            good = [p for p in range(len(rows)) if p not in type_bad]
+            keep_rows = [keep_rows[p] for p in good]
+            columns, _ = self._columns([rows[p] for p in good])
+        taken = pa.array(keep_rows, pa.int64())
+        kafka = [batch.column(c).take(taken) for c in self.keep]
+        decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=self.output_schema)
+        return decoded, (_bad_batch(batch, bad) if bad else None), skipped
+
+    def _check_tolerance(self, batch: pa.RecordBatch, row: int, exc: _Bad) -> None:
+        if self.errors_tolerance == "none":
+            raise BadRecordError(f"{location(batch, row)}: {exc.kind}: {exc} "
+                                 "(--errors-tolerance all skips bad records; --dead-letter-topic keeps them)")
+
+    def _columns(self, rows: list[dict[str, Any] | None]) -> tuple[list[pa.Array], dict[int, _Bad]]:
+        """The value columns of ``rows``; on a type error, which rows (by position) are bad."""
+        arrays: list[pa.Array] = []
+        bad: dict[int, _Bad] = {}
+        for field, name in zip(self.columns, self.source_names):
+            values = [None if r is None else r.get(name) for r in rows]
+            try:
+                arrays.append(to_arrow(values, field.type))
+            except (pa.ArrowException, TypeError, ValueError, decimal.InvalidOperation, OverflowError):
+                for position, v in enumerate(values):
+                    try:
+                        to_arrow([v], field.type)
+                    except (pa.ArrowException, TypeError, ValueError, decimal.InvalidOperation, OverflowError) as exc:
+                        shown = json.dumps(v, default=str)[:80]
+                        bad.setdefault(position, _Bad("TypeMismatch", f"field {name}: {shown} is not {field.type}: "
+                                                                       f"{str(exc).splitlines()[0]}"))
+                arrays.append(pa.nulls(len(values), field.type))
+        return arrays, bad
+
+
+def location(batch: pa.RecordBatch, row: int) -> str:
+    """``topic <t> partition <p> offset <o>`` of a row of a Kafka batch."""
+    return (f"topic {batch.column('topic')[row].as_py()} partition {batch.column('partition')[row].as_py()} "
+            f"offset {batch.column('offset')[row].as_py()}")
+
+
+def _parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Bad("JsonParseError", f"invalid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise _Bad("JsonParseError", f"not a JSON object but {type(value).__name__}")
+    return value
+
+
+def _timestamp(value: Any, tz: str | None) -> Any:
+    if value is None or isinstance(value, datetime.datetime):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"expected an ISO-8601 string, got {type(value).__name__}")
+    parsed = datetime.datetime.fromisoformat(value)
+    if tz is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+    return parsed
+
+
+def to_arrow(values: list[Any], arrow_type: pa.DataType) -> pa.Array:
+    """``values`` (decoded JSON / Avro) as an Arrow array of ``arrow_type``: strict, except
+    that ISO-8601 strings become timestamps and dates, and numbers or strings become decimals.
+
+    Raises:
+        pyarrow.ArrowException, TypeError, ValueError: a value does not fit the type.
+    """
+    if pa.types.is_timestamp(arrow_type):
+        return pa.array([_timestamp(v, arrow_type.tz) for v in values], arrow_type)
+    if pa.types.is_date(arrow_type):
+        return pa.array([datetime.date.fromisoformat(v) if isinstance(v, str) else v for v in values], arrow_type)
+    if pa.types.is_decimal(arrow_type):
+        return pa.array([None if v is None or isinstance(v, decimal.Decimal) else
+                         decimal.Decimal(str(v)) if not isinstance(v, bool) else _raise_type(v)
+                         for v in values], arrow_type)
+    if pa.types.is_integer(arrow_type) and any(isinstance(v, bool) for v in values):
+        raise TypeError("expected an integer, got a boolean")
+    return pa.array(values, arrow_type)
+
+
+def _raise_type(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not a number")
+
+
+def _bad_batch(batch: pa.RecordBatch, bad: dict[int, _Bad]) -> pa.RecordBatch:
+    rows = sorted(bad)
+    taken = pa.array(rows, pa.int64())
+    columns = [batch.column(c).take(taken) for c in ("key", "value", "topic", "partition", "offset", "timestamp", "headers")]
+    columns.append(pa.array([bad[r].kind for r in rows], pa.string()))
+    columns.append(pa.array([str(bad[r]) for r in rows], pa.string()))
+    return pa.RecordBatch.from_arrays(columns, schema=BAD_RECORDS_SCHEMA)
+
+
+def decode_batches(batches: Iterator[pa.RecordBatch], decoder: ValueDecoder,
+                   on_bad: Callable[[pa.RecordBatch], None], on_skipped: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
+    """Decode a stream of Kafka batches; bad records go to ``on_bad``, tombstones skipped are
+    counted with ``on_skipped``."""
+    for batch in batches:
+        decoded, bad, skipped = decoder.decode(batch)
+        if bad is not None:
+            on_bad(bad)
+        if skipped:
+            on_skipped(skipped)
+        yield decoded
