@@ -10,8 +10,12 @@ coordinator stops, and the next one rebuilds the state from the log.
 
 The life of a checkpoint (Flink's ``triggerCheckpoint`` … ``completePendingCheckpoint``):
 
-1. trigger: check the job runs, ``max_concurrent`` and ``min_pause`` (skipped for forced
-   checkpoints and savepoints); take the next ID; append PENDING + the counter + TRIGGERED;
+0. request: every trigger request goes through the
+   :class:`~coordinator.request_decider.CheckpointRequestDecider` (queue, forced requests,
+   ``max_concurrent`` counting pending savepoints, ``min_pause`` for periodic requests only);
+1. trigger: check the job runs; take the next ID; append the counter + PENDING + TRIGGERED and
+   wait until that transaction is **committed** (Flink's ``CheckpointIDCounter.getAndIncrement``
+   comes before any hook or coordinator sees the ID: external systems key transactions by it);
 2. ask the operator coordinators (``checkpoint_coordinator``) and the master hooks for their
    state, and create the storage location, concurrently;
 3. when all three are done, send TriggerCheckpoint to the workers, then release the events the
@@ -21,7 +25,13 @@ The life of a checkpoint (Flink's ``triggerCheckpoint`` … ``completePendingChe
 5. fully acknowledged: write ``_metadata`` once, atomically (I/O executor);
 6. complete: append COMPLETED, abort pending checkpoints below it as CHECKPOINT_SUBSUMED
    (never savepoints), tombstone checkpoints beyond ``num_retained``, NotifyCheckpointComplete;
-   after commit notify listeners and coordinators, delete subsumed checkpoints' files.
+   after commit notify listeners and coordinators, delete subsumed checkpoints' files. An
+   intermediate savepoint does none of this (Flink 1.15+, FLINK-25191): it only completes.
+
+Policy lives in collaborators, as in Flink: the request decider (what runs when), the
+:class:`~coordinator.failure_manager.CheckpointFailureManager` (what fails the job) and the
+:class:`~coordinator.completed_checkpoint_store.CompletedCheckpointStore` (retention and restore
+candidates). This class orchestrates.
 """
 
 from __future__ import annotations
@@ -34,9 +44,14 @@ import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from coordinator.completed_checkpoint_store import (
+    RESTORED_FROM,
+    CompletedCheckpointStore,
+)
 from coordinator.environment import Batch, CoordinatorEnvironment, OutboundMessage
 from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
+from coordinator.failure_manager import DECLINED_BY, CheckpointFailureManager
 from coordinator.faults import crash_point
 from coordinator.hooks import MasterHooks, MasterTriggerRestoreHook
 from coordinator.listener import CheckpointListener
@@ -58,10 +73,18 @@ from coordinator.pending import AckResult, PendingCheckpoint
 from coordinator.records import (
     CheckpointIdCounterRecord,
     CheckpointRecord,
+    CheckpointStatus,
+    CheckpointType,
     CoordinatorEpochRecord,
+    JobStatus,
     JobStatusRecord,
     LogKey,
     Tombstone,
+)
+from coordinator.request_decider import (
+    CheckpointRequestDecider,
+    CheckpointTriggerRequest,
+    RequestDecision,
 )
 from coordinator.state import NO_CHECKPOINT, CoordinatorState, apply
 from coordinator.stats import CheckpointStats, CheckpointStatsTracker
@@ -71,6 +94,7 @@ from coordinator.storage import (
     CheckpointStorageError,
     resolve_checkpoint_pointer,
 )
+from coordinator.trigger_result import CheckpointTriggerResult
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +132,7 @@ class CheckpointCoordinator:
         coordinator_providers: Iterable[OperatorCoordinatorProvider] = (),
         state: CoordinatorState | None = None,
         transactional_id: str = "",
-        on_job_status: Callable[[str, str | None], None] | None = None,
+        on_job_status: Callable[[JobStatus, str | None], None] | None = None,
         completion_outputs: Callable[[CheckpointMetadata], Sequence[OutboundMessage]] | None = None,
     ) -> None:
         """Args (beyond the obvious):
@@ -141,10 +165,11 @@ class CheckpointCoordinator:
                 provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job,
                 lambda record: self._commit(Batch(records=[record])),
             )
-        self._trigger_queue: collections.deque = collections.deque()
+        self.decider = CheckpointRequestDecider(options.max_concurrent, options.min_pause_ms)
+        self.failure_manager = CheckpointFailureManager(options.tolerable_failed)
+        self.store = CompletedCheckpointStore(options.num_retained)
         self._periodic_timer: Any = None
         self._periodic_running = False
-        self._periodic_waiting = False
         self._last_completion_ms: int | None = None
         self._shutdown = False
 
@@ -162,7 +187,7 @@ class CheckpointCoordinator:
         return self.state.epoch
 
     @property
-    def job_status(self) -> str:
+    def job_status(self) -> JobStatus:
         return self.state.job_status
 
     # -- the log ---------------------------------------------------------------------------------
@@ -173,7 +198,7 @@ class CheckpointCoordinator:
                 apply(self.state, record)
         self.env.append(batch, on_committed)
 
-    def _record(self, pending: PendingCheckpoint, status: str, now: int, **extra: Any) -> CheckpointRecord:
+    def _record(self, pending: PendingCheckpoint, status: CheckpointStatus, now: int, **extra: Any) -> CheckpointRecord:
         return CheckpointRecord(
             job_id=self.job_id, checkpoint_id=pending.checkpoint_id, checkpoint_type=pending.checkpoint_type,
             status=status, epoch=self.state.epoch, trigger_timestamp=pending.trigger_timestamp,
@@ -201,9 +226,11 @@ class CheckpointCoordinator:
         1. append the new epoch (the log writer already fenced every older coordinator);
         2. abort every checkpoint the log still shows as pending (CHECKPOINT_COORDINATOR_SHUTDOWN);
         3. start the operator coordinators;
-        4. restore the latest completed checkpoint into hooks and coordinators and notify its
-           completion again; with none, restore ``restore_from`` (a savepoint path) if given,
-           else reset hooks and coordinators to ``NO_CHECKPOINT``.
+        4. restore the latest entry of the completed checkpoint store (a checkpoint, never a later
+           intermediate savepoint: Flink's ``restoreLatestCheckpointedStateInternal`` reads the
+           CompletedCheckpointStore, which savepoints never enter) into hooks and coordinators
+           and notify its completion again; with none, restore ``restore_from`` (a savepoint
+           path) if given, else reset hooks and coordinators to ``NO_CHECKPOINT``.
 
         ``checkpoint_id_floor``: the next checkpoint ID is at least this, written to the log with
         the new epoch (Flink's ``CheckpointIDCounter.setCount`` on restore). External systems
@@ -218,7 +245,7 @@ class CheckpointCoordinator:
         batch = Batch()
         batch.records.append(CoordinatorEpochRecord(
             self.job_id, self.state.epoch + 1, self.transactional_id, socket.gethostname(), now))
-        batch.records.append(JobStatusRecord(self.job_id, "RUNNING", self.state.epoch + 1, None, now))
+        batch.records.append(JobStatusRecord(self.job_id, JobStatus.RUNNING, self.state.epoch + 1, None, now))
         if checkpoint_id_floor is not None and checkpoint_id_floor > self.state.next_checkpoint_id:
             log.info("job %s: checkpoint IDs continue at %d (was %d)", self.job_id, checkpoint_id_floor,
                      self.state.next_checkpoint_id)
@@ -227,7 +254,7 @@ class CheckpointCoordinator:
         for record in leftovers:
             batch.records.append(CheckpointRecord(
                 job_id=self.job_id, checkpoint_id=record.checkpoint_id, checkpoint_type=record.checkpoint_type,
-                status="ABORTED", epoch=self.state.epoch + 1, trigger_timestamp=record.trigger_timestamp,
+                status=CheckpointStatus.ABORTED, epoch=self.state.epoch + 1, trigger_timestamp=record.trigger_timestamp,
                 status_timestamp=now, num_subtasks=record.num_subtasks, num_acknowledged=record.num_acknowledged,
                 failure_reason=R.CHECKPOINT_COORDINATOR_SHUTDOWN.value,
                 failure_message="the coordinator that triggered it is gone",
@@ -245,7 +272,7 @@ class CheckpointCoordinator:
         self._restore_latest(restore_from, allow_non_restored_state)
 
     def _restore_latest(self, restore_from: str | None, allow_non_restored_state: bool) -> None:
-        candidates = list(reversed(self.state.completed()))
+        candidates = list(reversed(self.store.entries(self.state)))
         for record in candidates:
             try:
                 directory, metadata = resolve_checkpoint_pointer(record.external_pointer or "", self.storage.storage_options)
@@ -293,9 +320,9 @@ class CheckpointCoordinator:
                 self.job_id, max(self.state.next_checkpoint_id, metadata.checkpoint_id + 1)))
             batch.records.append(CheckpointRecord(
                 job_id=self.job_id, checkpoint_id=metadata.checkpoint_id, checkpoint_type=metadata.checkpoint_type,
-                status="COMPLETED", epoch=self.state.epoch, trigger_timestamp=metadata.trigger_timestamp,
+                status=CheckpointStatus.COMPLETED, epoch=self.state.epoch, trigger_timestamp=metadata.trigger_timestamp,
                 status_timestamp=now, num_subtasks=0, state_size=metadata.state_size,
-                external_pointer=directory, properties={"restored_from": directory},
+                external_pointer=directory, properties={RESTORED_FROM: directory},
             ))
         self.stats.report_restored(metadata.checkpoint_id, directory, now)
         checkpoint_id = metadata.checkpoint_id
@@ -303,23 +330,39 @@ class CheckpointCoordinator:
         self._last_completion_ms = now
 
     # -- triggering ------------------------------------------------------------------------------
-    def trigger_checkpoint(self, *, forced: bool = False) -> concurrent.futures.Future:
-        """Trigger a checkpoint now (manual trigger). Returns a future of its
-        :class:`~coordinator.records.CheckpointRecord` once completed (its ``checkpoint_id``
-        attribute is the ID, or None while queued or when refused); it fails with a
-        :class:`CheckpointException` (e.g. TOO_MANY_CHECKPOINT_REQUESTS, CHECKPOINT_DECLINED).
-        ``forced`` bypasses ``max_concurrent`` and ``min_pause``."""
-        return self._trigger("CHECKPOINT", forced=forced, periodic=False)
+    def trigger_checkpoint(self, *, forced: bool = False) -> CheckpointTriggerResult:
+        """Request a checkpoint now (a user request; Flink's ``triggerCheckpoint(isPeriodic=false)``).
 
-    def trigger_savepoint(self, target: str | None = None, *, terminate: bool = False) -> concurrent.futures.Future:
-        """Trigger a savepoint into ``target`` (or ``state.savepoints.dir``); the future gives its
-        pointer (directory URL). Savepoints share the ID counter, ignore ``max_concurrent`` and
-        ``min_pause``, are never subsumed and never count as failures. With ``terminate``
-        (stop-with-savepoint) periodic checkpoints stop first and the job FINISHES on success."""
-        if terminate:
+        Returns a :class:`CheckpointTriggerResult`: the ID when it was taken at once (None when
+        the request is queued behind ``max_concurrent`` pending checkpoints or savepoints, or
+        refused), and a future of the completed :class:`~coordinator.records.CheckpointRecord`
+        that fails with a :class:`CheckpointException` (TOO_MANY_CHECKPOINT_REQUESTS only when
+        the request queue is full, CHECKPOINT_DECLINED, ...). A user request never waits for
+        ``min_pause``; ``forced`` also bypasses ``max_concurrent`` (Flink's CheckpointRequestDecider).
+        """
+        return self._request(CheckpointType.CHECKPOINT, periodic=False, forced=forced)
+
+    def trigger_savepoint(self, target: str | None = None, *, terminate: bool = False) -> CheckpointTriggerResult:
+        """Trigger a savepoint into ``target`` (or ``state.savepoints.dir``); the result's future
+        gives its pointer (directory URL). Flink's ``triggerSavepoint`` /
+        ``triggerSynchronousSavepoint``.
+
+        Savepoints share the ID counter, are forced (they bypass ``max_concurrent`` and
+        ``min_pause``, yet count as pending for other requests) and are never subsumed. An
+        intermediate savepoint notifies no one of its completion and is no restore candidate
+        (Flink 1.15+, FLINK-25191). With ``terminate`` (stop-with-savepoint) periodic checkpoints
+        stop first; on success it notifies like a checkpoint and the job FINISHES; declined or
+        expired, it fails the job (:class:`~coordinator.failure_manager.CheckpointFailureManager`).
+        """
+        if terminate and self._preflight() is None:
+            # Flink's stopCheckpointScheduler: periodic checkpoints stop, pending and queued
+            # checkpoints are aborted (CHECKPOINT_COORDINATOR_SUSPEND, not a counted failure)
             self.stop_periodic_scheduler()
-        future = self._trigger("SAVEPOINT_TERMINATE" if terminate else "SAVEPOINT", forced=True,
-                               periodic=False, target=target)
+            self.decider.abort_all(R.CHECKPOINT_COORDINATOR_SUSPEND, "stop-with-savepoint")
+            for pending in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+                self._abort(pending, R.CHECKPOINT_COORDINATOR_SUSPEND, "stop-with-savepoint")
+        result = self._request(CheckpointType.SAVEPOINT_TERMINATE if terminate else CheckpointType.SAVEPOINT,
+                               periodic=False, forced=True, target=target)
         pointer: concurrent.futures.Future = concurrent.futures.Future()
 
         def done(f: concurrent.futures.Future) -> None:
@@ -328,87 +371,108 @@ class CheckpointCoordinator:
             else:
                 pointer.set_result(f.result().external_pointer)
 
-        future.add_done_callback(done)
-        if terminate:
-            # Flink restarts the checkpoint scheduler when stop-with-savepoint fails
-            future.add_done_callback(lambda f: f.exception() is not None and self.env.execute(
-                lambda: self.state.job_status == "RUNNING" and self.start_periodic_scheduler()))
-        return pointer
+        result.future.add_done_callback(done)
+        return CheckpointTriggerResult(result.checkpoint_id, pointer)
 
-    def _precheck(self, forced: bool, now: int) -> CheckpointFailureReason | None:
+    def _preflight(self) -> CheckpointFailureReason | None:
+        """Flink's pre-flight checks: a request the coordinator refuses before it takes an ID."""
         if self._shutdown:
             return R.CHECKPOINT_COORDINATOR_SHUTDOWN
-        if self.state.job_status != "RUNNING":
+        if self.state.job_status != JobStatus.RUNNING:
             return R.NOT_ALL_REQUIRED_TASKS_RUNNING
-        if forced:
-            return None
-        ongoing = [p for p in self.pending.values() if not p.is_savepoint]
-        # Flink: a min pause implies at most one concurrent checkpoint
-        limit = 1 if self.options.min_pause_ms > 0 else self.options.max_concurrent
-        if len(ongoing) >= limit:
-            return R.TOO_MANY_CHECKPOINT_REQUESTS
-        if self._last_completion_ms is not None and now - self._last_completion_ms < self.options.min_pause_ms:
-            return R.MINIMUM_TIME_BETWEEN_CHECKPOINTS
         return None
 
-    def _trigger(self, checkpoint_type: str, *, forced: bool, periodic: bool, target: str | None = None
-                 ) -> concurrent.futures.Future:
-        result: concurrent.futures.Future = concurrent.futures.Future()
-        result.checkpoint_id = None  # set once the checkpoint takes its ID; None if refused before
-        if any(not p.trigger_sent for p in self.pending.values()):
-            # another checkpoint is still collecting coordinator and hook state: starting this one now
-            # could send its trigger first and mix up which events belong to which checkpoint
-            self._trigger_queue.append((checkpoint_type, forced, periodic, target, result))
-            return result
-        return self._start_trigger(checkpoint_type, forced, periodic, target, result)
+    def _is_triggering(self) -> bool:
+        """A checkpoint is still collecting coordinator and hook state (Flink's ``isTriggering``):
+        starting another now could send its trigger first and mix up which operator events
+        belong to which checkpoint."""
+        return any(not p.trigger_sent for p in self.pending.values())
 
-    def _start_queued_trigger(self) -> None:
-        while self._trigger_queue and not any(not p.trigger_sent for p in self.pending.values()):
-            checkpoint_type, forced, periodic, target, result = self._trigger_queue.popleft()
-            self._start_trigger(checkpoint_type, forced, periodic, target, result)
-
-    def _start_trigger(self, checkpoint_type: str, forced: bool, periodic: bool, target: str | None,
-                       result: concurrent.futures.Future) -> concurrent.futures.Future:
+    def _request(self, checkpoint_type: CheckpointType, *, periodic: bool, forced: bool,
+                 target: str | None = None) -> CheckpointTriggerResult:
+        """Hand a request to the decider and run what it chooses (Flink's ``triggerCheckpoint``
+        → ``chooseRequestToExecute``)."""
         now = self.env.now_ms()
-        refused = self._precheck(forced, now)
+        request = CheckpointTriggerRequest(checkpoint_type, now, periodic=periodic, forced=forced, target=target)
+        refused = self._preflight()
+        if refused is not None:
+            request.fail(refused, "checkpoint request refused")
+            return CheckpointTriggerResult(None, request.future)
+        decision = self.decider.choose_request_to_execute(
+            request, is_triggering=self._is_triggering(), pending=len(self.pending),
+            last_completion_ms=self._last_completion_ms, now_ms=now)
+        self._act(decision)
+        return CheckpointTriggerResult(request.checkpoint_id, request.future)
+
+    def _execute_queued(self) -> None:
+        """Run queued requests the decider now allows (Flink's ``executeQueuedRequest``)."""
+        while True:
+            decision = self.decider.choose_queued_request_to_execute(
+                is_triggering=self._is_triggering(), pending=len(self.pending),
+                last_completion_ms=self._last_completion_ms, now_ms=self.env.now_ms())
+            self._act(decision)
+            if decision.execute is not None or decision.reschedule_periodic_ms is None:
+                return
+
+    def _act(self, decision: RequestDecision) -> None:
+        if decision.reschedule_periodic_ms is not None and self._periodic_running:
+            self._schedule_periodic(decision.reschedule_periodic_ms)
+        if decision.execute is not None:
+            self._start_trigger(decision.execute)
+
+    def _start_trigger(self, request: CheckpointTriggerRequest) -> None:
+        """Step 1: take the ID and make it durable; step 2 starts once it is (Flink's
+        ``startTriggeringCheckpoint``: ``checkpointIdCounter.getAndIncrement()``, then
+        ``createPendingCheckpoint``, then the coordinators and master hooks)."""
+        now = self.env.now_ms()
+        refused = self._preflight()
         if refused is not None:
             # a pre-flight failure: no ID is taken, nothing is written (Flink's isPreFlight reasons)
-            result.set_exception(CheckpointException(refused, "checkpoint request refused"))
-            return result
+            request.fail(refused, "checkpoint request refused")
+            return
+        if request.future.done():  # failed meanwhile (the coordinator was fenced)
+            return
         checkpoint_id = self.state.next_checkpoint_id
-        result.checkpoint_id = checkpoint_id
+        request.checkpoint_id = checkpoint_id
+        checkpoint_type = request.checkpoint_type
         expected = frozenset((op, i) for op, n in self.operators.items() for i in range(n))
         pending = PendingCheckpoint(
             checkpoint_id=checkpoint_id, checkpoint_type=checkpoint_type, trigger_timestamp=now,
             expected=expected, attempts={k: v for k, v in self.current_attempts.items() if k in expected},
-            result=result, coordinators_pending=set(self.holders), properties={"target": target},
+            result=request.future, coordinators_pending=set(self.holders), properties={"target": request.target},
         )
         self.pending[checkpoint_id] = pending
         self.stats.report_pending(CheckpointStats(checkpoint_id, checkpoint_type, now, len(expected)))
-        # PENDING is applied now but written with the trigger (one transaction instead of two):
-        # what must hold is that no worker sees a trigger whose PENDING record is not durable
-        pending.unlogged = Batch(
-            records=[CheckpointIdCounterRecord(self.job_id, checkpoint_id + 1), self._record(pending, "PENDING", now)],
-            events=[self._event(pending, "TRIGGERED", now)],
-        )
-        for record in pending.unlogged.records:
-            apply(self.state, record)
+        if request.periodic and self._periodic_running:
+            self._schedule_periodic(self.options.interval_ms)
+        # the counter and PENDING are durable before any hook, coordinator or worker sees the ID
+        # (Flink's CheckpointIDCounter): after a crash, a new coordinator never hands it out again
+        self._commit(Batch(records=[CheckpointIdCounterRecord(self.job_id, checkpoint_id + 1),
+                                    self._record(pending, CheckpointStatus.PENDING, now)],
+                           events=[self._event(pending, "TRIGGERED", now)]),
+                     lambda: self._trigger_masters(pending))
         pending.timeout = self.env.schedule(
             self.options.timeout_ms, lambda: self._abort_if_pending(checkpoint_id, R.CHECKPOINT_EXPIRED,
                                                                     f"not completed within {self.options.timeout_ms} ms"))
-        # 2. coordinators, hooks and the storage location, concurrently
+
+    def _trigger_masters(self, pending: PendingCheckpoint) -> None:
+        """Step 2, once the ID is durable: coordinators, hooks and the storage location, concurrently."""
+        if self.pending.get(pending.checkpoint_id) is not pending:
+            return  # aborted (expired, shut down) before its PENDING record was committed
+        pending.logged = True
+        checkpoint_id, now = pending.checkpoint_id, pending.trigger_timestamp
         for operator_id, holder in self.holders.items():
             holder.checkpoint(checkpoint_id, lambda data, exc, op=operator_id: self._coordinator_done(checkpoint_id, op, data, exc))
         for identifier, future in self.hooks.trigger(checkpoint_id, now, self.env.io_executor).items():
             pending.hooks_pending.add(identifier)
             future.add_done_callback(lambda f, ident=identifier: self.env.execute(
                 lambda: self._hook_done(checkpoint_id, ident, f)))
-        location_future = self.env.io_executor.submit(self._initialize_location, checkpoint_id, checkpoint_type, target)
+        location_future = self.env.io_executor.submit(self._initialize_location, checkpoint_id,
+                                                      pending.checkpoint_type, pending.properties.get("target"))
         location_future.add_done_callback(lambda f: self.env.execute(lambda: self._location_done(checkpoint_id, f)))
-        return result
 
-    def _initialize_location(self, checkpoint_id: int, checkpoint_type: str, target: str | None):
-        if checkpoint_type == "CHECKPOINT":
+    def _initialize_location(self, checkpoint_id: int, checkpoint_type: CheckpointType, target: str | None):
+        if checkpoint_type is CheckpointType.CHECKPOINT:
             return self.storage.initialize_location_for_checkpoint(checkpoint_id)
         return self.storage.initialize_location_for_savepoint(checkpoint_id, target)
 
@@ -456,16 +520,14 @@ class CheckpointCoordinator:
             return
         pending.trigger_sent = True
         now = self.env.now_ms()
-        batch = self._take_unlogged(pending)
-        batch.control.append(TriggerCheckpoint(
+        self.env.append(Batch(control=[TriggerCheckpoint(
             self.job_id, self.state.epoch, pending.checkpoint_id, pending.trigger_timestamp,
             pending.checkpoint_type, pending.location.reference, tuple(sorted(self.operators)), {},
-        ))
-        self.env.append(batch)
+        )]))
         # events sent after the coordinators' futures completed go out after the trigger
         for holder in self.holders.values():
             holder.open_valve()
-        self._start_queued_trigger()
+        self._execute_queued()
         log.debug("checkpoint %d triggered at %d (%d ms after request)", pending.checkpoint_id, now,
                   now - pending.trigger_timestamp)
         self._maybe_finalize(pending)
@@ -517,7 +579,8 @@ class CheckpointCoordinator:
         except ValueError:
             reason = R.CHECKPOINT_DECLINED
         self._abort(pending, reason, f"declined by {decline.operator_id}[{decline.subtask_index}] attempt "
-                                     f"{decline.attempt_number}: {decline.message or reason.value}")
+                                     f"{decline.attempt_number}: {decline.message or reason.value}",
+                    declined_by=f"{decline.operator_id}[{decline.subtask_index}]#{decline.attempt_number}")
         return AckResult.SUCCESS
 
     # -- completion ---------------------------------------------------------------------------------
@@ -532,7 +595,7 @@ class CheckpointCoordinator:
             master_states=tuple(pending.master_states), operator_states=pending.operator_states(),
         )
         location = pending.location
-        outputs = self.completion_outputs if pending.checkpoint_type != "SAVEPOINT" else None
+        outputs = self.completion_outputs if pending.checkpoint_type is not CheckpointType.SAVEPOINT else None
 
         def finalize() -> list[OutboundMessage]:
             self.storage.write_metadata(location, metadata)
@@ -552,70 +615,67 @@ class CheckpointCoordinator:
         self._complete(pending, future.result())
 
     def _complete(self, pending: PendingCheckpoint, outputs: Sequence[OutboundMessage] = ()) -> None:
-        """Flink's ``completePendingCheckpoint``: COMPLETED, subsume, retain, notify."""
+        """Flink's ``completePendingCheckpoint`` and ``cleanupAfterCompletedCheckpoint``.
+
+        A checkpoint or stop-with-savepoint: COMPLETED, subsume older pending checkpoints, add it
+        to the completed checkpoint store (retention), NotifyCheckpointComplete. An intermediate
+        savepoint: COMPLETED only: no notification to workers, listeners or operator
+        coordinators, no subsumption, not in the store (``if (!props.isSavepoint() ||
+        props.isSynchronous())``, FLINK-25191). Either resets the failure count (the fold).
+        """
         now = self.env.now_ms()
         checkpoint_id = pending.checkpoint_id
         self._remove_pending(pending)
         state_size = pending.state_size
         pointer = pending.location.external_pointer if pending.location else None
+        notifies = pending.checkpoint_type is not CheckpointType.SAVEPOINT
+        record = self._record(pending, CheckpointStatus.COMPLETED, now, state_size=state_size, external_pointer=pointer)
         batch = Batch(
-            records=[self._record(pending, "COMPLETED", now, state_size=state_size, external_pointer=pointer)],
-            control=[NotifyCheckpointComplete(self.job_id, self.state.epoch, checkpoint_id, pending.checkpoint_type, now)],
+            records=[record],
             events=[self._event(pending, "SAVEPOINT_COMPLETED" if pending.is_savepoint else "COMPLETED", now,
                                 end_to_end_duration_ms=now - pending.trigger_timestamp, state_size=state_size,
                                 external_pointer=pointer)],
             outputs=list(outputs),
         )
         subsumed: list[PendingCheckpoint] = []
-        if not pending.is_savepoint:
-            for other in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
-                if other.checkpoint_id < checkpoint_id and not other.is_savepoint:
-                    subsumed.append(other)
-        for other in subsumed:
-            self._abort_into(batch, other, R.CHECKPOINT_SUBSUMED, f"subsumed by checkpoint {checkpoint_id}", now)
-        discarded = self._retention(batch, checkpoint_id if not pending.is_savepoint else None)
-        if pending.checkpoint_type == "SAVEPOINT_TERMINATE":
-            batch.records.append(JobStatusRecord(self.job_id, "FINISHED", self.state.epoch,
+        discarded: tuple[str, ...] = ()
+        if notifies:
+            batch.control.append(NotifyCheckpointComplete(self.job_id, self.state.epoch, checkpoint_id,
+                                                          pending.checkpoint_type, now))
+            # Flink's dropSubsumedCheckpoints: savepoints are never subsumed
+            subsumed = [other for other in sorted(self.pending.values(), key=lambda p: p.checkpoint_id)
+                        if other.checkpoint_id < checkpoint_id and not other.is_savepoint]
+            for other in subsumed:
+                self._abort_into(batch, other, R.CHECKPOINT_SUBSUMED, f"subsumed by checkpoint {checkpoint_id}", now)
+            discarded = self._retention(batch, record)
+        finished = pending.checkpoint_type is CheckpointType.SAVEPOINT_TERMINATE
+        if finished:
+            batch.records.append(JobStatusRecord(self.job_id, JobStatus.FINISHED, self.state.epoch,
                                                  f"stop-with-savepoint {checkpoint_id}", now))
         self.stats.report_completed(checkpoint_id, now, state_size, pointer)
         self._last_completion_ms = now
-        record = batch.records[0]
 
         def after_commit() -> None:
-            self._notify_complete(checkpoint_id)
+            if notifies:
+                self._notify_complete(checkpoint_id)
             for other in subsumed:
                 self._after_abort(other, R.CHECKPOINT_SUBSUMED, f"subsumed by checkpoint {checkpoint_id}")
             for directory in discarded:
                 self._dispose_directory(directory)
             if not pending.result.done():
                 pending.result.set_result(record)
-            if pending.checkpoint_type == "SAVEPOINT_TERMINATE":
-                self._job_status_changed("FINISHED", f"stop-with-savepoint {checkpoint_id}")
-            self._resume_periodic()
+            if finished:
+                self._job_status_changed(JobStatus.FINISHED, f"stop-with-savepoint {checkpoint_id}")
 
         self._commit(batch, after_commit)
 
-    def _retention(self, batch: Batch, new_completed: int | None) -> list[str]:
-        """Tombstones for completed checkpoints beyond ``num_retained`` (savepoints excluded) and for
-        aborted checkpoints older than the oldest retained one; returns the directories to delete."""
-        completed = [c.checkpoint_id for c in self.state.completed(savepoints=False)]
-        if new_completed is not None and new_completed not in completed:
-            completed.append(new_completed)
-        completed.sort()
-        excess = completed[:-self.options.num_retained] if len(completed) > self.options.num_retained else []
-        directories = []
-        for checkpoint_id in excess:
-            record = self.state.checkpoints[checkpoint_id]
+    def _retention(self, batch: Batch, new_entry: CheckpointRecord) -> tuple[str, ...]:
+        """Tombstones for what leaves the completed checkpoint store once ``new_entry`` joins it
+        (:meth:`CompletedCheckpointStore.retention`); returns the directories to delete."""
+        decision = self.store.retention(self.state, new_entry)
+        for checkpoint_id in decision.tombstones:
             batch.records.append(Tombstone(LogKey(self.job_id, "checkpoint", str(checkpoint_id))))
-            # a snapshot this job was restored from is not its own to delete (Flink's NO_CLAIM mode)
-            if record.external_pointer and "restored_from" not in record.properties:
-                directories.append(record.external_pointer)
-        if excess:
-            oldest_retained = completed[len(excess)]
-            for checkpoint_id, record in list(self.state.checkpoints.items()):
-                if record.status == "ABORTED" and checkpoint_id < oldest_retained:
-                    batch.records.append(Tombstone(LogKey(self.job_id, "checkpoint", str(checkpoint_id))))
-        return directories
+        return decision.directories_to_delete
 
     def _notify_complete(self, checkpoint_id: int) -> None:
         # in registration order; a coordinator whose notification failed (and failed the job)
@@ -626,7 +686,7 @@ class CheckpointCoordinator:
         for listener in self.listeners:
             try:
                 listener.notify_checkpoint_complete(checkpoint_id)
-            except Exception:  # noqa: BLE001 - does not revoke the checkpoint (CheckpointListener seed)
+            except Exception:  # does not revoke the checkpoint (CheckpointListener seed)
                 log.exception("listener failed on notify_checkpoint_complete(%d)", checkpoint_id)
 
     # -- aborts ----------------------------------------------------------------------------------------
@@ -649,60 +709,57 @@ class CheckpointCoordinator:
         self.pending.pop(pending.checkpoint_id, None)
         if pending.timeout is not None:
             pending.timeout.cancel()
-        if not pending.trigger_sent:
+        if not pending.trigger_sent and pending.logged:
             for holder in self.holders.values():
                 holder.open_valve()
-            self.env.execute(self._start_queued_trigger)
-
-    @staticmethod
-    def _take_unlogged(pending: PendingCheckpoint) -> Batch:
-        """The checkpoint's PENDING records not yet handed to the log (already applied), or an empty batch."""
-        batch, pending.unlogged = pending.unlogged or Batch(), None
-        batch.pre_applied.update(id(r) for r in batch.records)
-        return batch
+        # a slot is free: queued requests may run (Flink's scheduleTriggerRequest)
+        self.env.execute(self._execute_queued)
 
     def _abort_into(self, batch: Batch, pending: PendingCheckpoint, reason: CheckpointFailureReason,
-                    message: str, now: int) -> None:
+                    message: str, now: int, declined_by: str | None = None) -> CheckpointRecord:
         self._remove_pending(pending)
         pending.disposed = True
-        unlogged = self._take_unlogged(pending)  # aborted before its trigger went out: log PENDING first
-        batch.records.extend(unlogged.records)
-        batch.events.extend(unlogged.events)
-        batch.pre_applied |= unlogged.pre_applied
-        batch.records.append(self._record(pending, "ABORTED", now, failure_reason=reason.value, failure_message=message))
+        record = self._record(pending, CheckpointStatus.ABORTED, now, failure_reason=reason.value,
+                              failure_message=message, properties={DECLINED_BY: declined_by} if declined_by else {})
+        batch.records.append(record)
         batch.control.append(NotifyCheckpointAborted(self.job_id, self.state.epoch, pending.checkpoint_id,
                                                      reason.value, message, now))
         batch.events.append(self._event(pending, "SAVEPOINT_FAILED" if pending.is_savepoint else "ABORTED", now,
                                         end_to_end_duration_ms=now - pending.trigger_timestamp,
                                         failure_reason=reason.value, failure_message=message))
         self.stats.report_failed(pending.checkpoint_id, now, reason.value, message)
+        return record
 
-    def _abort(self, pending: PendingCheckpoint, reason: CheckpointFailureReason, message: str) -> None:
-        """Abort one pending checkpoint (Flink's ``abortPendingCheckpoint``), and fail the job
-        when the tolerable failed checkpoints are exceeded (CheckpointFailureManager)."""
+    def _abort(self, pending: PendingCheckpoint, reason: CheckpointFailureReason, message: str,
+               declined_by: str | None = None) -> None:
+        """Abort one pending checkpoint (Flink's ``abortPendingCheckpoint``), then ask the
+        :class:`CheckpointFailureManager` whether the job fails (``handleCheckpointException``).
+        ``declined_by`` names the subtask attempt that declined it (a task-level failure)."""
         now = self.env.now_ms()
         batch = Batch()
-        self._abort_into(batch, pending, reason, message, now)
-        for record in batch.records:
-            if id(record) not in batch.pre_applied:
-                apply(self.state, record)
-        failed = self.state.continuous_failures > self.options.tolerable_failed and self.state.job_status == "RUNNING"
-        job_record = []
-        if failed:
-            why = (f"Exceeded checkpoint tolerable failure threshold: {self.state.continuous_failures} "
-                   f"consecutive failures, {self.options.tolerable_failed} tolerated (last: {reason.value})")
-            job_record.append(JobStatusRecord(self.job_id, "FAILED", self.state.epoch, why, now))
-        for record in job_record:
-            apply(self.state, record)
+        record = self._abort_into(batch, pending, reason, message, now, declined_by)
+        for r in batch.records:
+            apply(self.state, r)
+        batch.pre_applied.update(id(r) for r in batch.records)
+        why = None
+        if self.state.job_status == JobStatus.RUNNING:
+            why = self.failure_manager.job_failure(record, self.state.continuous_failures)
+        if why is not None:
+            job_record = JobStatusRecord(self.job_id, JobStatus.FAILED, self.state.epoch, why, now)
+            apply(self.state, job_record)
+            batch.records.append(job_record)
+            batch.pre_applied.add(id(job_record))
+        restart_periodic = (why is None and self.failure_manager.restarts_periodic_checkpoints(record)
+                            and reason not in (R.CHECKPOINT_COORDINATOR_SHUTDOWN, R.CHECKPOINT_COORDINATOR_SUSPEND))
 
         def after_commit() -> None:
             self._after_abort(pending, reason, message)
-            if failed:
-                self._job_status_changed("FAILED", job_record[0].reason)
-            else:
-                self._resume_periodic()
+            if why is not None:
+                self._job_status_changed(JobStatus.FAILED, why)
+            elif restart_periodic and self.state.job_status == JobStatus.RUNNING:
+                # Flink's StopWithSavepointTerminationHandlerImpl restarts the checkpoint scheduler
+                self.start_periodic_scheduler()
 
-        batch.records.extend(job_record)
         self.env.append(batch, after_commit)
 
     def _after_abort(self, pending: PendingCheckpoint, reason: CheckpointFailureReason, message: str) -> None:
@@ -711,7 +768,7 @@ class CheckpointCoordinator:
         for listener in self.listeners:
             try:
                 listener.notify_checkpoint_aborted(pending.checkpoint_id)
-            except Exception:  # noqa: BLE001
+            except Exception:  # a listener cannot undo an abort
                 log.exception("listener failed on notify_checkpoint_aborted(%d)", pending.checkpoint_id)
         if pending.location is not None and not pending.finalizing:
             self._dispose_directory(pending.location.directory)
@@ -800,11 +857,13 @@ class CheckpointCoordinator:
         self._schedule_periodic(delay)
 
     def stop_periodic_scheduler(self) -> None:
+        """Stop periodic checkpoints; queued periodic requests are dropped (Flink's
+        ``stopCheckpointScheduler``). Pending checkpoints go on."""
         self._periodic_running = False
-        self._periodic_waiting = False
         if self._periodic_timer is not None:
             self._periodic_timer.cancel()
             self._periodic_timer = None
+        self.decider.remove_periodic(R.PERIODIC_SCHEDULER_SHUTDOWN, "periodic checkpoints stopped")
 
     def _schedule_periodic(self, delay_ms: int) -> None:
         if self._periodic_timer is not None:
@@ -812,40 +871,26 @@ class CheckpointCoordinator:
         self._periodic_timer = self.env.schedule(max(0, delay_ms), self._periodic_trigger)
 
     def _periodic_trigger(self) -> None:
+        """A periodic request (Flink's ``ScheduledTrigger``). It runs, waits in the decider's queue
+        (the next periodic trigger is scheduled when it runs), or is dropped for the min pause
+        (the decider reschedules it)."""
         self._periodic_timer = None
-        if not self._periodic_running:
+        if not self._periodic_running or self.decider.has_queued_periodic():
             return
-        now = self.env.now_ms()
-        refused = self._precheck(False, now)
-        if refused is R.TOO_MANY_CHECKPOINT_REQUESTS:
-            self._periodic_waiting = True  # resumes when a pending checkpoint ends
-            return
-        if refused is R.MINIMUM_TIME_BETWEEN_CHECKPOINTS:
-            self._schedule_periodic(self._last_completion_ms + self.options.min_pause_ms - now)
-            return
-        if refused is not None:
-            return
-        self._trigger("CHECKPOINT", forced=False, periodic=True)
-        self._schedule_periodic(self.options.interval_ms)
-
-    def _resume_periodic(self) -> None:
-        if self._periodic_running and self._periodic_waiting:
-            self._periodic_waiting = False
-            now = self.env.now_ms()
-            due = self._last_completion_ms + self.options.min_pause_ms - now if self._last_completion_ms else 0
-            self._schedule_periodic(max(0, due))
+        self._request(CheckpointType.CHECKPOINT, periodic=True, forced=False)
 
     # -- job status ------------------------------------------------------------------------------------------
     def _fail_job(self, cause: BaseException) -> None:
-        if self.state.job_status != "RUNNING":
+        if self.state.job_status != JobStatus.RUNNING:
             return
         now = self.env.now_ms()
         reason = f"{type(cause).__name__}: {cause}"
-        self._commit(Batch(records=[JobStatusRecord(self.job_id, "FAILED", self.state.epoch, reason, now)]),
-                     lambda: self._job_status_changed("FAILED", reason))
+        self._commit(Batch(records=[JobStatusRecord(self.job_id, JobStatus.FAILED, self.state.epoch, reason, now)]),
+                     lambda: self._job_status_changed(JobStatus.FAILED, reason))
 
-    def _job_status_changed(self, status: str, reason: str | None) -> None:
+    def _job_status_changed(self, status: JobStatus, reason: str | None) -> None:
         self.stop_periodic_scheduler()
+        self.decider.abort_all(R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {status.value.lower()}")
         for pending in list(self.pending.values()):
             self._abort(pending, R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"job {status.lower()}")
         if self.on_job_status is not None:
@@ -857,11 +902,12 @@ class CheckpointCoordinator:
         if self._shutdown:
             return
         self.stop_periodic_scheduler()
+        self.decider.abort_all(R.CHECKPOINT_COORDINATOR_SHUTDOWN, "coordinator shut down")
         for pending in list(self.pending.values()):
             self._abort(pending, R.CHECKPOINT_COORDINATOR_SHUTDOWN, "coordinator shut down")
-        if self.state.job_status == "RUNNING":
+        if self.state.job_status == JobStatus.RUNNING:
             # a clean stop, told apart in the log from a coordinator that was fenced or died
-            self._commit(Batch(records=[JobStatusRecord(self.job_id, "SUSPENDED", self.state.epoch,
+            self._commit(Batch(records=[JobStatusRecord(self.job_id, JobStatus.SUSPENDED, self.state.epoch,
                                                         "coordinator stopped", self.env.now_ms())]))
         self._shutdown = True
         for holder in self.holders.values():

@@ -13,9 +13,15 @@ import dataclasses
 import enum
 from typing import Any
 
-from coordinator.environment import Batch, Cancellable
+from coordinator.environment import Cancellable
 from coordinator.messages import AcknowledgeCheckpoint
-from coordinator.storage import CheckpointStorageLocation, MasterState, OperatorState, SubtaskState
+from coordinator.records import CheckpointType
+from coordinator.storage import (
+    CheckpointStorageLocation,
+    MasterState,
+    OperatorState,
+    SubtaskState,
+)
 
 
 class AckResult(enum.Enum):
@@ -34,7 +40,7 @@ class PendingCheckpoint:
     """One checkpoint or savepoint between trigger and completion/abort. Times in ms."""
 
     checkpoint_id: int
-    checkpoint_type: str
+    checkpoint_type: CheckpointType
     trigger_timestamp: int
     expected: frozenset[tuple[str, int]]
     attempts: dict[tuple[str, int], int]
@@ -49,12 +55,15 @@ class PendingCheckpoint:
     finalizing: bool = False
     disposed: bool = False
     timeout: Cancellable | None = None
-    unlogged: Batch | None = None  # PENDING records applied but not yet appended (go with the trigger)
+    logged: bool = False  # PENDING and the ID counter are durable: hooks and coordinators may see the ID
     properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.checkpoint_type = CheckpointType(self.checkpoint_type)
 
     @property
     def is_savepoint(self) -> bool:
-        return self.checkpoint_type != "CHECKPOINT"
+        return self.checkpoint_type.is_savepoint
 
     @property
     def num_acknowledged(self) -> int:

@@ -12,6 +12,7 @@ runtime appends them, and only appended records change the state.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any, ClassVar
 
 from coordinator import serde
@@ -22,6 +23,55 @@ RECORD_VERSION = 1
 
 class LogRecordError(ChandyError):
     """A log record's key and value disagree, or a record kind is not known."""
+
+
+class CheckpointStatus(str, enum.Enum):
+    """Where a checkpoint is in its life (the ``chandy.v1.CheckpointStatus`` Avro enum)."""
+
+    PENDING = "PENDING"
+    COMPLETED = "COMPLETED"
+    ABORTED = "ABORTED"
+    DISCARDED = "DISCARDED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CheckpointType(str, enum.Enum):
+    """What a checkpoint ID stands for, as Flink's ``SnapshotType`` (the ``chandy.v1.CheckpointType``
+    Avro enum): a CHECKPOINT, an intermediate SAVEPOINT, or the synchronous SAVEPOINT_TERMINATE of
+    stop-with-savepoint."""
+
+    CHECKPOINT = "CHECKPOINT"
+    SAVEPOINT = "SAVEPOINT"
+    SAVEPOINT_TERMINATE = "SAVEPOINT_TERMINATE"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_savepoint(self) -> bool:
+        """Flink's ``CheckpointProperties.isSavepoint``."""
+        return self is not CheckpointType.CHECKPOINT
+
+    @property
+    def is_synchronous(self) -> bool:
+        """Flink's ``CheckpointProperties.isSynchronous``: stop-with-savepoint."""
+        return self is CheckpointType.SAVEPOINT_TERMINATE
+
+
+class JobStatus(str, enum.Enum):
+    """The job's status as the coordinator decides it (the ``chandy.v1.JobStatus`` Avro enum)."""
+
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    FAILING = "FAILING"
+    FAILED = "FAILED"
+    FINISHED = "FINISHED"
+    SUSPENDED = "SUSPENDED"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -87,8 +137,8 @@ class CheckpointRecord(_Record):
 
     job_id: str
     checkpoint_id: int
-    checkpoint_type: str
-    status: str
+    checkpoint_type: CheckpointType
+    status: CheckpointStatus
     epoch: int
     trigger_timestamp: int
     status_timestamp: int
@@ -100,13 +150,18 @@ class CheckpointRecord(_Record):
     failure_message: str | None = None
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # decoded records carry plain strings; live ones the enums (equal either way, typed always)
+        object.__setattr__(self, "checkpoint_type", CheckpointType(self.checkpoint_type))
+        object.__setattr__(self, "status", CheckpointStatus(self.status))
+
     @property
     def entity_id(self) -> str:
         return str(self.checkpoint_id)
 
     @property
     def is_savepoint(self) -> bool:
-        return self.checkpoint_type != "CHECKPOINT"
+        return self.checkpoint_type.is_savepoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,10 +187,13 @@ class JobStatusRecord(_Record):
     KIND: ClassVar[str] = "job"
 
     job_id: str
-    status: str
+    status: JobStatus
     epoch: int
     reason: str | None
     timestamp: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", JobStatus(self.status))
 
     @property
     def entity_id(self) -> str:
@@ -220,3 +278,7 @@ RECORD_TYPES: dict[str, type] = {
     for cls in (CoordinatorEpochRecord, CheckpointRecord, CheckpointIdCounterRecord, JobStatusRecord,
                 SplitAssignmentRecord, OffsetCommitRecord)
 }
+
+#: The record kinds this version knows (a loader skips other kinds with a warning, as Kafka's
+#: ``CoordinatorLoaderImpl`` skips unknown record types).
+KNOWN_KINDS: frozenset[str] = frozenset({"checkpoint", "counter", "epoch", "job", "splits", "offsets"})

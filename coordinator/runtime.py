@@ -47,6 +47,7 @@ from coordinator.messages import (
 from coordinator.operator_coordinator import OperatorCoordinatorProvider
 from coordinator.options import CheckpointingOptions
 from coordinator.storage import CheckpointStorage
+from coordinator.trigger_result import CheckpointTriggerResult
 from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
 
 log = logging.getLogger(__name__)
@@ -429,7 +430,7 @@ class CoordinatorService:
         if coordinator is None:
             return
         futures = [p.result for p in list(coordinator.pending.values())]
-        futures += [entry[-1] for entry in list(coordinator._trigger_queue)]
+        futures += [request.future for request in coordinator.decider.queued]
         for future in futures:
             if not future.done():
                 try:
@@ -475,12 +476,14 @@ class CoordinatorService:
             raise CoordinatorStoppedError(f"the coordinator of job {self.job_id} is stopped ({self.stop_reason})")
         return self.mailbox.call(func).result(30)
 
-    def trigger_checkpoint(self, *, forced: bool = False) -> concurrent.futures.Future:
-        """Trigger a checkpoint now; see :meth:`CheckpointCoordinator.trigger_checkpoint`."""
+    def trigger_checkpoint(self, *, forced: bool = False) -> CheckpointTriggerResult:
+        """Request a checkpoint now: its ID (None while queued) and future; see
+        :meth:`CheckpointCoordinator.trigger_checkpoint`."""
         return self._call(lambda: self.coordinator.trigger_checkpoint(forced=forced))
 
-    def trigger_savepoint(self, target: str | None = None, *, terminate: bool = False) -> concurrent.futures.Future:
-        """Trigger a savepoint; the future gives its pointer. See :meth:`CheckpointCoordinator.trigger_savepoint`."""
+    def trigger_savepoint(self, target: str | None = None, *, terminate: bool = False) -> CheckpointTriggerResult:
+        """Trigger a savepoint; the result's future gives its pointer. See
+        :meth:`CheckpointCoordinator.trigger_savepoint`."""
         return self._call(lambda: self.coordinator.trigger_savepoint(target, terminate=terminate))
 
     def abort_checkpoint(self, checkpoint_id: int, reason: Any, message: str) -> bool:

@@ -17,11 +17,13 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 
-from coordinator.failure import COUNTED_REASONS, CheckpointFailureReason
+from coordinator.failure_manager import counts_towards_tolerable
 from coordinator.records import (
     CheckpointIdCounterRecord,
     CheckpointRecord,
+    CheckpointStatus,
     CoordinatorEpochRecord,
+    JobStatus,
     JobStatusRecord,
     LogRecord,
     OffsetCommitRecord,
@@ -43,16 +45,18 @@ class CoordinatorState:
     """The durable state of one job's coordinator (mutated only by :func:`apply`).
 
     ``checkpoints`` maps checkpoint ID to its latest :class:`CheckpointRecord`;
-    ``continuous_failures`` counts aborted checkpoints with a counted reason since the last
-    completed checkpoint or the last epoch change (Flink's CheckpointFailureManager counter).
+    ``continuous_failures`` counts aborted checkpoints that Flink's CheckpointFailureManager
+    counts (:func:`~coordinator.failure_manager.counts_towards_tolerable`) since the last
+    successful checkpoint or savepoint (``last_succeeded_checkpoint_id``) or the last epoch change.
     """
 
     job_id: str
     epoch: int = 0
     next_checkpoint_id: int = 1
-    job_status: str = "CREATED"
+    job_status: JobStatus = JobStatus.CREATED
     job_status_reason: str | None = None
     continuous_failures: int = 0
+    last_succeeded_checkpoint_id: int = -1
     checkpoints: dict[int, CheckpointRecord] = dataclasses.field(default_factory=dict)
     split_assignments: dict[str, SplitAssignmentRecord] = dataclasses.field(default_factory=dict)
     committed_offsets: dict[str, OffsetCommitRecord] = dataclasses.field(default_factory=dict)
@@ -61,19 +65,22 @@ class CoordinatorState:
     # -- queries (pure) ----------------------------------------------------------------------
     def pending(self) -> list[CheckpointRecord]:
         """Pending checkpoints and savepoints, by ID."""
-        return [c for _, c in sorted(self.checkpoints.items()) if c.status == "PENDING"]
+        return [c for _, c in sorted(self.checkpoints.items()) if c.status is CheckpointStatus.PENDING]
 
     def completed(self, *, savepoints: bool | None = None) -> list[CheckpointRecord]:
         """Completed checkpoints (and/or savepoints, per ``savepoints``), oldest first."""
         return [
             c for _, c in sorted(self.checkpoints.items())
-            if c.status == "COMPLETED" and (savepoints is None or c.is_savepoint == savepoints)
+            if c.status is CheckpointStatus.COMPLETED and (savepoints is None or c.is_savepoint == savepoints)
         ]
 
     def latest_completed(self) -> CheckpointRecord | None:
-        """The newest completed checkpoint or savepoint: what a restart restores."""
-        done = self.completed()
-        return done[-1] if done else None
+        """The newest entry of the completed checkpoint store: what a restart restores. Never an
+        intermediate savepoint (Flink 1.15+, FLINK-25191); see
+        :class:`~coordinator.completed_checkpoint_store.CompletedCheckpointStore`."""
+        from coordinator.completed_checkpoint_store import CompletedCheckpointStore
+
+        return CompletedCheckpointStore.latest(self)
 
     def equals_ignoring_counters(self, other: CoordinatorState) -> bool:
         """Equality of everything but ``records_applied`` (which differs for a compacted log)."""
@@ -112,7 +119,8 @@ def apply(state: CoordinatorState, record: LogRecord) -> CoordinatorState:
     return state
 
 
-_ORDER = {"PENDING": 0, "COMPLETED": 1, "ABORTED": 1, "DISCARDED": 2}
+_ORDER = {CheckpointStatus.PENDING: 0, CheckpointStatus.COMPLETED: 1, CheckpointStatus.ABORTED: 1,
+          CheckpointStatus.DISCARDED: 2}
 
 
 def _apply_checkpoint(state: CoordinatorState, record: CheckpointRecord) -> None:
@@ -122,14 +130,16 @@ def _apply_checkpoint(state: CoordinatorState, record: CheckpointRecord) -> None
         return
     state.checkpoints[record.checkpoint_id] = record
     state.next_checkpoint_id = max(state.next_checkpoint_id, record.checkpoint_id + 1)
-    if record.is_savepoint:
-        return  # savepoint failures never count, and savepoints do not reset the count
-    if record.status == "COMPLETED":
-        state.continuous_failures = 0
-    elif record.status == "ABORTED" and (previous is None or previous.status == "PENDING"):
+    if record.status is CheckpointStatus.COMPLETED:
+        # Flink's CheckpointFailureManager.handleCheckpointSuccess: checkpoints and savepoints alike
+        if record.checkpoint_id > state.last_succeeded_checkpoint_id:
+            state.last_succeeded_checkpoint_id = record.checkpoint_id
+            state.continuous_failures = 0
+    elif (record.status is CheckpointStatus.ABORTED
+          and (previous is None or previous.status is CheckpointStatus.PENDING)
+          and counts_towards_tolerable(record, state.last_succeeded_checkpoint_id)):
         # counted once per checkpoint; "previous is None" is a compacted log, whose PENDING record is gone
-        if record.failure_reason and CheckpointFailureReason(record.failure_reason) in COUNTED_REASONS:
-            state.continuous_failures += 1
+        state.continuous_failures += 1
 
 
 def _apply_tombstone(state: CoordinatorState, record: Tombstone) -> None:

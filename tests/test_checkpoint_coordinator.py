@@ -131,19 +131,22 @@ def test_max_concurrent_checkpoints_respected(tmp_path: Path) -> None:
     env.advance(1_000)
     assert sorted(cc.pending) == [1, 2]
     assert [m.checkpoint_id for m in env.control_of(TriggerCheckpoint)] == [1, 2]
-    refused = trigger(cc)
-    assert refused.exception(timeout=0).reason.value == "TOO_MANY_CHECKPOINT_REQUESTS"
-    assert cc.state.next_checkpoint_id == 3  # a refused request takes no ID
+    # a user request beyond max_concurrent is queued, not refused (Flink's CheckpointRequestDecider)
+    queued = trigger(cc)
+    assert queued.checkpoint_id is None and not queued.done()
+    assert cc.state.next_checkpoint_id == 3  # a queued request takes no ID yet
     forced = trigger(cc, forced=True)
-    assert not forced.done() and sorted(cc.pending) == [1, 2, 3]
-    # the forced checkpoint counts as ongoing: completing 1 leaves 2 and 3, still the limit
+    assert forced.checkpoint_id == 3 and sorted(cc.pending) == [1, 2, 3]
+    # the forced checkpoint counts as pending: completing 1 leaves 2 and 3, still the limit
     ack_all(cc, 1)
     env.advance(1)
     assert sorted(cc.pending) == [2, 3]
-    # completing 2 frees a slot: the waiting periodic trigger resumes at once
+    # completing 2 frees a slot: the queued user request runs before the queued periodic one
     ack_all(cc, 2)
-    env.advance(1)
+    env.run()
     assert sorted(cc.pending) == [3, 4]
+    ack_all(cc, 4)
+    assert queued.result(timeout=0).checkpoint_id == 4
 
 
 def test_min_pause_between_checkpoints_respected(tmp_path: Path) -> None:
@@ -154,12 +157,32 @@ def test_min_pause_between_checkpoints_respected(tmp_path: Path) -> None:
     ack_all(cc, 1)
     completed_at = env.now
     env.advance(999)
-    assert cc.pending == {}
-    assert trigger(cc).exception(timeout=0).reason.value == "MINIMUM_TIME_BETWEEN_CHECKPOINTS"
+    assert cc.pending == {}  # periodic checkpoints wait for the min pause ...
     env.advance(1)
     assert list(cc.pending) == [2]
     trigger_2 = next(r for r in env.log if isinstance(r, CheckpointRecord) and r.checkpoint_id == 2)
     assert trigger_2.trigger_timestamp - completed_at >= 1_000
+
+
+def test_a_user_requested_checkpoint_does_not_wait_for_the_min_pause(tmp_path: Path) -> None:
+    """Flink's CheckpointRequestDecider.chooseRequestToExecute applies the min pause to periodic
+    requests only."""
+    cc, env, _ = make(tmp_path, interval_ms=100, min_pause_ms=1_000, random_initial_delay=False)
+    cc.start_periodic_scheduler()
+    env.advance(100)
+    ack_all(cc, 1)
+    env.advance(10)
+    user = trigger(cc)
+    assert user.checkpoint_id == 2 and list(cc.pending) == [2]
+    ack_all(cc, 2)
+    assert user.result(timeout=0).status == "COMPLETED"
+    # the periodic trigger still keeps its pause after the user's checkpoint completed
+    completed_at = env.now
+    env.advance(999)
+    assert cc.pending == {}
+    env.advance(1)
+    assert list(cc.pending) == [3]
+    assert cc.state.checkpoints[3].trigger_timestamp - completed_at >= 1_000
 
 
 def test_completing_n_subsumes_pending_below_but_not_a_pending_savepoint(tmp_path: Path) -> None:
@@ -398,19 +421,26 @@ def test_events_to_a_failed_attempt_fail(tmp_path: Path) -> None:
 
 def test_savepoints_share_the_id_counter_and_stop_with_savepoint_finishes(tmp_path: Path) -> None:
     statuses = []
-    cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, start=False)
+    cc, env, listener = make(tmp_path, interval_ms=100, random_initial_delay=False, start=False)
     cc.on_job_status = lambda status, why: statuses.append(status)
     cc.start()
     cc.start_periodic_scheduler()
     env.advance(100)
     ack_all(cc, 1)
+    env.run()
+    assert list(cc.pending) == [2]  # the periodic request that waited for 1
     pointer = cc.trigger_savepoint(terminate=True)
     env.run()
+    # Flink's stopCheckpointScheduler aborts the pending checkpoint (not a counted failure)
+    assert cc.state.checkpoints[2].failure_reason == "CHECKPOINT_COORDINATOR_SUSPEND"
     (sp_id,) = cc.pending
-    assert sp_id == 2
-    ack_all(cc, 2)
+    assert sp_id == pointer.checkpoint_id == 3
+    ack_all(cc, 3)
     assert pointer.result(timeout=0).startswith("file://")
     assert statuses == ["FINISHED"] and cc.job_status == "FINISHED"
+    # stop-with-savepoint is synchronous: it notifies workers, listeners and coordinators
+    assert listener.completed == [1, 3]
+    assert [m.checkpoint_id for m in env.control_of(NotifyCheckpointComplete)] == [1, 3]
     env.advance(1_000)
     assert cc.pending == {}  # periodic checkpoints stopped
 
@@ -561,8 +591,13 @@ def test_a_newer_attempt_fails_the_old_one_first_and_aborts_pending(tmp_path: Pa
     cc.attempt_ready(SubtaskAttemptReady(JOB, "nosuch", 0, 0))
 
 
-def test_a_failed_stop_with_savepoint_restarts_periodic_checkpoints(tmp_path: Path) -> None:
-    cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, tolerable_failed=5)
+def test_a_declined_stop_with_savepoint_fails_the_job_and_periodic_checkpoints_stay_stopped(tmp_path: Path) -> None:
+    """Flink's CheckpointFailureManager.handleTaskLevelCheckpointException: a synchronous
+    savepoint declined by a task fails the job, however many failures are tolerable."""
+    statuses = []
+    cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, tolerable_failed=5, start=False)
+    cc.on_job_status = lambda status, why: statuses.append((status, why))
+    cc.start()
     cc.start_periodic_scheduler()
     env.advance(1)
     ack_all(cc, 1)
@@ -571,9 +606,53 @@ def test_a_failed_stop_with_savepoint_restarts_periodic_checkpoints(tmp_path: Pa
     (savepoint_id,) = cc.pending
     cc.receive_decline(DeclineCheckpoint(JOB, cc.epoch, savepoint_id, "src", 0, 0, "CHECKPOINT_DECLINED"))
     env.run()
-    assert pointer.exception(timeout=0) is not None and cc.job_status == "RUNNING"
+    assert pointer.exception(timeout=0).reason.value == "CHECKPOINT_DECLINED"
+    assert cc.job_status == "FAILED" and statuses[0][0] == "FAILED"
+    assert f"stop-with-savepoint {savepoint_id} failed" in statuses[0][1]
+    assert any(isinstance(r, JobStatusRecord) and r.status == "FAILED" for r in env.log)
     env.advance(500)
-    assert cc.pending or any(r.checkpoint_id > savepoint_id for r in cc.state.completed())
+    assert cc.pending == {} and not any(r.checkpoint_id > savepoint_id for r in cc.state.completed())
+
+
+def test_an_expired_stop_with_savepoint_fails_the_job(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, tolerable_failed=5, timeout_ms=300)
+    cc.start_periodic_scheduler()
+    env.advance(1)
+    ack_all(cc, 1)
+    pointer = cc.trigger_savepoint(terminate=True)
+    env.advance(300)
+    assert pointer.exception(timeout=0).reason.value == "CHECKPOINT_EXPIRED"
+    assert cc.job_status == "FAILED"
+    env.advance(1_000)
+    assert cc.pending == {}  # periodic checkpoints did not silently resume
+
+
+def test_a_stop_with_savepoint_failing_on_the_coordinator_restarts_periodic_checkpoints(tmp_path: Path) -> None:
+    """A coordinator-side failure (a master hook) leaves the job running and restarts periodic
+    checkpoints, as Flink's StopWithSavepointTerminationHandlerImpl."""
+    hook = DictHook("flaky")
+    calls = []
+
+    def flaky(checkpoint_id, timestamp, executor):
+        calls.append(checkpoint_id)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if checkpoint_id == 2:
+            future.set_exception(RuntimeError("hook down"))
+        else:
+            future.set_result({})
+        return future
+
+    hook.trigger_checkpoint = flaky
+    cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, tolerable_failed=0, hooks=[hook])
+    cc.start_periodic_scheduler()
+    env.advance(1)
+    ack_all(cc, 1)
+    pointer = cc.trigger_savepoint(terminate=True)
+    env.run()
+    assert pointer.exception(timeout=0).reason.value == "TRIGGER_CHECKPOINT_FAILURE"
+    assert cc.job_status == "RUNNING"
+    env.advance(500)
+    assert cc.pending or any(r.checkpoint_id > 2 for r in cc.state.completed())
 
 
 def test_a_compacted_log_counts_aborted_checkpoints_like_the_live_one() -> None:
