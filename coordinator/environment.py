@@ -22,12 +22,17 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from coordinator.errors import ChandyError
 from coordinator.messages import CheckpointEvent
 from coordinator.records import LogRecord
 
 log = logging.getLogger(__name__)
 
 Action = Callable[[], None]
+
+
+class MailboxClosedError(ChandyError):
+    """A call to a mailbox that is closed (its coordinator stopped or was fenced)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +112,7 @@ class Mailbox:
         self._lock = threading.Lock()
         self._closed = False
         self.discarding = False
+        self._calls: set[concurrent.futures.Future] = set()
         self.on_error = on_error
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -133,9 +139,18 @@ class Mailbox:
 
         if self.is_mailbox_thread:
             run()
+        elif self._closed:
+            future.set_exception(MailboxClosedError(f"{self._thread.name} is closed"))
         else:
+            with self._lock:
+                self._calls.add(future)
+            future.add_done_callback(self._forget_call)
             self.execute(run)
         return future
+
+    def _forget_call(self, future: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._calls.discard(future)
 
     def schedule(self, delay_ms: int, action: Action) -> Cancellable:
         timer = _Timer()
@@ -151,11 +166,15 @@ class Mailbox:
         if discard:
             with self._lock:
                 self._timers.clear()
+                calls = list(self._calls)
             while True:
                 try:
                     self._queue.get_nowait()
                 except queue.Empty:
                     break
+            for future in calls:  # their mails were discarded: their callers must not wait forever
+                if not future.done():
+                    future.set_exception(MailboxClosedError(f"{self._thread.name} was closed before this call ran"))
         self._queue.put(None)
         if self._thread.is_alive() and not self.is_mailbox_thread:
             self._thread.join(timeout_s)

@@ -865,6 +865,10 @@ class Pipeline:
                     pause = max(pause, self._backoff_s(consecutive))
                 if pause > 0:
                     self._stop.wait(pause)
+        except ChandyError as exc:
+            if self.service.fenced.is_set() and not isinstance(exc, PipelineFencedError):
+                raise PipelineFencedError(self._fenced_message()) from exc
+            raise
         finally:
             landed_total = self._safe_committed_records() - landed_before
             consumer.close()

@@ -1,0 +1,303 @@
+"""Exactly-once under ordinary operator actions, on a real broker, real Spark and a real Delta
+table: the same table spelled differently, a lost coordinator log, another job on the same
+partitions, an existing table of another schema, bad records (fail, skip, dead-letter), and
+failures that say why in one line, before Spark starts where they can."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import NewTopic
+from deltalake import DeltaTable, write_deltalake
+
+from connectors.kafka import config as kafka_config
+from connectors.kafka.source.reader import KafkaRangeReader
+from connectors.kafka.source.split import KafkaPartitionSplit
+from connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, default_job_id, verify_table
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("chandy-operator-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def make_topic(servers: str, values: list[bytes | None], partitions: int = 2, topic: str | None = None) -> str:
+    topic = topic or f"op-{uuid.uuid4().hex[:8]}"
+    admin = kafka_config.admin_client(servers)
+    if topic not in admin.list_topics(timeout=10).topics:
+        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+        time.sleep(0.3)
+    produce(servers, topic, values, partitions)
+    return topic
+
+
+def produce(servers: str, topic: str, values: list[bytes | None], partitions: int = 2) -> None:
+    producer = kafka_config.producer(servers)
+    for i, value in enumerate(values):
+        producer.produce(topic, value, f"k{i}".encode(), partition=i % partitions)
+    producer.flush(30)
+
+
+def options(servers: str, topic: str, table: str, prefix: str, **extra) -> PipelineOptions:
+    return PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,), stop_when_drained=True,
+                           prefix=prefix, restart_backoff_initial_ms=100, **extra)
+
+
+def landed(table: str) -> list[tuple[str, int, int]]:
+    rows = DeltaTable(table).to_pyarrow_table().select(["topic", "partition", "offset"]).to_pylist()
+    return [(r["topic"], r["partition"], r["offset"]) for r in rows]
+
+
+def all_offsets(servers: str, topic: str, partitions: int = 2) -> set[tuple[str, int, int]]:
+    consumer = kafka_config.consumer(servers)
+    reader = KafkaRangeReader(servers)
+    found = set()
+    for p in range(partitions):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+        found |= {(topic, p, m.offset()) for m in reader.read(KafkaPartitionSplit(topic, p, low, high))}
+    consumer.close()
+    reader.close()
+    return found
+
+
+def group_offsets(servers: str, group: str, topic: str, partitions: int = 2) -> dict[int, int]:
+    consumer = kafka_config.consumer(servers, group_id=group)
+    committed = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+    consumer.close()
+    return {tp.partition: tp.offset for tp in committed}
+
+
+def test_one_table_spelled_four_ways_is_one_job(spark, kafka_bootstrap_servers, tmp_path, monkeypatch) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [f"a-{i}".encode() for i in range(100)])
+    prefix = f"op{uuid.uuid4().hex[:6]}"
+    (tmp_path / "lake").mkdir()
+    monkeypatch.chdir(tmp_path)
+    spellings = ["lake/orders", f"{tmp_path}/lake//orders/", f"file://{tmp_path}/lake/orders",
+                 f"{tmp_path}/x/../lake/orders"]
+    assert len({default_job_id(s, [topic]) for s in spellings}) == 1
+    first = Pipeline(options(kafka_bootstrap_servers, topic, spellings[0], prefix), spark=spark).run()
+    assert first.records_landed == 100
+    produce(kafka_bootstrap_servers, topic, [f"b-{i}".encode() for i in range(50)])
+    again = [Pipeline(options(kafka_bootstrap_servers, topic, s, prefix), spark=spark).run() for s in spellings[1:]]
+    assert [s.records_landed for s in again] == [50, 0, 0]
+    rows = landed(str(tmp_path / "lake" / "orders"))
+    assert len(rows) == len(set(rows)) == 150 and set(rows) == all_offsets(kafka_bootstrap_servers, topic)
+    # a relative path is relative to where it is run: two directories, two tables, two jobs
+    assert default_job_id("lake", [topic]) != default_job_id(f"{tmp_path}/elsewhere/lake", [topic])
+
+
+def test_a_lost_coordinator_log_resumes_from_the_table(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [f"a-{i}".encode() for i in range(200)])
+    table = str(tmp_path / "t")
+    first = Pipeline(options(kafka_bootstrap_servers, topic, table, f"op{uuid.uuid4().hex[:6]}",
+                             max_records_per_checkpoint=40), spark=spark)
+    assert first.run().records_landed == 200
+    version_before = DeltaTable(table).transaction_version(first.job_id)
+    assert version_before is not None and version_before >= 3
+    produce(kafka_bootstrap_servers, topic, [f"b-{i}".encode() for i in range(100)])
+    # a new prefix: the coordinator log (and its checkpoint IDs) starts from nothing
+    lost = options(kafka_bootstrap_servers, topic, table, f"op{uuid.uuid4().hex[:6]}", max_records_per_checkpoint=40)
+    with pytest.raises(PipelineError, match="refusing to guess"):
+        Pipeline(PipelineOptions(**{**lost.__dict__, "resume_from_table": False}), spark=spark).run()
+    resumed = Pipeline(lost, spark=spark)
+    summary = resumed.run()
+    assert summary.records_landed == 100
+    assert any("resuming from the table's offsets" in n for n in summary.notices)
+    assert DeltaTable(table).transaction_version(first.job_id) > version_before  # IDs continued above the table's
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) == 300 and set(rows) == all_offsets(kafka_bootstrap_servers, topic)
+    ends = {p: max(o for t, q, o in rows if q == p) + 1 for p in range(2)}
+    assert group_offsets(kafka_bootstrap_servers, f"chandy-{first.job_id}", topic) == ends
+
+
+def test_another_job_on_the_same_partitions_is_refused(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [f"a-{i}".encode() for i in range(20)])
+    table = str(tmp_path / "t")
+    prefix = f"op{uuid.uuid4().hex[:6]}"
+    Pipeline(options(kafka_bootstrap_servers, topic, table, prefix, job_id="job-a"), spark=spark).run()
+    version = DeltaTable(table).version()
+    with pytest.raises(PipelineError, match="landed by job job-a.*--job-id job-a"):
+        Pipeline(options(kafka_bootstrap_servers, topic, table, prefix, job_id="job-b"), spark=spark).run()
+    assert DeltaTable(table).version() == version
+
+
+def test_a_table_of_another_schema_is_refused_before_anything_is_written(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [json.dumps({"flight": i}).encode() for i in range(20)])
+    table = str(tmp_path / "t")
+    write_deltalake(table, pa.table({"flight": pa.array(["x"], pa.string())}))
+    with pytest.raises(PipelineError, match=r"column flight is integer in the data but string in the table"):
+        Pipeline(options(kafka_bootstrap_servers, topic, table, f"op{uuid.uuid4().hex[:6]}", value_format="json",
+                         value_schema="flight INT"), spark=spark).run()
+    with pytest.raises(PipelineError, match=r"column key \(binary\) is not in the table"):
+        Pipeline(options(kafka_bootstrap_servers, topic, table, f"op{uuid.uuid4().hex[:6]}"), spark=spark).run()
+    # with a transform the schema is known only when the data is: the tasks refuse before writing
+    with pytest.raises(PipelineError, match=r"LakeSchemaError: .*column flight is integer in the data"):
+        Pipeline(options(kafka_bootstrap_servers, topic, table, f"op{uuid.uuid4().hex[:6]}", value_format="json",
+                         value_schema="flight INT", transform="tests.transforms.flights:identity"), spark=spark).run()
+    assert DeltaTable(table).version() == 0 and DeltaTable(table).to_pyarrow_table().num_rows == 1
+
+
+BAD = [b'{"flight": 1, "carrier": "UA"}', b"{not json", b'{"flight": "seven", "carrier": "AA"}', None, b"",
+       b'{"flight": 2, "carrier": "DL"}', b"[1, 2]", b'{"flight": 3, "carrier": "B6"}']
+
+
+def test_a_bad_record_fails_the_micro_batch_naming_where_it_is(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, BAD, partitions=1)
+    table = str(tmp_path / "t")
+    with pytest.raises(PipelineError, match=rf"BadRecordError: topic {topic} partition 0 offset 1: JsonParseError"):
+        Pipeline(options(kafka_bootstrap_servers, topic, table, f"op{uuid.uuid4().hex[:6]}", value_format="json",
+                         value_schema="flight INT, carrier STRING"), spark=spark).run()
+    assert not DeltaTable.is_deltatable(table)
+
+
+def test_bad_records_go_to_the_dead_letter_topic_exactly_once(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, BAD * 5, partitions=2)
+    dlq = make_topic(kafka_bootstrap_servers, [], partitions=1)
+    table = str(tmp_path / "t")
+    run = Pipeline(options(kafka_bootstrap_servers, topic, table, f"op{uuid.uuid4().hex[:6]}", value_format="json",
+                           value_schema="flight INT, carrier STRING", errors_tolerance="all",
+                           dead_letter_topic=dlq, max_records_per_checkpoint=7), spark=spark)
+    summary = run.run()
+    rows = DeltaTable(table).to_pyarrow_table().to_pylist()
+    assert sorted(r["flight"] for r in rows) == sorted([1, 2, 3] * 5)
+    assert summary.bad_records == summary.dead_lettered == 25
+    reader = KafkaRangeReader(kafka_bootstrap_servers)
+    consumer = kafka_config.consumer(kafka_bootstrap_servers)
+    high = consumer.get_watermark_offsets(TopicPartition(dlq, 0), timeout=10, cached=False)[1]
+    letters = list(reader.read(KafkaPartitionSplit(dlq, 0, 0, high)))
+    consumer.close()
+    reader.close()
+    assert len(letters) == 25
+    headers = [dict(m.headers()) for m in letters]
+    assert {h["__connect.errors.exception.class.name"] for h in headers} == {
+        b"JsonParseError", b"TypeMismatch", b"Tombstone", b"EmptyValue"}
+    assert {m.value() for m in letters} == {b"{not json", b'{"flight": "seven", "carrier": "AA"}', None, b"", b"[1, 2]"}
+    assert all(h["__connect.errors.topic"] == topic.encode() for h in headers)
+    assert verify_table(run.sink, kafka_bootstrap_servers, [topic], dead_letter_topic=dlq) == (15, 0, 0)
+
+
+def test_tombstones_can_be_skipped_or_kept_as_null_rows(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [b'{"flight": 1}', None, b'{"flight": 2}'], partitions=1)
+    skip = Pipeline(options(kafka_bootstrap_servers, topic, str(tmp_path / "skip"), f"op{uuid.uuid4().hex[:6]}",
+                            value_format="json", value_schema="flight INT", tombstones="skip"), spark=spark).run()
+    assert skip.tombstones_skipped == 1 and DeltaTable(str(tmp_path / "skip")).to_pyarrow_table().num_rows == 2
+    Pipeline(options(kafka_bootstrap_servers, topic, str(tmp_path / "null"), f"op{uuid.uuid4().hex[:6]}",
+                     value_format="json", value_schema="flight INT", tombstones="null"), spark=spark).run()
+    rows = DeltaTable(str(tmp_path / "null")).to_pyarrow_table().to_pylist()
+    assert sorted((r["offset"], r["flight"]) for r in rows) == [(0, 1), (1, None), (2, 2)]
+
+
+def test_an_avro_record_with_a_bad_header_names_its_topic(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    schema = json.dumps({"type": "record", "name": "F", "fields": [{"name": "flight", "type": "long"}]})
+    topic = make_topic(kafka_bootstrap_servers, [b"\x00\x00\x00\x00\x01\x02", b"\xc3\x01garbage"], partitions=1)
+    with pytest.raises(PipelineError, match=rf"topic {topic} partition 0 offset 0: WireFormatError"):
+        Pipeline(options(kafka_bootstrap_servers, topic, str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}",
+                         value_format="avro", value_schema=schema), spark=spark).run()
+
+
+def chandy(*args: str, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env, **popen)
+
+
+def test_bad_settings_fail_before_spark_in_one_line(kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [b"x"])
+    table = str(tmp_path / "t")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    cases = [
+        (["-b", "127.0.0.1:1", "--topic", topic, "--table", table], "cannot reach Kafka at 127.0.0.1:1"),
+        (["-b", kafka_bootstrap_servers, "--topic", topic, "--table", table, "-X", "no.such.setting=1"],
+         "no.such.setting"),
+        (["-b", kafka_bootstrap_servers, "--topic", topic, "--table", table, "--value-format", "json",
+          "--value-schema", "s STRUCT<a: INT, b: STRING, c: FOO>"], "expected a Spark SQL type"),
+        (["-b", kafka_bootstrap_servers, "--topic", topic, "--table", str(blocker / "t")], "is not writable"),
+    ]
+    for args, expected in cases:
+        started = time.monotonic()
+        result = chandy("pipeline", "run", *args, timeout=60)
+        last = result.stderr.strip().splitlines()[-1]
+        assert result.returncode == 2, result.stderr
+        assert expected in last and last.startswith("error: "), result.stderr
+        assert "Traceback" not in result.stderr and "SparkContext" not in result.stderr
+        assert time.monotonic() - started < 40
+
+
+def test_sigterm_finishes_the_checkpoint_in_flight_and_exits_143(kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(3000)])
+    table = str(tmp_path / "t")
+    prefix = f"op{uuid.uuid4().hex[:6]}"
+    args = ["pipeline", "run", "--table", table, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", prefix,
+            "--max-records-per-checkpoint", "50", "--until-drained", "--master", "local[2]"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    process = subprocess.Popen([sys.executable, "-m", "coordinator.cli", *args], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1):
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err[-2000:]
+    assert "stopped by SIGTERM" in out
+    partial = landed(table)
+    assert 0 < len(partial) < 3000 and len(partial) == len(set(partial))
+    finished = chandy(*args)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) == 3000
+
+
+def test_a_fenced_run_stops_at_once_and_says_so(kafka_bootstrap_servers, tmp_path) -> None:
+    from coordinator.options import CheckpointingOptions
+    from coordinator.runtime import CoordinatorService
+
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(20000)])
+    table = str(tmp_path / "t")
+    prefix = f"op{uuid.uuid4().hex[:6]}"
+    args = ["pipeline", "run", "--table", table, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", prefix,
+            "--max-records-per-checkpoint", "20", "--until-drained", "--master", "local[2]"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    process = subprocess.Popen([sys.executable, "-m", "coordinator.cli", *args], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1):
+        time.sleep(0.5)
+    job_id = default_job_id(table, [topic])
+    newer = CoordinatorService(job_id, kafka_bootstrap_servers,
+                               CheckpointingOptions(checkpoint_dir=f"file://{tmp_path}/other"), {"lake-sink": 2},
+                               prefix=prefix)
+    fenced_at = time.monotonic()
+    newer.start(periodic=False)
+    try:
+        out, err = process.communicate(timeout=120)
+        took = time.monotonic() - fenced_at
+    finally:
+        newer.stop()
+    assert process.returncode == 3, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert f"fenced by a newer coordinator (epoch {newer.epoch})" in last
+    assert took < 60  # not the checkpoint timeout (300 s)
+    rows = landed(table)
+    assert len(rows) == len(set(rows))
