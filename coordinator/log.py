@@ -10,6 +10,12 @@ read from the beginning with ``isolation.level=read_committed`` until the consum
 end of the partition at or past that offset. End-of-partition events (``enable.partition.eof``)
 are what make this safe on a compacted, transactional topic, where the last offsets can be
 transaction markers or compacted away and no record ever arrives at ``end - 1``.
+
+Loading for a restart (:func:`load_state`) follows Kafka's ``CoordinatorLoaderImpl``: a record
+of a kind this version does not know is skipped with a warning (a newer coordinator wrote it),
+but a record it cannot read (bytes that do not decode, a known kind whose value does not parse)
+fails the load with :class:`LogRecordCorruptError`: skipping it could silently restore an older
+checkpoint. ``chandy log replay`` reads leniently and reports what it skipped.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from connectors.kafka import config as kafka_config
 from coordinator.errors import ChandyError
-from coordinator.records import RECORD_TYPES, LogKey, LogRecord, Tombstone
+from coordinator.records import KNOWN_KINDS, RECORD_TYPES, LogKey, LogRecord, Tombstone
 from coordinator.state import CoordinatorState, apply
 from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
 
@@ -36,6 +42,11 @@ KEY_SCHEMA = "chandy.v1.CoordinatorLogKey"
 
 class LogLoadError(ChandyError):
     """The coordinator log could not be read to its end."""
+
+
+class LogRecordCorruptError(LogLoadError):
+    """A record of the coordinator log cannot be read (Kafka's CoordinatorLoader fails the load
+    on such a record rather than guess); the message says where it is."""
 
 
 def partition_for(job_id: str, num_partitions: int) -> int:
@@ -144,12 +155,15 @@ def read_log(
     consumer_overrides: dict[str, Any] | None = None,
     stats: LoadStats | None = None,
     timeout_s: float = 60.0,
+    strict: bool = False,
 ) -> Iterator[LoggedRecord]:
     """The log's records (of ``job_id``, or of all jobs) up to the end offsets captured when
-    called, decoded (:func:`raw_messages`); undecodable records are logged, counted and skipped.
+    called, decoded (:func:`raw_messages`). Records of unknown kinds are logged, counted and
+    skipped; undecodable ones too, unless ``strict``.
 
     Raises:
         LogLoadError: as :func:`raw_messages`.
+        LogRecordCorruptError: ``strict`` and a record cannot be read.
     """
     codec = codec or SingleObjectCodec()
     stats = stats if stats is not None else LoadStats()
@@ -157,48 +171,62 @@ def read_log(
     try:
         for message in raw_messages(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides,
                                     stats=stats, timeout_s=timeout_s):
-            decoded = decode_message(codec, message, job_id, stats)
+            decoded = decode_message(codec, message, job_id, stats, strict=strict)
             if decoded is not None:
                 yield decoded
     finally:
         stats.seconds = time.monotonic() - started
 
 
-def decode_message(codec: Codec, message: Any, job_id: str | None, stats: LoadStats) -> LoggedRecord | None:
-    """Decode one log message (key and value; None value = tombstone); None when skipped (counted in ``stats``)."""
+def decode_message(codec: Codec, message: Any, job_id: str | None, stats: LoadStats, *,
+                   strict: bool = False) -> LoggedRecord | None:
+    """Decode one log message (key and value; None value = tombstone); None when skipped (counted
+    in ``stats``). A record of an unknown kind is always skipped with a warning.
+
+    Raises:
+        LogRecordCorruptError: ``strict`` and the key, or the value of a known kind, cannot be
+            read (Kafka's ``CoordinatorLoaderImpl``: recovery never guesses).
+    """
     where = location_of(message)
+
+    def bad(what: str, exc: BaseException | None = None) -> None:
+        stats.skipped_bad += 1
+        if strict:
+            raise LogRecordCorruptError(f"coordinator log record at {where} cannot be read: {what}"
+                                        + (f" ({exc})" if exc is not None else "")) from exc
+        log.warning("skipping a log record at %s: %s%s", where, what, f" ({exc})" if exc is not None else "")
+
     try:
         key = LogKey.from_avro(codec.decode(message.key(), where).value)
-    except (WireFormatError, KeyError, TypeError) as exc:
-        stats.skipped_bad += 1
-        log.warning("skipping a log record with an unreadable key: %s", exc)
+    except (WireFormatError, KeyError, TypeError, AttributeError) as exc:
+        bad("unreadable key", exc)
         return None
     if job_id is not None and key.job_id != job_id:
         stats.skipped_other_jobs += 1
         return None
+    if key.kind not in KNOWN_KINDS:
+        stats.skipped_unknown += 1
+        log.warning("skipping log record of unknown kind %r at %s (written by a newer coordinator?)", key.kind, where)
+        return None
     timestamp = message.timestamp()[1]
     if message.value() is None:
         if key.kind == "checkpoint" and not key.entity_id.lstrip("-").isdigit():
-            stats.skipped_bad += 1
-            log.warning("skipping a checkpoint tombstone with a non-numeric id %r at %s", key.entity_id, where)
+            bad(f"a checkpoint tombstone with a non-numeric id {key.entity_id!r}")
             return None
         return LoggedRecord(Tombstone(key), message.partition(), message.offset(), timestamp)
     try:
         decoded = codec.decode(message.value(), where)
     except WireFormatError as exc:
-        stats.skipped_bad += 1
-        log.warning("skipping an undecodable log record: %s", exc)
+        bad(f"an undecodable value of kind {key.kind!r}", exc)
         return None
     cls = RECORD_TYPES.get(decoded.name)
     if cls is None or cls.KIND != key.kind:
-        stats.skipped_unknown += 1
-        log.warning("skipping log record of unknown kind %s (%s) at %s", key.kind, decoded.name, where)
+        bad(f"a {decoded.name} value under a key of kind {key.kind!r}")
         return None
     try:
         record = cls.from_avro(decoded.value)
     except (TypeError, ValueError, KeyError) as exc:
-        stats.skipped_bad += 1
-        log.warning("skipping a log record that does not fit %s at %s: %s", decoded.name, where, exc)
+        bad(f"a value that does not fit {decoded.name}", exc)
         return None
     return LoggedRecord(record, message.partition(), message.offset(), timestamp)
 
@@ -212,11 +240,19 @@ def load_state(
     consumer_overrides: dict[str, Any] | None = None,
     timeout_s: float = 60.0,
 ) -> tuple[CoordinatorState, LoadStats]:
-    """Replay the job's log to its current end: the state a restarted coordinator starts from."""
+    """Replay the job's log to its current end: the state a restarted coordinator starts from.
+
+    Strict, as Kafka's ``CoordinatorLoaderImpl``: unknown record kinds are skipped with a warning,
+    unreadable records fail the load.
+
+    Raises:
+        LogLoadError: the log cannot be read to its end.
+        LogRecordCorruptError: a record of this job cannot be read.
+    """
     stats = LoadStats()
     state = CoordinatorState(job_id)
     for logged in read_log(bootstrap_servers, topic, job_id=job_id, codec=codec,
-                           consumer_overrides=consumer_overrides, stats=stats, timeout_s=timeout_s):
+                           consumer_overrides=consumer_overrides, stats=stats, timeout_s=timeout_s, strict=True):
         apply(state, logged.record)
         stats.applied += 1
     return state, stats

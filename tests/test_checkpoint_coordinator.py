@@ -676,3 +676,183 @@ def test_abort_checkpoint_aborts_a_pending_checkpoint_at_once(tmp_path: Path) ->
     assert "Spark job failed" in str(future.exception(timeout=0))
     assert listener.aborted == [1] and cc.state.checkpoints[1].status == "ABORTED"
     assert cc.abort_checkpoint(1, CheckpointFailureReason.CHECKPOINT_DECLINED, "again") is False  # no longer pending
+
+
+# -- issue 11: savepoints, requests, failures and IDs as Flink 1.15+ -------------------------------
+def test_an_intermediate_savepoint_notifies_no_one_but_stop_with_savepoint_does(tmp_path: Path) -> None:
+    """FLINK-25191 (Flink's CheckpointCoordinator.cleanupAfterCompletedCheckpoint): no
+    NotifyCheckpointComplete for a savepoint that does not stop the job."""
+    coordinator = RecordingCoordinator("src")
+    outputs: list[int] = []
+    cc, env, listener = make(tmp_path, providers=[coordinator])
+    cc.completion_outputs = lambda metadata: outputs.append(metadata.checkpoint_id) or []
+    savepoint = cc.trigger_savepoint()
+    env.run()
+    coordinator.future.set_result(b"")
+    env.run()
+    ack_all(cc, 1)
+    assert savepoint.result(timeout=0).startswith("file://")
+    assert env.control_of(NotifyCheckpointComplete) == []
+    assert listener.completed == [] and not any(c[0] == "complete" for c in coordinator.calls)
+    assert outputs == []
+    stop = cc.trigger_savepoint(terminate=True)
+    env.run()
+    coordinator.future.set_result(b"")
+    env.run()
+    ack_all(cc, 2)
+    assert stop.done() and listener.completed == [2] and ("complete", 2) in coordinator.calls
+    assert [m.checkpoint_id for m in env.control_of(NotifyCheckpointComplete)] == [2] and outputs == [2]
+
+
+def test_restart_restores_the_latest_checkpoint_never_a_later_intermediate_savepoint(tmp_path: Path) -> None:
+    hook = DictHook("h")
+    cc, env, _ = make(tmp_path, hooks=[hook])
+    trigger(cc)
+    ack_all(cc, 1)
+    savepoint = cc.trigger_savepoint()
+    env.run()
+    ack_all(cc, 2)
+    assert savepoint.done() and cc.state.checkpoints[2].status == "COMPLETED"
+    assert cc.state.latest_completed().checkpoint_id == 1
+    restarted = DictHook("h")
+    cc2, _env2, listener = make(tmp_path, env=ManualEnvironment(), state=replay(JOB, env.log), hooks=[restarted])
+    assert restarted.restored == [(1, {"checkpoint": 1})]
+    assert listener.completed == [1]
+    assert trigger(cc2).checkpoint_id == 3  # IDs still continue after the savepoint's
+
+
+def test_a_job_started_from_a_savepoint_restores_it(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path, hooks=[DictHook("h")])
+    savepoint = cc.trigger_savepoint()
+    env.run()
+    ack_all(cc, 1)
+    restored = DictHook("h")
+    _cc2, env2, listener = make(tmp_path / "new", restore_from=savepoint.result(timeout=0), hooks=[restored])
+    assert restored.restored == [(1, {"checkpoint": 1})] and listener.completed == [1]
+    # and a restart of that job restores it again: it is in the completed checkpoint store
+    again = DictHook("h")
+    make(tmp_path / "new", env=ManualEnvironment(), state=replay(JOB, env2.log), hooks=[again])
+    assert again.restored == [(1, {"checkpoint": 1})]
+
+
+def test_a_pending_savepoint_counts_towards_max_concurrent(tmp_path: Path) -> None:
+    """Flink passes pendingCheckpoints.size(), savepoints included, to the request decider."""
+    cc, env, _ = make(tmp_path, interval_ms=100, max_concurrent=1, random_initial_delay=False)
+    savepoint = cc.trigger_savepoint()
+    env.run()
+    cc.start_periodic_scheduler()
+    env.advance(500)
+    assert list(cc.pending) == [1]  # the periodic checkpoint waits for the savepoint
+    user = trigger(cc)
+    assert user.checkpoint_id is None and not user.done()  # queued, not refused
+    ack_all(cc, 1)
+    assert savepoint.done()
+    env.run()
+    assert list(cc.pending) == [2]  # the user request first, the periodic one after it
+    ack_all(cc, 2)
+    assert user.result(timeout=0).checkpoint_id == 2
+    env.run()
+    assert list(cc.pending) == [3]
+
+
+def test_user_requests_beyond_the_queue_limit_are_refused(tmp_path: Path) -> None:
+    from coordinator.request_decider import CheckpointRequestDecider
+
+    cc, _env, _ = make(tmp_path, max_concurrent=1)
+    cc.decider = CheckpointRequestDecider(1, 0, max_queued=2)
+    first = trigger(cc)
+    queued = [trigger(cc), trigger(cc)]
+    refused = trigger(cc)
+    assert first.checkpoint_id == 1 and all(not q.done() for q in queued)
+    assert refused.exception(timeout=0).reason.value == "TOO_MANY_CHECKPOINT_REQUESTS"
+    ack_all(cc, 1)
+    ack_all(cc, 2)
+    ack_all(cc, 3)
+    assert [q.result(timeout=0).checkpoint_id for q in queued] == [2, 3]
+
+
+def test_a_completed_savepoint_resets_the_failure_count(tmp_path: Path) -> None:
+    """Flink's CheckpointFailureManager.handleCheckpointSuccess runs for savepoints too."""
+    cc, env, _ = make(tmp_path, tolerable_failed=1, timeout_ms=100)
+    trigger(cc)
+    env.advance(100)
+    assert cc.state.continuous_failures == 1
+    savepoint = cc.trigger_savepoint()
+    env.run()
+    ack_all(cc, 2)
+    assert savepoint.done() and cc.state.continuous_failures == 0
+    trigger(cc)
+    env.advance(100)
+    assert cc.job_status == "RUNNING" and cc.state.continuous_failures == 1
+
+
+def test_a_savepoint_declined_by_a_task_counts_but_an_expired_one_does_not(tmp_path: Path) -> None:
+    """Flink's handleTaskLevelCheckpointException counts a declined savepoint;
+    handleJobLevelCheckpointException ignores savepoints."""
+    cc, env, _ = make(tmp_path, tolerable_failed=1, timeout_ms=100)
+    expired = cc.trigger_savepoint()
+    env.advance(100)
+    assert expired.exception(timeout=0).reason.value == "CHECKPOINT_EXPIRED"
+    assert cc.state.continuous_failures == 0
+    for _ in range(2):
+        declined = cc.trigger_savepoint()
+        env.run()
+        (savepoint_id,) = cc.pending
+        cc.receive_decline(DeclineCheckpoint(JOB, cc.epoch, savepoint_id, "src", 0, 0, "CHECKPOINT_DECLINED"))
+        env.run()
+        assert declined.exception(timeout=0).reason.value == "CHECKPOINT_DECLINED"
+    assert cc.state.continuous_failures == 2 and cc.job_status == "FAILED"
+    assert cc.state.checkpoints[savepoint_id].properties["declined_by"] == "src[0]#0"
+    assert replay(JOB, env.log) == cc.state
+
+
+class DeferredCommitEnvironment(ManualEnvironment):
+    """A log writer that commits only when told: what is appended is not durable until then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uncommitted: list = []
+
+    def append(self, batch, on_committed=None) -> None:
+        self.uncommitted.append((batch, on_committed))
+
+    def commit(self) -> None:
+        while self.uncommitted:
+            batch, on_committed = self.uncommitted.pop(0)
+            super().append(batch, on_committed)
+        self.run()
+
+
+def test_an_id_is_durable_before_a_hook_or_coordinator_sees_it(tmp_path: Path) -> None:
+    """Flink's CheckpointIDCounter.getAndIncrement precedes the master hooks and coordinators."""
+    from coordinator.records import CheckpointIdCounterRecord
+
+    seen: list[tuple[int, int]] = []
+    env = DeferredCommitEnvironment()
+    hook = DictHook("h")
+    original = hook.trigger_checkpoint
+
+    def recording(checkpoint_id, timestamp, executor):
+        durable = max((r.next_checkpoint_id for r in env.log if isinstance(r, CheckpointIdCounterRecord)), default=1)
+        seen.append((checkpoint_id, durable))
+        return original(checkpoint_id, timestamp, executor)
+
+    hook.trigger_checkpoint = recording
+    coordinator = RecordingCoordinator("src")
+    cc, env, _ = make(tmp_path, env=env, hooks=[hook], providers=[coordinator], start=False)
+    cc.start()
+    env.commit()
+    result = cc.trigger_checkpoint()
+    env.run()
+    assert result.checkpoint_id == 1
+    assert seen == [] and ("checkpoint", 1) not in coordinator.calls  # nothing durable yet
+    assert env.control_of(TriggerCheckpoint) == []
+    env.commit()
+    assert seen == [(1, 2)] and ("checkpoint", 1) in coordinator.calls  # the counter was durable first
+    coordinator.future.set_result(b"")
+    env.run()
+    env.commit()
+    # the trigger goes out after PENDING
+    (trig,) = env.control_of(TriggerCheckpoint)
+    pending_at = next(i for i, r in enumerate(env.log) if isinstance(r, CheckpointRecord) and r.status == "PENDING")
+    assert trig.checkpoint_id == 1 and pending_at >= 0
