@@ -10,7 +10,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.messages import DeclineCheckpoint, SubtaskAttemptReady
+from coordinator.messages import (
+    DeclineCheckpoint,
+    NotifyCheckpointComplete,
+    SubtaskAttemptReady,
+)
 from coordinator.records import CheckpointRecord
 from coordinator.state import replay
 from schemas.codec import SingleObjectCodec
@@ -27,11 +31,21 @@ operation = st.one_of(
     st.tuples(st.just("ready"), st.sampled_from(SUBTASKS), st.integers(0, 2)),
     st.tuples(st.just("advance"), st.integers(1, 400)),
     st.tuples(st.just("restart")),
+    st.tuples(st.just("periodic"), st.booleans()),
 )
 
+#: option sets the property runs under: concurrent checkpoints, and a min pause (one at a time,
+#: periodic requests wait for the pause, user requests do not)
+CONFIGS = [
+    {"timeout_ms": 300, "max_concurrent": 3, "num_retained": 2, "tolerable_failed": 1},
+    {"timeout_ms": 300, "max_concurrent": 2, "num_retained": 1, "tolerable_failed": 2, "interval_ms": 100,
+     "min_pause_ms": 50, "random_initial_delay": False},
+]
 
-def _run(tmp: Path, operations: list) -> None:
-    cc, env, _ = make(tmp, timeout_ms=300, max_concurrent=3, num_retained=2, tolerable_failed=1)
+
+def _run(tmp: Path, operations: list, config: dict | None = None) -> None:
+    config = config or CONFIGS[0]
+    cc, env, _ = make(tmp, **config)
     for op in operations:
         kind = op[0]
         if kind == "trigger":
@@ -53,20 +67,30 @@ def _run(tmp: Path, operations: list) -> None:
             # a new coordinator process: its state comes from the log alone
             fresh = ManualEnvironment(start_ms=env.now)
             fresh.log = list(env.log)
-            cc, env, _ = make(tmp, env=fresh, state=replay(JOB, env.log), timeout_ms=300, max_concurrent=3,
-                              num_retained=2, tolerable_failed=1)
+            cc, env, _ = make(tmp, env=fresh, state=replay(JOB, env.log), **config)
+            # what it restored is the latest completed checkpoint, never an intermediate savepoint
+            restored = [m.checkpoint_id for m in env.control_of(NotifyCheckpointComplete)]
+            latest = cc.state.latest_completed()
+            assert restored == ([latest.checkpoint_id] if latest else [])
+        elif kind == "periodic":
+            if op[1]:
+                cc.start_periodic_scheduler()
+            else:
+                cc.stop_periodic_scheduler()
         env.run()
         assert replay(JOB, env.log) == cc.state
+        # an intermediate savepoint notifies no one of its completion (FLINK-25191)
+        assert all(m.checkpoint_type != "SAVEPOINT" for m in env.control_of(NotifyCheckpointComplete))
     # IDs strictly increase in the log, and no ID is triggered twice
     triggered = [r.checkpoint_id for r in env.log if isinstance(r, CheckpointRecord) and r.status == "PENDING"]
     assert triggered == sorted(set(triggered))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(operations=st.lists(operation, max_size=40))
-def test_replaying_the_log_rebuilds_the_live_state(operations: list) -> None:
+@given(operations=st.lists(operation, max_size=40), config=st.sampled_from(CONFIGS))
+def test_replaying_the_log_rebuilds_the_live_state(operations: list, config: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        _run(Path(tmp), operations)
+        _run(Path(tmp), operations, config)
 
 
 @settings(max_examples=30, deadline=None)
