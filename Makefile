@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CHANDY := $(VENV)/bin/chandy
 
-.PHONY: setup kafka-jars demo test bench clean
+.PHONY: setup kafka-jars check demo test bench clean
 
 setup: $(VENV)/.installed
 
@@ -16,13 +16,18 @@ $(VENV)/.installed: pyproject.toml
 
 # the pinned Apache Kafka jars, from Maven Central into the user cache (once)
 kafka-jars: setup
-	$(PY) -c "from connectors.kafka.broker import resolve_kafka_jars; print('Kafka jars in', resolve_kafka_jars())"
+	$(PY) -c "from chandy.broker import resolve_kafka_jars; print('Kafka jars in', resolve_kafka_jars())"
 
 demo: kafka-jars
 	$(CHANDY) kafka up
 	$(CHANDY) demo
 
-test: kafka-jars
+# the checks run first: ruff (lint, import order, bugbear) and the import contract (layers)
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: kafka-jars check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: kafka-jars

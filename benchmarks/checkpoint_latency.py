@@ -31,13 +31,13 @@ from confluent_kafka.admin import NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from connectors.kafka import config as kafka_config  # noqa: E402
-from connectors.kafka.broker import EmbeddedKafkaBroker  # noqa: E402
-from connectors.kafka.roundtrip import round_trip  # noqa: E402
-from coordinator.demo import run_checkpoints  # noqa: E402
-from coordinator.log import encode_record, load_state, read_log  # noqa: E402
+from chandy.broker import EmbeddedKafkaBroker  # noqa: E402
+from chandy.demo import run_checkpoints  # noqa: E402
+from chandy.roundtrip import round_trip  # noqa: E402
+from coordinator.kafka import config as kafka_config  # noqa: E402
+from coordinator.kafka.log import encode_record, load_state, read_log  # noqa: E402
+from coordinator.kafka.replay import replay  # noqa: E402
 from coordinator.records import CheckpointIdCounterRecord, CheckpointRecord  # noqa: E402
-from coordinator.replay import replay  # noqa: E402
 from schemas.codec import SingleObjectCodec  # noqa: E402
 
 

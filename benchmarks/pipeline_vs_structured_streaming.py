@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka.admin import NewTopic  # noqa: E402
 
-from connectors.flights import topic_record_count  # noqa: E402
-from connectors.kafka import config as kafka_config  # noqa: E402
-from connectors.kafka.broker import EmbeddedKafkaBroker  # noqa: E402
+from chandy.broker import EmbeddedKafkaBroker  # noqa: E402
+from chandy.flights import topic_record_count  # noqa: E402
 from connectors.spark.pipeline import Pipeline, PipelineOptions  # noqa: E402
+from coordinator.kafka import config as kafka_config  # noqa: E402
 
 PARTITIONS = 8
 

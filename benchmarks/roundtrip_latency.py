@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from connectors.kafka.broker import KAFKA_VERSION, EmbeddedKafkaBroker, resolve_kafka_jars
-from connectors.kafka.roundtrip import round_trip
+from chandy.broker import KAFKA_VERSION, EmbeddedKafkaBroker, resolve_kafka_jars
+from chandy.roundtrip import round_trip
 
 
 def main() -> None:

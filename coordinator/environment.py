@@ -1,6 +1,6 @@
 """What the checkpoint coordinator needs from its runtime: a mailbox, a clock, an I/O executor
 and a durable log writer. The coordinator is written against :class:`CoordinatorEnvironment`;
-:mod:`coordinator.runtime` provides it over Kafka, and the unit tests provide a manual clock.
+:mod:`coordinator.kafka.runtime` provides it over Kafka, and the unit tests provide a manual clock.
 
 The contract of :meth:`CoordinatorEnvironment.append`: the records, control messages and events
 of one :class:`Batch` are written in one Kafka transaction, batches in the order appended; once

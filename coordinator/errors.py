@@ -1,10 +1,6 @@
-"""The root of Chandy's typed errors.
+"""The root of Chandy's typed errors, re-exported for the coordinator and the layers above
+(defined in :mod:`schemas.errors`, the lowest layer, so the wire format's errors share it)."""
 
-Every error Chandy raises on purpose derives from :class:`ChandyError`, so a caller can catch
-all of them in one place (the CLI turns them into a one-line message and exit code 2) while each
-package keeps its own, more precise subclasses.
-"""
+from schemas.errors import ChandyError
 
-
-class ChandyError(Exception):
-    """Base class of every error Chandy raises on purpose."""
+__all__ = ["ChandyError"]

@@ -30,8 +30,8 @@ from typing import Any, Protocol
 import fastavro
 import fastavro.schema
 
-from coordinator.errors import ChandyError
 from schemas import SCHEMA_DIR
+from schemas.errors import ChandyError
 
 log = logging.getLogger(__name__)
 

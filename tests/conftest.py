@@ -1,3 +1,3 @@
-"""Shared fixtures: the real Kafka broker fixture lives in the package (connectors.kafka.testing)."""
+"""Shared fixtures, from tests/fixtures/: the real Kafka broker (tests.fixtures.kafka)."""
 
-pytest_plugins = ["connectors.kafka.testing"]
+pytest_plugins = ["tests.fixtures.kafka"]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from connectors.kafka import config as kafka_config
-from connectors.kafka.broker import EmbeddedKafkaBroker, JavaNotFoundError, find_java
+from chandy.broker import EmbeddedKafkaBroker, JavaNotFoundError, find_java
+from coordinator.kafka import config as kafka_config
 
-CHANDY = [sys.executable, "-m", "coordinator.cli"]
+CHANDY = [sys.executable, "-m", "chandy.cli"]
 
 
 def _chandy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -82,7 +82,7 @@ def test_a_cluster_id_starting_with_a_dash_formats(tmp_path: Path, monkeypatch: 
     # one random cluster id in 64 starts with "-"; the storage tool must not read it as an option
     import base64
 
-    from connectors.kafka import broker as broker_module
+    from chandy import broker as broker_module
 
     real = base64.urlsafe_b64encode
     monkeypatch.setattr(broker_module.base64, "urlsafe_b64encode", lambda raw: b"-" + real(raw)[1:])

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
-from connectors.kafka import config as kafka_config
-from connectors.kafka.topics import ChandyTopics
 from coordinator.failure import CheckpointException
-from coordinator.log import load_state, read_log
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.log import load_state, read_log
+from coordinator.kafka.participant import CheckpointParticipant
+from coordinator.kafka.runtime import CoordinatorService
+from coordinator.kafka.topics import ChandyTopics
 from coordinator.messages import CheckpointEvent, StateHandle, TriggerCheckpoint
 from coordinator.options import CheckpointingOptions
-from coordinator.participant import CheckpointParticipant
 from coordinator.records import CheckpointRecord, CoordinatorEpochRecord
-from coordinator.runtime import CoordinatorService
 from schemas.codec import SingleObjectCodec
 from tests.procs.common import RecordingHook
 
@@ -183,7 +183,7 @@ def test_bad_bytes_on_the_acks_topic_are_skipped_and_the_coordinator_goes_on(kaf
 
 
 def test_workers_drop_control_messages_of_an_older_epoch(kafka_bootstrap_servers, topic_prefix, job, tmp_path):
-    from connectors.kafka.topics import TopicError, ensure_topics
+    from coordinator.kafka.topics import TopicError, ensure_topics
 
     with pytest.raises(TopicError, match="does not exist"):
         Worker(kafka_bootstrap_servers, job, topic_prefix, "src", 0).start()
@@ -233,7 +233,7 @@ def test_a_second_coordinator_fences_the_first(kafka_bootstrap_servers, topic_pr
 
 def test_sigkill_mid_checkpoint_then_restart_aborts_it_restores_and_continues_ids(
         kafka_bootstrap_servers, topic_prefix, job, tmp_path):
-    from connectors.kafka.topics import ensure_topics
+    from coordinator.kafka.topics import ensure_topics
 
     checkpoint_dir = f"file://{tmp_path}/chk"
     ensure_topics(kafka_config.admin_client(kafka_bootstrap_servers), ChandyTopics(topic_prefix))
@@ -277,7 +277,7 @@ def test_sigkill_mid_checkpoint_then_restart_aborts_it_restores_and_continues_id
 
 
 def test_loading_an_empty_or_marker_ended_log_does_not_hang(kafka_bootstrap_servers, topic_prefix, job, tmp_path):
-    from connectors.kafka.topics import ensure_topics
+    from coordinator.kafka.topics import ensure_topics
 
     topics = ChandyTopics(topic_prefix)
     ensure_topics(kafka_config.admin_client(kafka_bootstrap_servers), topics)

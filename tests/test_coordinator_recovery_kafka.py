@@ -20,18 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from connectors.kafka import config as kafka_config
-from connectors.kafka.topics import ChandyTopics, ensure_topics
-from coordinator.log import (
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.log import (
     KEY_SCHEMA,
     LoadStats,
     LogRecordCorruptError,
     partition_for,
     read_log,
 )
+from coordinator.kafka.runtime import CoordinatorService
+from coordinator.kafka.topics import ChandyTopics, ensure_topics
 from coordinator.options import CheckpointingOptions
 from coordinator.records import LogKey
-from coordinator.runtime import CoordinatorService
 from schemas.codec import SingleObjectCodec
 from tests.procs.common import RecordingHook
 from tests.test_coordinator_kafka import Worker, options, wait_for

@@ -15,7 +15,6 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import NewPartitions, NewTopic
 
-from connectors.kafka import config as kafka_config
 from connectors.kafka.source import offsets
 from connectors.kafka.source.enumerator import (
     ADD_SPLITS,
@@ -28,7 +27,14 @@ from connectors.kafka.source.enumerator import (
 from connectors.kafka.source.reader import KafkaRangeReader
 from connectors.kafka.source.split import KafkaPartitionSplit, java_string_hash, split_owner
 from coordinator.checkpoint_coordinator import CheckpointCoordinator
-from coordinator.messages import AcknowledgeCheckpoint, DeclineCheckpoint, OperatorEventMessage, SubtaskAttemptFailed, SubtaskAttemptReady
+from coordinator.kafka import config as kafka_config
+from coordinator.messages import (
+    AcknowledgeCheckpoint,
+    DeclineCheckpoint,
+    OperatorEventMessage,
+    SubtaskAttemptFailed,
+    SubtaskAttemptReady,
+)
 from coordinator.operator_coordinator import OperatorEvent
 from coordinator.options import CheckpointingOptions
 from coordinator.state import replay

@@ -19,9 +19,9 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import NewTopic
 from deltalake import DeltaTable
 
-from connectors.kafka import config as kafka_config
 from connectors.spark.pipeline import default_job_id
 from coordinator.faults import POINTS
+from coordinator.kafka import config as kafka_config
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +76,7 @@ def run_pipeline(servers: str, topic: str, table: Path, prefix: str, crash_at: s
     if crash_at:
         env["CHANDY_CRASH_AT"] = crash_at
     return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "pipeline", "run", "--table", str(table), "--topic", topic,
+        [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", str(table), "--topic", topic,
          "-b", servers, "--prefix", prefix, "--until-drained", "--max-records-per-checkpoint", str(CAP),
          "--parallelism", str(PARTITIONS), "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, start_new_session=True,
@@ -85,7 +85,7 @@ def run_pipeline(servers: str, topic: str, table: Path, prefix: str, crash_at: s
 
 def check_exactly_once(servers: str, table: Path, content: dict, topic: str) -> None:
     data = DeltaTable(str(table)).to_pyarrow_table(columns=["topic", "partition", "offset", "value"])
-    rows = list(zip(*(data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value"))))
+    rows = list(zip(*(data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")), strict=True))
     keys = [(t, p, o) for t, p, o, _ in rows]
     assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} duplicates"
     assert set(keys) == set(content), f"{len(set(content) - set(keys))} missing"
@@ -130,7 +130,7 @@ def test_random_kills_then_restart_lands_every_record_exactly_once(kafka_bootstr
     for _ in range(kills):
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         process = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.cli", "pipeline", "run", "--table", str(table), "--topic", topic,
+            [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", str(table), "--topic", topic,
              "-b", kafka_bootstrap_servers, "--prefix", prefix, "--until-drained", "--max-records-per-checkpoint", "20",
              "--parallelism", str(PARTITIONS), "--master", "local[2]"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

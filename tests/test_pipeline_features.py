@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka.admin import NewTopic
 from deltalake import DeltaTable
 
-from connectors.kafka import config as kafka_config
 from connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, verify_table
+from coordinator.kafka import config as kafka_config
 from schemas.codec import Schema, SchemaRepository, SingleObjectCodec
 
 pytestmark = pytest.mark.integration

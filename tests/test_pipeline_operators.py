@@ -20,10 +20,10 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import NewTopic
 from deltalake import DeltaTable, write_deltalake
 
-from connectors.kafka import config as kafka_config
 from connectors.kafka.source.reader import KafkaRangeReader
 from connectors.kafka.source.split import KafkaPartitionSplit
 from connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, default_job_id, verify_table
+from coordinator.kafka import config as kafka_config
 
 pytestmark = pytest.mark.integration
 
@@ -218,7 +218,7 @@ def test_an_avro_record_with_a_bad_header_names_its_topic(spark, kafka_bootstrap
 
 def chandy(*args: str, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "chandy.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env, **popen)
 
 
@@ -252,7 +252,7 @@ def test_sigterm_finishes_the_checkpoint_in_flight_and_exits_143(kafka_bootstrap
     args = ["pipeline", "run", "--table", table, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", prefix,
             "--max-records-per-checkpoint", "50", "--until-drained", "--master", "local[2]"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    process = subprocess.Popen([sys.executable, "-m", "coordinator.cli", *args], cwd=ROOT, env=env,
+    process = subprocess.Popen([sys.executable, "-m", "chandy.cli", *args], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1):
@@ -270,8 +270,8 @@ def test_sigterm_finishes_the_checkpoint_in_flight_and_exits_143(kafka_bootstrap
 
 
 def test_a_fenced_run_stops_at_once_and_says_so(kafka_bootstrap_servers, tmp_path) -> None:
+    from coordinator.kafka.runtime import CoordinatorService
     from coordinator.options import CheckpointingOptions
-    from coordinator.runtime import CoordinatorService
 
     topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(20000)])
     table = str(tmp_path / "t")
@@ -279,7 +279,7 @@ def test_a_fenced_run_stops_at_once_and_says_so(kafka_bootstrap_servers, tmp_pat
     args = ["pipeline", "run", "--table", table, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", prefix,
             "--max-records-per-checkpoint", "20", "--until-drained", "--master", "local[2]"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    process = subprocess.Popen([sys.executable, "-m", "coordinator.cli", *args], cwd=ROOT, env=env,
+    process = subprocess.Popen([sys.executable, "-m", "chandy.cli", *args], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1):

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from connectors.kafka import config as kafka_config
-from connectors.kafka.topics import ChandyTopics
 from coordinator.failure import CheckpointException
-from coordinator.log import read_log
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.log import read_log
+from coordinator.kafka.replay import ExportFileError, export_log, read_export, replay
+from coordinator.kafka.runtime import CoordinatorService
+from coordinator.kafka.subscriber import subscribe
+from coordinator.kafka.topics import ChandyTopics
 from coordinator.messages import CheckpointEvent
 from coordinator.options import CheckpointingOptions
-from coordinator.replay import ExportFileError, export_log, read_export, replay
-from coordinator.runtime import CoordinatorService
-from coordinator.subscriber import subscribe
 from schemas.codec import Schema, SingleObjectCodec, default_repository
 from tests.test_coordinator_kafka import Worker, read_events, wait_for
 
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def chandy(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "chandy.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "COLUMNS": "250"})
 
 
@@ -145,7 +145,7 @@ def test_a_subscriber_process_receives_every_event_in_order_across_a_restart(
 
 
 def test_a_subscriber_decodes_an_event_of_a_newer_schema_version(kafka_bootstrap_servers, topic_prefix) -> None:
-    from connectors.kafka.topics import ensure_topics
+    from coordinator.kafka.topics import ensure_topics
 
     topics = ChandyTopics(topic_prefix)
     ensure_topics(kafka_config.admin_client(kafka_bootstrap_servers), topics)

@@ -9,9 +9,9 @@ import time
 import pytest
 from confluent_kafka import TopicPartition
 
-from connectors.kafka import config as kafka_config
-from connectors.kafka.roundtrip import round_trip
-from connectors.kafka.topics import ChandyTopics, ensure_topics
+from chandy.roundtrip import round_trip
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.topics import ChandyTopics, ensure_topics
 from schemas.codec import BadMagicError, SingleObjectCodec, TruncatedMessageError, UnknownSchemaError, location_of
 from tests.avro_values import example_value
 from tests.test_codec import SCHEMAS
@@ -61,7 +61,7 @@ def test_bad_bytes_on_a_topic_name_where_they_were_read(kafka_bootstrap_servers:
     producer.flush(30)
     messages = _consume_all(kafka_bootstrap_servers, topics.acks, 4)
     codec = SingleObjectCodec()
-    for message, error in zip(messages[:3], (TruncatedMessageError, BadMagicError, UnknownSchemaError)):
+    for message, error in zip(messages[:3], (TruncatedMessageError, BadMagicError, UnknownSchemaError), strict=True):
         with pytest.raises(error) as raised:
             codec.decode(message.value(), location_of(message))
         assert f"{topics.acks} [partition 0] @ offset {message.offset()}" in str(raised.value)

@@ -129,7 +129,7 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
     from connectors.lake.delta import DeltaLakeSink
     from coordinator.failure import CheckpointFailureReason
     from coordinator.faults import crash_point
-    from coordinator.participant import AckSender
+    from coordinator.kafka.participant import AckSender
 
     o = options
     sender = AckSender(o.bootstrap_servers, o.job_id, prefix=o.prefix, producer_overrides=dict(o.producer_overrides))

@@ -41,7 +41,7 @@ class _Parser:
             if match is None or match.end() == pos:
                 break
             kinds = ("quoted", "word", "number", "string", "symbol")
-            for kind, value in zip(kinds, match.groups()):
+            for kind, value in zip(kinds, match.groups(), strict=True):
                 if value is not None:
                     self.tokens.append((kind, value, match.start(match.lastindex or 0)))
             pos = match.end()

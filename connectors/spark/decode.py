@@ -198,7 +198,7 @@ class ValueDecoder:
         """The value columns of ``rows``; on a type error, which rows (by position) are bad."""
         arrays: list[pa.Array] = []
         bad: dict[int, _Bad] = {}
-        for field, name in zip(self.columns, self.source_names):
+        for field, name in zip(self.columns, self.source_names, strict=True):
             values = [None if r is None else r.get(name) for r in rows]
             try:
                 arrays.append(to_arrow(values, field.type))
@@ -237,7 +237,7 @@ def _timestamp(value: Any, tz: str | None) -> Any:
         raise TypeError(f"expected an ISO-8601 string, got {type(value).__name__}")
     parsed = datetime.datetime.fromisoformat(value)
     if tz is not None and parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+        parsed = parsed.replace(tzinfo=datetime.UTC)
     return parsed
 
 

@@ -54,7 +54,6 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaException, TopicPartition
 
-from connectors.kafka import config as kafka_config
 from connectors.kafka.source import offsets as offsets_module
 from connectors.kafka.source.enumerator import (
     KafkaSourceCoordinatorProvider,
@@ -64,7 +63,6 @@ from connectors.kafka.source.enumerator import (
 from connectors.kafka.source.reader import KafkaRangeReader
 from connectors.kafka.source.split import KafkaPartitionSplit
 from connectors.kafka.source.subscriber import subscribed_topics
-from connectors.kafka.topics import ChandyTopics, ensure_topics
 from connectors.lake.committer import LakeCommitterProvider, OffsetRanges
 from connectors.lake.delta import TP, DeltaLakeSink, LakeSchemaError, TableProgress
 from connectors.lake.uri import normalize_table_uri
@@ -73,8 +71,10 @@ from coordinator import faults
 from coordinator.environment import OutboundMessage
 from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.runtime import CoordinatorFencedError, CoordinatorService
+from coordinator.kafka.topics import ChandyTopics, ensure_topics
 from coordinator.options import CheckpointingOptions
-from coordinator.runtime import CoordinatorFencedError, CoordinatorService
 from coordinator.storage import CheckpointMetadata, CheckpointStorage
 
 log = logging.getLogger(__name__)
@@ -439,7 +439,7 @@ class Pipeline:
 
     def _reconcile(self) -> None:
         """Steps 1 to 3 of the module docstring."""
-        from coordinator.log import load_state
+        from coordinator.kafka.log import load_state
 
         opts = self.options
         progress = self.sink.progress(self.job_id)
@@ -732,7 +732,7 @@ class Pipeline:
         return previous
 
     def _fenced_message(self) -> str:
-        from coordinator.log import load_state
+        from coordinator.kafka.log import load_state
 
         assert self.service is not None
         mine = self.service.epoch
@@ -915,7 +915,7 @@ def verify_table(sink: DeltaLakeSink, bootstrap_servers: str, topics: list[str],
     rows = 0 if table is None else table.num_rows
     seen: list[tuple[str, int, int]] = []
     if table is not None:
-        seen.extend(zip(*(table.column(c).to_pylist() for c in ("topic", "partition", "offset"))))
+        seen.extend(zip(*(table.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
     reader = KafkaRangeReader(bootstrap_servers, consumer_overrides)
     consumer = kafka_config.consumer(bootstrap_servers, overrides=consumer_overrides)
     admin = kafka_config.admin_client(bootstrap_servers)

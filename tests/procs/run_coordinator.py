@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
+from coordinator.kafka.runtime import CoordinatorService
 from coordinator.options import CheckpointingOptions
-from coordinator.runtime import CoordinatorService
 from tests.procs.common import RecordingHook
 
 

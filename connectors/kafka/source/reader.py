@@ -14,9 +14,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from connectors.kafka import config as kafka_config
 from connectors.kafka.source.split import KafkaPartitionSplit
 from coordinator.errors import ChandyError
+from coordinator.kafka import config as kafka_config
 
 
 class RangeReadError(ChandyError):

@@ -26,10 +26,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from connectors.kafka import config as kafka_config
-from connectors.kafka.topics import ChandyTopics, TopicError
 from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.topics import ChandyTopics, TopicError
 from coordinator.messages import (
     MESSAGE_TYPES,
     AcknowledgeCheckpoint,
@@ -188,9 +188,9 @@ class CheckpointParticipant:
     # -- the control loop --------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            message = self.consumer.poll(0.1)
+            polled = self.consumer.poll(0.1)
             # poll, not consume(n): consume waits for its whole timeout unless n messages arrive
-            for message in () if message is None else (message,):
+            for message in () if polled is None else (polled,):
                 if message.error() is not None:
                     if message.error().code() != KafkaError._PARTITION_EOF:
                         log.warning("control consumer: %s", message.error())

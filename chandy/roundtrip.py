@@ -18,8 +18,8 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from connectors.kafka import config as kafka_config
 from coordinator.errors import ChandyError
+from coordinator.kafka import config as kafka_config
 from schemas.codec import Codec, SingleObjectCodec, location_of
 
 

@@ -25,9 +25,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from connectors.kafka import config as kafka_config
-from connectors.kafka.topics import ChandyTopics
 from coordinator.errors import ChandyError
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.topics import ChandyTopics
 from coordinator.messages import CheckpointEvent
 from schemas.codec import Schema, SingleObjectCodec, WireFormatError, default_repository, location_of
 

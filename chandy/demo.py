@@ -2,7 +2,7 @@
 
 Used by ``chandy checkpoint demo`` (part of ``make demo``) and by
 ``benchmarks/checkpoint_latency.py``. Each worker is a real
-:class:`~coordinator.participant.CheckpointParticipant` with its own Kafka clients, acknowledging
+:class:`~coordinator.kafka.participant.CheckpointParticipant` with its own Kafka clients, acknowledging
 every checkpoint with one small inline state handle.
 """
 
@@ -14,11 +14,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from coordinator.kafka.participant import CheckpointParticipant
+from coordinator.kafka.runtime import CoordinatorService
 from coordinator.messages import StateHandle
 from coordinator.options import CheckpointingOptions
-from coordinator.participant import CheckpointParticipant
 from coordinator.records import CheckpointRecord
-from coordinator.runtime import CoordinatorService
 
 
 @dataclasses.dataclass

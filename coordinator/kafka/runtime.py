@@ -30,12 +30,12 @@ from typing import Any
 
 from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
 
-from connectors.kafka import config as kafka_config
-from connectors.kafka.topics import ChandyTopics, ensure_topics
 from coordinator.checkpoint_coordinator import CheckpointCoordinator
 from coordinator.environment import Batch, Mailbox
 from coordinator.errors import ChandyError
-from coordinator.log import encode_record, load_state, partition_for
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.log import encode_record, load_state, partition_for
+from coordinator.kafka.topics import ChandyTopics, ensure_topics
 from coordinator.messages import (
     MESSAGE_TYPES,
     AcknowledgeCheckpoint,
@@ -239,9 +239,9 @@ class AckReader:
     def _run(self) -> None:
         key = self.job_id.encode()
         while not self._stop.is_set():
-            message = self.consumer.poll(0.2)
+            polled = self.consumer.poll(0.2)
             # poll, not consume(n): consume waits for its whole timeout unless n messages arrive
-            for message in () if message is None else (message,):
+            for message in () if polled is None else (polled,):
                 if message.error() is not None:
                     if message.error().code() != KafkaError._PARTITION_EOF:
                         log.warning("acks consumer: %s", message.error())

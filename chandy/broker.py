@@ -38,8 +38,8 @@ from pathlib import Path
 import platformdirs
 from confluent_kafka import KafkaException
 
-from connectors.kafka import config as kafka_config
 from coordinator.errors import ChandyError
+from coordinator.kafka import config as kafka_config
 
 #: The pinned Apache Kafka release (Maven Central ``org.apache.kafka:kafka_2.13``).
 KAFKA_VERSION = "4.1.0"
@@ -178,7 +178,7 @@ def resolve_kafka_jars(kafka_version: str = KAFKA_VERSION, cache_dir: Path | Non
         )
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="libs-", dir=root))
-    pom = resources.files("connectors") / "kafka" / "pom.xml"
+    pom = resources.files("chandy") / "pom.xml"
     with resources.as_file(pom) as pom_path:
         proc = subprocess.run(
             [
@@ -402,7 +402,7 @@ class EmbeddedKafkaBroker:
             raise BrokerStartError(f"formatting KRaft storage in {kraft} failed: {proc.stdout}{proc.stderr}")
 
     def _log_flags(self) -> list[str]:
-        log4j = resources.files("connectors") / "kafka" / "log4j2.properties"
+        log4j = resources.files("chandy") / "log4j2.properties"
         return [f"-Dlog4j2.configurationFile={log4j}", f"-Dchandy.log.file={self.log_file}"]
 
     def _launch(

@@ -7,7 +7,7 @@ assignments; committed offsets). It can stop at a checkpoint (``until_checkpoint
 before the next checkpoint was triggered) or at a time (``until_ms``: records written at or
 before it).
 
-The log comes from Kafka (:func:`coordinator.log.read_log`, a consumer with no group that never
+The log comes from Kafka (:func:`coordinator.kafka.log.read_log`, a consumer with no group that never
 commits and never writes, so replaying never fences a running coordinator) or from a file made
 by :func:`export_log`: one JSON object per record with its key and value bytes in base64, so an
 incident can be examined away from the cluster.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.errors import ChandyError
-from coordinator.log import LoadStats, LoggedRecord, decode_message, raw_messages, read_log
+from coordinator.kafka.log import LoadStats, LoggedRecord, decode_message, raw_messages, read_log
 from coordinator.records import (
     CheckpointIdCounterRecord,
     CheckpointRecord,

@@ -29,8 +29,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
-from connectors.kafka import config as kafka_config
 from coordinator.errors import ChandyError
+from coordinator.kafka import config as kafka_config
 from coordinator.records import KNOWN_KINDS, RECORD_TYPES, LogKey, LogRecord, Tombstone
 from coordinator.state import CoordinatorState, apply
 from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of

@@ -50,8 +50,8 @@ def _parse_settings(values: tuple[str, ...], option: str = "-X") -> dict[str, st
 
 def _bootstrap(bootstrap_servers: str | None, data_dir: Path | None) -> str:
     """The given bootstrap servers, else $CHANDY_BOOTSTRAP_SERVERS, else the running embedded broker."""
-    from connectors.kafka import config as kafka_config
-    from connectors.kafka.broker import EmbeddedKafkaBroker
+    from chandy.broker import EmbeddedKafkaBroker
+    from coordinator.kafka import config as kafka_config
 
     if bootstrap_servers:
         return bootstrap_servers
@@ -99,7 +99,7 @@ def kafka() -> None:
 @_handle_errors
 def up(data_dir: Path | None, port: int | None, heap: str, timeout: float, overrides: tuple[str, ...]) -> None:
     """Start the broker (idempotent) and print its bootstrap address."""
-    from connectors.kafka.broker import KAFKA_VERSION, EmbeddedKafkaBroker
+    from chandy.broker import KAFKA_VERSION, EmbeddedKafkaBroker
 
     broker = EmbeddedKafkaBroker(data_dir, port=port, heap=heap, broker_overrides=_parse_settings(overrides, "--override"))
     already = broker.status()
@@ -120,7 +120,7 @@ def up(data_dir: Path | None, port: int | None, heap: str, timeout: float, overr
 @_handle_errors
 def down(data_dir: Path | None, timeout: float) -> None:
     """Stop the broker cleanly."""
-    from connectors.kafka.broker import EmbeddedKafkaBroker
+    from chandy.broker import EmbeddedKafkaBroker
 
     if EmbeddedKafkaBroker(data_dir).down(timeout_s=timeout):
         err_console.print("stopped")
@@ -134,8 +134,8 @@ def down(data_dir: Path | None, timeout: float) -> None:
 @_handle_errors
 def status(data_dir: Path | None, fmt: str) -> None:
     """Show the broker's version, address and topics; exit 1 when it is not running."""
-    from connectors.kafka import config as kafka_config
-    from connectors.kafka.broker import EmbeddedKafkaBroker
+    from chandy.broker import EmbeddedKafkaBroker
+    from coordinator.kafka import config as kafka_config
 
     info = EmbeddedKafkaBroker(data_dir).status()
     if info is None:
@@ -167,7 +167,7 @@ def status(data_dir: Path | None, fmt: str) -> None:
 @_handle_errors
 def roundtrip(bootstrap_servers: str | None, data_dir: Path | None, messages: int) -> None:
     """Produce every Chandy message type and consume it back; print the latency (ms)."""
-    from connectors.kafka.roundtrip import round_trip
+    from chandy.roundtrip import round_trip
 
     servers = _bootstrap(bootstrap_servers, data_dir)
     with Progress(TextColumn("round trips"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -197,7 +197,7 @@ def checkpoint_demo(bootstrap_servers: str | None, data_dir: Path | None, subtas
     """Run a coordinator and SUBTASKS workers on this machine for COUNT checkpoints; show the statistics."""
     import tempfile
 
-    from coordinator.demo import run_checkpoints
+    from chandy.demo import run_checkpoints
 
     servers = _bootstrap(bootstrap_servers, data_dir)
     with tempfile.TemporaryDirectory() as tmp, Progress(
@@ -395,8 +395,8 @@ def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_chec
     of 8 partitions keyed by carrier, landed in a Delta table exactly once, then verified."""
     import os
 
-    from connectors.flights import load_flights
-    from connectors.kafka.broker import EmbeddedKafkaBroker
+    from chandy.broker import EmbeddedKafkaBroker
+    from chandy.flights import load_flights
     from connectors.spark.pipeline import PipelineOptions
 
     servers = os.environ.get("CHANDY_BOOTSTRAP_SERVERS")
@@ -429,7 +429,7 @@ def _parse_time(value: str | None) -> int | None:
     except ValueError as exc:
         raise click.BadParameter(f"expected an ISO time like 2026-11-21T10:00:00Z, got {value!r}", param_hint="--until") from exc
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
+        moment = moment.replace(tzinfo=datetime.UTC)
     return int(moment.timestamp() * 1000)
 
 
@@ -447,9 +447,9 @@ def _parse_time(value: str | None) -> int | None:
 def log_replay(job_id: str | None, until_checkpoint: int | None, until: str | None, fmt: str, from_file: Path | None,
                prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
     """Show what the coordinator knew: a timeline and the resulting state."""
-    from connectors.kafka.topics import ChandyTopics
-    from coordinator.log import LoadStats
-    from coordinator.replay import read_logged, replay
+    from coordinator.kafka.log import LoadStats
+    from coordinator.kafka.replay import read_logged, replay
+    from coordinator.kafka.topics import ChandyTopics
 
     servers = None if from_file else _bootstrap(bootstrap_servers, data_dir)
     stats = LoadStats()
@@ -469,7 +469,7 @@ def log_replay(job_id: str | None, until_checkpoint: int | None, until: str | No
     for e in result.timeline:
         details = {k: v for k, v in e.items() if k not in ("offset", "timestamp", "job_id", "event", "checkpoint_id")
                    and v is not None}
-        when = datetime.datetime.fromtimestamp(e["timestamp"] / 1000, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        when = datetime.datetime.fromtimestamp(e["timestamp"] / 1000, datetime.UTC).strftime("%H:%M:%S.%f")[:-3]
         table.add_row(str(e["offset"]), when, e["job_id"][:8], e["event"], str(e.get("checkpoint_id", "")),
                       ", ".join(f"{k}={v}" for k, v in details.items())[:120])
     console.print(table)
@@ -504,8 +504,8 @@ def _state_json(state: Any) -> dict[str, Any]:
 @_handle_errors
 def log_export(job_id: str | None, output: Path, prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
     """Write the coordinator log to a file, for `chandy log replay --from-file` elsewhere."""
-    from connectors.kafka.topics import ChandyTopics
-    from coordinator.replay import export_log
+    from coordinator.kafka.replay import export_log
+    from coordinator.kafka.topics import ChandyTopics
 
     count = export_log(_bootstrap(bootstrap_servers, data_dir), ChandyTopics(prefix).coordinator_log, output, job_id=job_id)
     err_console.print(f"{count} records written to {output}")
@@ -532,7 +532,7 @@ def events_tail(job_id: str | None, from_beginning: bool, group_id: str | None, 
     """Follow checkpoint events (Ctrl-C stops)."""
     import dataclasses
 
-    from coordinator.subscriber import subscribe
+    from coordinator.kafka.subscriber import subscribe
 
     start = "committed" if group_id else ("earliest" if from_beginning else "latest")
     seen = 0
@@ -570,8 +570,8 @@ def topics() -> None:
 def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: str, partitions: int,
                   replication_factor: int) -> None:
     """Create the missing topics with explicit settings, then check them all."""
-    from connectors.kafka import config as kafka_config
-    from connectors.kafka.topics import ChandyTopics, ensure_topics
+    from coordinator.kafka import config as kafka_config
+    from coordinator.kafka.topics import ChandyTopics, ensure_topics
 
     admin = kafka_config.admin_client(_bootstrap(bootstrap_servers, data_dir))
     created = ensure_topics(admin, ChandyTopics(prefix), partitions=partitions, replication_factor=replication_factor)
@@ -585,8 +585,8 @@ def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: 
 @_handle_errors
 def topics_check(bootstrap_servers: str | None, data_dir: Path | None, prefix: str) -> None:
     """Check that the topics exist and the coordinator log is compacted (exit 2 if not)."""
-    from connectors.kafka import config as kafka_config
-    from connectors.kafka.topics import ChandyTopics, check_topics
+    from coordinator.kafka import config as kafka_config
+    from coordinator.kafka.topics import ChandyTopics, check_topics
 
     check_topics(kafka_config.admin_client(_bootstrap(bootstrap_servers, data_dir)), ChandyTopics(prefix))
     err_console.print("ok")

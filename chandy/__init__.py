@@ -1,0 +1,61 @@
+"""Chandy: Apache Flink's checkpointing contract in Python, with Apache Kafka as its nervous
+system and its memory, and an exactly-once Kafka-to-lake pipeline on Spark.
+
+The public API, in one namespace::
+
+    from chandy import CoordinatorService, CheckpointParticipant, CheckpointingOptions, Pipeline, subscribe
+
+This package is the application layer (the ``chandy`` command line, the demo, the embedded
+broker tooling); the names below are re-exported from the layers beneath it (``schemas`` <-
+``coordinator`` <- ``coordinator.kafka`` <- ``connectors``). Heavy modules (Spark) load lazily.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = _metadata.version("chandy")
+except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.0.0"
+
+_EXPORTS = {
+    "CheckpointingOptions": "coordinator.options",
+    "CheckpointFailureReason": "coordinator.failure",
+    "CheckpointException": "coordinator.failure",
+    "ChandyError": "coordinator.errors",
+    "StateHandle": "coordinator.messages",
+    "CoordinatorService": "coordinator.kafka.runtime",
+    "CheckpointParticipant": "coordinator.kafka.participant",
+    "subscribe": "coordinator.kafka.subscriber",
+    "subscribe_async": "coordinator.kafka.subscriber",
+    "Pipeline": "connectors.spark.pipeline",
+    "PipelineOptions": "connectors.spark.pipeline",
+    "verify_table": "connectors.spark.pipeline",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+if TYPE_CHECKING:
+    from connectors.spark.pipeline import Pipeline as Pipeline
+    from connectors.spark.pipeline import PipelineOptions as PipelineOptions
+    from connectors.spark.pipeline import verify_table as verify_table
+    from coordinator.errors import ChandyError as ChandyError
+    from coordinator.failure import CheckpointException as CheckpointException
+    from coordinator.failure import CheckpointFailureReason as CheckpointFailureReason
+    from coordinator.kafka.participant import CheckpointParticipant as CheckpointParticipant
+    from coordinator.kafka.runtime import CoordinatorService as CoordinatorService
+    from coordinator.kafka.subscriber import subscribe as subscribe
+    from coordinator.kafka.subscriber import subscribe_async as subscribe_async
+    from coordinator.messages import StateHandle as StateHandle
+    from coordinator.options import CheckpointingOptions as CheckpointingOptions
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chandy' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
