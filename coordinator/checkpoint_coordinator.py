@@ -221,7 +221,7 @@ class CheckpointCoordinator:
               checkpoint_id_floor: int | None = None) -> None:
         """Become the job's coordinator: new epoch, abort leftovers, restore, notify, start coordinators.
 
-        Run once after the state was replayed from the log (step 7 of the issue: "Recovery"):
+        Run once after the state was replayed from the log (docs/design.md, "Event sourcing": restart):
 
         1. append the new epoch (the log writer already fenced every older coordinator);
         2. abort every checkpoint the log still shows as pending (CHECKPOINT_COORDINATOR_SHUTDOWN);

@@ -32,7 +32,7 @@ from tests.avro_values import example_value, values
 SCHEMAS = load_schemas()
 WHERE = MessageLocation("chandy.acks", 3, 1234)
 
-#: Every message and log record DESIGN.md names (the wire contract of issue 2).
+#: Every message and log record of the wire contract (docs/design.md, "Wire format").
 REQUIRED = {
     "TriggerCheckpoint", "AcknowledgeCheckpoint", "DeclineCheckpoint", "NotifyCheckpointComplete",
     "NotifyCheckpointAborted", "OperatorEvent", "SubtaskAttemptReady", "SubtaskAttemptFailed",

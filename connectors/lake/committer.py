@@ -1,6 +1,6 @@
 """The lake committer: an operator coordinator that makes a completed checkpoint's files visible.
 
-Protocol, in order (DESIGN.md, "The Spark pipeline"):
+Protocol, in order (docs/design.md, "The pipeline's commit protocol"):
 
 1. the write tasks (subtasks of this operator) write Parquet files into the table location and
    acknowledge checkpoint N with them as state handles; the files are in N's ``_metadata``;

@@ -8,7 +8,7 @@
 | ``<prefix>.checkpoint-events`` | delete  | the public stream for external subscribers       |
 
 All four are keyed by job id (the log by job id, record kind and entity id), so one partition
-holds one job's messages in order while many jobs share the topics (see DESIGN.md, "Topics").
+holds one job's messages in order while many jobs share the topics (see docs/design.md, "Topics").
 """
 
 from __future__ import annotations
