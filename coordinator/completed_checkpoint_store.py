@@ -95,5 +95,6 @@ class CompletedCheckpointStore:
         tombstones = list(excess)
         tombstones += [i for i, c in sorted(state.checkpoints.items())
                        if c.status is CheckpointStatus.ABORTED and i < oldest_retained]
-        directories = tuple(entries[i].external_pointer for i in excess if self.owns_files(entries[i]))
-        return RetentionDecision(tuple(sorted(tombstones)), directories)  # type: ignore[arg-type]
+        directories = tuple(pointer for i in excess
+                            if self.owns_files(entries[i]) and (pointer := entries[i].external_pointer))
+        return RetentionDecision(tuple(sorted(tombstones)), directories)

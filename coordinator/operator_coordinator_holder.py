@@ -225,7 +225,7 @@ class OperatorCoordinatorHolder:
         try:
             getattr(self.coordinator, method)(*args)
             return True
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.exception("operator coordinator %s: %s%r failed", self.operator_id, method, args)
             if method == "notify_checkpoint_complete":
                 self._fail_job(exc)

@@ -245,18 +245,24 @@ def test_bad_settings_fail_before_spark_in_one_line(kafka_bootstrap_servers, tmp
         assert time.monotonic() - started < 40
 
 
-def test_sigterm_finishes_the_checkpoint_in_flight_and_exits_143(kafka_bootstrap_servers, tmp_path) -> None:
-    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(3000)])
-    table = str(tmp_path / "t")
-    prefix = f"op{uuid.uuid4().hex[:6]}"
-    args = ["pipeline", "run", "--table", table, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", prefix,
-            "--max-records-per-checkpoint", "50", "--until-drained", "--master", "local[2]"]
+def start_after_first_commit(args: list[str], table: str) -> subprocess.Popen:
+    """Start ``chandy <args>`` and return once the table has its first commit after creation."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     process = subprocess.Popen([sys.executable, "-m", "chandy.cli", *args], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1):
         time.sleep(0.5)
+    return process
+
+
+def test_sigterm_finishes_the_checkpoint_in_flight_and_exits_143(kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(3000)])
+    table = str(tmp_path / "t")
+    prefix = f"op{uuid.uuid4().hex[:6]}"
+    args = ["pipeline", "run", "--table", table, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", prefix,
+            "--max-records-per-checkpoint", "50", "--until-drained", "--master", "local[2]"]
+    process = start_after_first_commit(args, table)
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 143, err[-2000:]
@@ -279,12 +285,7 @@ def test_a_fenced_run_stops_at_once_and_says_so(kafka_bootstrap_servers, tmp_pat
     prefix = f"op{uuid.uuid4().hex[:6]}"
     args = ["pipeline", "run", "--table", table, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", prefix,
             "--max-records-per-checkpoint", "20", "--until-drained", "--master", "local[2]"]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    process = subprocess.Popen([sys.executable, "-m", "chandy.cli", *args], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not (DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1):
-        time.sleep(0.5)
+    process = start_after_first_commit(args, table)
     job_id = default_job_id(table, [topic])
     newer = CoordinatorService(job_id, kafka_bootstrap_servers,
                                CheckpointingOptions(checkpoint_dir=f"file://{tmp_path}/other"), {"lake-sink": 2},

@@ -244,22 +244,27 @@ class DeltaLakeSink:
 
         return DeltaTable.is_deltatable(self._delta_uri, self._delta_options)
 
-    def committed_checkpoint(self, job_id: str) -> int | None:
-        """The newest checkpoint of ``job_id`` in the table (its app transaction version), or None."""
+    def _open(self) -> Any:
+        """The table's current version (a ``deltalake.DeltaTable``), or None when there is none."""
         from deltalake import DeltaTable
 
         if not self.exists():
             return None
-        return DeltaTable(self._delta_uri, storage_options=self._delta_options).transaction_version(job_id)
+        return DeltaTable(self._delta_uri, storage_options=self._delta_options)
+
+    @staticmethod
+    def _fields_of(table: Any) -> dict[str, Any]:
+        return {f["name"]: f["type"] for f in json.loads(table.schema().to_json())["fields"]}
+
+    def committed_checkpoint(self, job_id: str) -> int | None:
+        """The newest checkpoint of ``job_id`` in the table (its app transaction version), or None."""
+        table = self._open()
+        return None if table is None else table.transaction_version(job_id)
 
     def table_fields(self) -> dict[str, Any] | None:
         """The table's columns (name -> Delta type JSON), or None when there is no table yet."""
-        from deltalake import DeltaTable
-
-        if not self.exists():
-            return None
-        table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
-        return {f["name"]: f["type"] for f in json.loads(table.schema().to_json())["fields"]}
+        table = self._open()
+        return None if table is None else self._fields_of(table)
 
     def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
         """Refuse data that does not fit the table (see :func:`schema_differences`).
@@ -278,11 +283,9 @@ class DeltaLakeSink:
     def progress(self, job_id: str) -> TableProgress:
         """What the table holds for ``job_id`` (and which partitions other jobs landed), read from
         its app transactions and the ``commitInfo`` of its commits (newest first)."""
-        from deltalake import DeltaTable
-
-        if not self.exists():
+        table = self._open()
+        if table is None:
             return TableProgress(None, {}, None, {})
-        table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
         done = table.transaction_version(job_id)
         offsets: dict[TP, int] | None = None
         cluster_id = None
@@ -314,16 +317,16 @@ class DeltaLakeSink:
             LakeSchemaError: the files' schema does not fit the table's.
             LakeCommitError: delta-rs refused the commit.
         """
-        from deltalake import DeltaTable
         from deltalake.transaction import AddAction, CommitProperties, Transaction, create_table_with_add_actions
 
         files = list(files)
-        done = self.committed_checkpoint(job_id)
+        table = self._open()  # one read of the table's state for the whole commit
+        done = None if table is None else table.transaction_version(job_id)
         if done is not None and done >= checkpoint_id:
             log.info("checkpoint %d of job %s is already in %s (version %d): skipped", checkpoint_id, job_id,
                      self.table_uri, done)
             return False
-        if not files and (not offsets or not self.exists()):
+        if not files and (not offsets or table is None):
             return False
         actions = [
             AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True,
@@ -336,7 +339,7 @@ class DeltaLakeSink:
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
         properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
-        fields = self.table_fields()
+        fields = None if table is None else self._fields_of(table)
         for schema_b64 in {f.schema for f in files}:
             self.check_schema(_schema_from_b64(schema_b64), fields, where=f"checkpoint {checkpoint_id}: ")
         try:
@@ -349,7 +352,6 @@ class DeltaLakeSink:
                     partition_by=self.partition_by or None, storage_options=self._delta_options,
                     commit_properties=properties)
             else:
-                table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
                 table.create_write_transaction(actions, mode="append", schema=table.schema(),
                                                partition_by=self.partition_by or None, commit_properties=properties)
         except Exception as exc:  # noqa: BLE001 - delta-rs raises several exception types

@@ -127,7 +127,7 @@ class ValueDecoder:
             stream = io.BytesIO(body)
             try:
                 value = fastavro.schemaless_reader(stream, parsed, None)
-            except Exception as exc:  # noqa: BLE001 - fastavro raises many types on bad bytes
+            except Exception as exc:  # fastavro raises many types on bad bytes
                 raise _Bad(type(exc).__name__, f"not Avro of the value schema: {exc}") from exc
             if stream.tell() != len(body):
                 raise _Bad("WireFormatError", f"{len(body) - stream.tell()} trailing byte(s) after the Avro record")

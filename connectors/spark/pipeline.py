@@ -372,7 +372,7 @@ class Pipeline:
     def _check_table_location(self) -> None:
         try:
             self.table_fields = self.sink.table_fields()
-        except Exception as exc:  # noqa: BLE001 - delta-rs and fsspec raise many types
+        except Exception as exc:  # delta-rs and fsspec raise many types
             raise PipelineError(f"cannot read table {self.sink.table_uri}: {root_cause(exc)}") from exc
         probe = f"{self.sink.root}/_chandy_write_probe_{uuid.uuid4().hex[:8]}"
         try:
@@ -380,7 +380,7 @@ class Pipeline:
             with self.sink.fs.open(probe, "wb") as handle:
                 handle.write(b"chandy")
             self.sink.fs.rm(probe)
-        except Exception as exc:  # noqa: BLE001 - every storage error means "not writable"
+        except Exception as exc:  # every storage error means "not writable"
             raise PipelineError(f"table location {self.sink.table_uri} is not writable: {exc}") from exc
 
     def _value_columns(self, struct: Any) -> tuple[pa.Schema, tuple[str, ...]]:
@@ -776,7 +776,7 @@ class Pipeline:
             def zero(self, value: Any) -> tuple[int, int]:
                 return (0, 0)
 
-            def addInPlace(self, a: Any, b: Any) -> tuple[int, int]:  # noqa: N802 - PySpark's name
+            def addInPlace(self, a: Any, b: Any) -> tuple[int, int]:  # PySpark's method name
                 return (a[0] + b[0], a[1] + b[1])
 
         counts = spark.sparkContext.accumulator((0, 0), _Pair())
@@ -832,7 +832,7 @@ class Pipeline:
                     job_started = time.monotonic()
                     try:
                         self._run_micro_batch(spark, checkpoint_id, ranges, counts)
-                    except Exception as exc:  # noqa: BLE001 - abort now rather than wait for the timeout
+                    except Exception as exc:  # abort now rather than wait for the timeout
                         message = root_cause(exc)
                         fatal = message if message.split(":")[0] in DETERMINISTIC_ERRORS else None
                         log.error("checkpoint %d: Spark job failed: %s", checkpoint_id, message)
@@ -885,7 +885,7 @@ class Pipeline:
     def _safe_committed_records(self) -> int:
         try:
             return self._committed_records()
-        except Exception:  # noqa: BLE001 - a stopped (fenced) coordinator: what it last said
+        except Exception:  # a stopped (fenced) coordinator: what it last said
             return self._last_committed
 
     def _backoff_s(self, consecutive_failures: int) -> float:
