@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,87 +18,23 @@ from confluent_kafka import TopicPartition
 from coordinator.failure import CheckpointException
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.log import load_state, read_log
-from coordinator.kafka.participant import CheckpointParticipant
 from coordinator.kafka.runtime import CoordinatorService
 from coordinator.kafka.topics import ChandyTopics
-from coordinator.messages import CheckpointEvent, StateHandle, TriggerCheckpoint
+from coordinator.messages import TriggerCheckpoint
 from coordinator.options import CheckpointingOptions
 from coordinator.records import CheckpointRecord, CoordinatorEpochRecord
 from schemas.codec import SingleObjectCodec
+from tests.fixtures.workers import Worker, options, read_events, wait_for
 from tests.procs.common import RecordingHook
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class Worker:
-    """A participant that acks with one inline state handle, unless told to hold a checkpoint."""
-
-    def __init__(self, servers: str, job: str, prefix: str, op: str, idx: int, attempt: int = 0,
-                 decline: set[int] | None = None, hold: set[int] | None = None) -> None:
-        self.triggers: list[TriggerCheckpoint] = []
-        self.completed: list[int] = []
-        self.aborted: list[int] = []
-        self.decline = decline or set()
-        self.hold = hold or set()
-        self.release = threading.Event()
-        self.participant = CheckpointParticipant(
-            servers, job, op, idx, attempt, snapshot=self._snapshot, on_complete=self.completed.append,
-            on_aborted=self.aborted.append, prefix=prefix)
-
-    def _snapshot(self, checkpoint_id: int, trigger: TriggerCheckpoint):
-        self.triggers.append(trigger)
-        if checkpoint_id in self.decline:
-            raise RuntimeError("simulated snapshot failure")
-        if checkpoint_id in self.hold:
-            self.release.wait(60)
-        return [StateHandle("inline", None, f"state-{checkpoint_id}".encode(), 7)]
-
-    def start(self) -> Worker:
-        self.participant.start()
-        return self
-
-    def close(self) -> None:
-        self.release.set()
-        self.participant.close()
-
-
-def options(tmp_path: Path, **kw) -> CheckpointingOptions:
-    return CheckpointingOptions(**{"interval_ms": 0, "timeout_ms": 30_000, "checkpoint_dir": f"file://{tmp_path}/chk",
-                                   "savepoint_dir": f"file://{tmp_path}/sp", **kw})
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def job() -> str:
     return uuid.uuid4().hex
-
-
-def read_events(servers: str, topic: str, job: str, expected: int, timeout_s: float = 30) -> list[CheckpointEvent]:
-    codec = SingleObjectCodec()
-    consumer = kafka_config.consumer(servers)
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    events: list[CheckpointEvent] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(events) < expected and time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is None or message.error() or message.key() != job.encode():
-                continue
-            events.append(CheckpointEvent.from_avro(codec.decode(message.value()).value))
-    finally:
-        consumer.close()
-    return events
 
 
 def test_checkpoints_complete_over_kafka_and_workers_are_notified(kafka_bootstrap_servers, topic_prefix, job, tmp_path):

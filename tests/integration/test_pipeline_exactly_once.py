@@ -25,7 +25,7 @@ from coordinator.kafka import config as kafka_config
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
 PER_PARTITION = 900
 CAP = 400  # records per partition per checkpoint: checkpoints 1, 2 and 3 each carry data

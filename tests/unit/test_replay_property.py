@@ -18,8 +18,8 @@ from coordinator.messages import (
 from coordinator.records import CheckpointRecord
 from coordinator.state import replay
 from schemas.codec import SingleObjectCodec
-from tests.manual_env import ManualEnvironment
-from tests.test_checkpoint_coordinator import JOB, OPERATORS, ack, make
+from tests.fixtures.coordinator import JOB, OPERATORS, ack, make
+from tests.fixtures.manual_env import ManualEnvironment
 
 SUBTASKS = [(op, i) for op, n in OPERATORS.items() for i in range(n)]
 

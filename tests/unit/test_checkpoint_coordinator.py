@@ -18,55 +18,15 @@ from coordinator.messages import (
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
     OperatorEventMessage,
-    StateHandle,
     SubtaskAttemptReady,
     TriggerCheckpoint,
 )
 from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
-from coordinator.options import CheckpointingOptions
 from coordinator.pending import AckResult
 from coordinator.records import CheckpointRecord, JobStatusRecord, Tombstone
 from coordinator.state import replay
-from coordinator.storage import CheckpointStorage
-from tests.manual_env import ManualEnvironment
-
-JOB = "3f2a9c1e5b7d4a60a1b2c3d4e5f60718"
-OPERATORS = {"src": 2, "sink": 1}
-
-
-class RecordingListener:
-    def __init__(self) -> None:
-        self.completed: list[int] = []
-        self.aborted: list[int] = []
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.completed.append(checkpoint_id)
-
-    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        self.aborted.append(checkpoint_id)
-
-
-def make(tmp_path: Path, env: ManualEnvironment | None = None, state=None, providers=(), hooks=(), start=True,
-         restore_from=None, allow=False, **options) -> tuple[CheckpointCoordinator, ManualEnvironment, RecordingListener]:
-    env = env or ManualEnvironment()
-    opts = CheckpointingOptions(**{"interval_ms": 0, "timeout_ms": 60_000, **options})
-    storage = CheckpointStorage(f"file://{tmp_path}/chk", JOB, savepoint_dir=f"file://{tmp_path}/sp")
-    cc = CheckpointCoordinator(JOB, opts, env, storage, OPERATORS, coordinator_providers=providers, state=state)
-    for hook in hooks:
-        cc.add_master_hook(hook)
-    listener = RecordingListener()
-    cc.add_listener(listener)
-    if start:
-        cc.start(restore_from=restore_from, allow_non_restored_state=allow)
-        env.run()
-    return cc, env, listener
-
-
-def ack(cc: CheckpointCoordinator, checkpoint_id: int, op: str, idx: int, attempt: int = 0, size: int = 10) -> AckResult:
-    handle = StateHandle("file", f"file:///data/{op}-{idx}-{checkpoint_id}", None, size)
-    result = cc.receive_acknowledge(AcknowledgeCheckpoint(JOB, cc.epoch, checkpoint_id, op, idx, attempt, (handle,)))
-    cc.env.run()
-    return result
+from tests.fixtures.coordinator import JOB, OPERATORS, ack, make
+from tests.fixtures.manual_env import ManualEnvironment
 
 
 def ack_all(cc: CheckpointCoordinator, checkpoint_id: int) -> None:
@@ -451,18 +411,13 @@ def test_restore_from_savepoint_checks_operators(tmp_path: Path) -> None:
     env.run()
     ack_all(cc, 1)
     pointer = savepoint.result(timeout=0)
-    global OPERATORS
-    saved, OPERATORS = OPERATORS, {"src": 2}
-    try:
-        with pytest.raises(RestoreError, match="sink"):
-            make(tmp_path / "other", restore_from=pointer)
-        cc2, env2, listener = make(tmp_path / "other2", restore_from=pointer, allow=True)
-        assert listener.completed == [1]
-        assert cc2.state.next_checkpoint_id == 2  # IDs continue after the savepoint's
-        future = trigger(cc2)
-        assert cc2.pending and 2 in cc2.pending and not future.done()
-    finally:
-        OPERATORS = saved
+    with pytest.raises(RestoreError, match="sink"):
+        make(tmp_path / "other", restore_from=pointer, operators={"src": 2})
+    cc2, env2, listener = make(tmp_path / "other2", restore_from=pointer, allow=True, operators={"src": 2})
+    assert listener.completed == [1]
+    assert cc2.state.next_checkpoint_id == 2  # IDs continue after the savepoint's
+    future = trigger(cc2)
+    assert cc2.pending and 2 in cc2.pending and not future.done()
 
 
 def test_restore_with_unclaimed_hook_state_is_an_error(tmp_path: Path) -> None:

@@ -12,11 +12,12 @@ from confluent_kafka import TopicPartition
 from chandy.roundtrip import round_trip
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.topics import ChandyTopics, ensure_topics
-from schemas.codec import BadMagicError, SingleObjectCodec, TruncatedMessageError, UnknownSchemaError, location_of
-from tests.avro_values import example_value
-from tests.test_codec import SCHEMAS
+from schemas.codec import BadMagicError, SingleObjectCodec, TruncatedMessageError, UnknownSchemaError, load_schemas, location_of
+from tests.fixtures.avro_values import example_value
 
 pytestmark = pytest.mark.integration
+
+SCHEMAS = load_schemas()
 
 
 def _consume_all(servers: str, topic: str, expected: int, timeout_s: float = 30.0) -> list:

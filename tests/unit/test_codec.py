@@ -27,7 +27,7 @@ from schemas.codec import (
     fingerprint,
     load_schemas,
 )
-from tests.avro_values import example_value, values
+from tests.fixtures.avro_values import example_value, values
 
 SCHEMAS = load_schemas()
 WHERE = MessageLocation("chandy.acks", 3, 1234)

@@ -33,12 +33,12 @@ from coordinator.kafka.topics import ChandyTopics, ensure_topics
 from coordinator.options import CheckpointingOptions
 from coordinator.records import LogKey
 from schemas.codec import SingleObjectCodec
+from tests.fixtures.workers import Worker, options, wait_for
 from tests.procs.common import RecordingHook
-from tests.test_coordinator_kafka import Worker, options, wait_for
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

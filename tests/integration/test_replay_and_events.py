@@ -22,10 +22,10 @@ from coordinator.kafka.topics import ChandyTopics
 from coordinator.messages import CheckpointEvent
 from coordinator.options import CheckpointingOptions
 from schemas.codec import Schema, SingleObjectCodec, default_repository
-from tests.test_coordinator_kafka import Worker, read_events, wait_for
+from tests.fixtures.workers import Worker, read_events, wait_for
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def chandy(*args: str) -> subprocess.CompletedProcess:

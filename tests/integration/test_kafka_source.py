@@ -39,7 +39,7 @@ from coordinator.operator_coordinator import OperatorEvent
 from coordinator.options import CheckpointingOptions
 from coordinator.state import replay
 from coordinator.storage import CheckpointStorage
-from tests.manual_env import ManualEnvironment
+from tests.fixtures.manual_env import ManualEnvironment
 
 JOB = "5e1f00c0ffee4a60a1b2c3d4e5f60718"
 OP = "kafka-source"
