@@ -447,6 +447,7 @@ def _parse_time(value: str | None) -> int | None:
 def log_replay(job_id: str | None, until_checkpoint: int | None, until: str | None, fmt: str, from_file: Path | None,
                prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
     """Show what the coordinator knew: a timeline and the resulting state."""
+    _register_connector_log_kinds()
     from coordinator.kafka.log import LoadStats
     from coordinator.kafka.replay import read_logged, replay
     from coordinator.kafka.topics import ChandyTopics
@@ -477,7 +478,10 @@ def log_replay(job_id: str | None, until_checkpoint: int | None, until: str | No
         s = _state_json(state)
         console.print(f"[bold]{job}[/]: epoch {s['epoch']}, job {s['job_status']}, next checkpoint "
                       f"{s['next_checkpoint_id']}, pending {s['pending']}, completed {s['completed']}, "
-                      f"aborted {s['aborted']}, committed offsets {s['committed_offsets']}")
+                      f"aborted {s['aborted']}")
+        for kind, entities in s["records"].items():
+            for entity, fields in entities.items():
+                console.print(f"  {kind} {entity}: " + ", ".join(f"{k}={v}" for k, v in fields.items())[:160])
     err_console.print(f"{result.records} records replayed; skipped: {stats.skipped_bad} bad, {stats.skipped_unknown} "
                       "of unknown kinds")
 
@@ -489,10 +493,27 @@ def _state_json(state: Any) -> dict[str, Any]:
         "pending": [c.checkpoint_id for c in state.pending()],
         "completed": [c.checkpoint_id for c in state.completed()],
         "aborted": [c.checkpoint_id for c in state.checkpoints.values() if c.status == "ABORTED"],
-        "split_assignments": {op: len(r.splits) for op, r in state.split_assignments.items()},
-        "committed_offsets": {g: {f"{o.topic}-{o.partition}": o.offset for o in r.offsets}
-                              for g, r in state.committed_offsets.items()},
+        "records": {kind: {entity: _describe(record) for entity, record in sorted(entities.items())}
+                    for kind, entities in sorted(state.extensions.items())},
     }
+
+
+def _describe(record: Any) -> dict[str, Any]:
+    """A connector record's fields as its registered ``describe`` gives them (without ``event``)."""
+    from coordinator.records import record_kind
+
+    kind = record_kind(record.KIND)
+    if kind is None or kind.describe is None:
+        return {}
+    return {k: v for k, v in kind.describe(record).items() if k != "event"}
+
+
+def _register_connector_log_kinds() -> None:
+    """Import the connectors whose log-record kinds the replay should know (a kind nobody
+    registered is skipped and counted as unknown)."""
+    import importlib
+
+    importlib.import_module("connectors.kafka.source")
 
 
 @log_group.command("export")

@@ -2,17 +2,23 @@
 
 Each record is a frozen dataclass mirroring its Avro schema in ``schemas/``; its :meth:`key`
 is the compaction key (job id, record kind, entity id), so compaction keeps the latest state of
-each checkpoint, split assignment, counter and epoch. A :class:`Tombstone` deletes a key (a
+each checkpoint, counter, epoch and connector entity. A :class:`Tombstone` deletes a key (a
 checkpoint that fell out of retention). Every value carries ``record_version`` (1 today).
 
 Records are the only input of :func:`coordinator.state.apply`; decisions produce them, the
 runtime appends them, and only appended records change the state.
+
+The log is generic over its record kinds: this module defines and registers the core's own
+(epoch, checkpoint, counter, job); a connector defines its own kinds as :class:`LogRecordBase`
+subclasses and registers them with :func:`register_record_kind` (the Kafka source's split
+assignments and offset commits live in ``connectors/kafka/source/log_records.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from coordinator import serde
@@ -90,8 +96,10 @@ class LogKey:
         return cls(value["job_id"], value["kind"], value["entity_id"])
 
 
-class _Record(serde.AvroMapped):
-    """Shared behaviour; subclasses set ``SCHEMA`` and ``KIND`` and define ``entity_id``."""
+class LogRecordBase(serde.AvroMapped):
+    """The base of every log record: a frozen dataclass mirroring the Avro record ``SCHEMA``, with
+    the compaction-key ``KIND`` and an ``entity_id``. Connectors subclass it for their own kinds
+    and register them with :func:`register_record_kind`."""
 
     SCHEMA: ClassVar[str]
     KIND: ClassVar[str]
@@ -107,7 +115,7 @@ class _Record(serde.AvroMapped):
 
 
 @dataclasses.dataclass(frozen=True)
-class CoordinatorEpochRecord(_Record):
+class CoordinatorEpochRecord(LogRecordBase):
     """A coordinator became active with ``epoch``, fencing all older ones (kind ``epoch``)."""
 
     SCHEMA: ClassVar[str] = "chandy.v1.CoordinatorEpochRecord"
@@ -125,7 +133,7 @@ class CoordinatorEpochRecord(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckpointRecord(_Record):
+class CheckpointRecord(LogRecordBase):
     """The latest state of one checkpoint or savepoint (kind ``checkpoint``, entity its ID).
 
     ``status`` is PENDING, COMPLETED or ABORTED; times are ms since the Unix epoch, ``state_size``
@@ -165,7 +173,7 @@ class CheckpointRecord(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckpointIdCounterRecord(_Record):
+class CheckpointIdCounterRecord(LogRecordBase):
     """The next checkpoint ID (kind ``counter``); shared by checkpoints and savepoints."""
 
     SCHEMA: ClassVar[str] = "chandy.v1.CheckpointIdCounterRecord"
@@ -180,7 +188,7 @@ class CheckpointIdCounterRecord(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class JobStatusRecord(_Record):
+class JobStatusRecord(LogRecordBase):
     """The job's status as the coordinator decided it (kind ``job``)."""
 
     SCHEMA: ClassVar[str] = "chandy.v1.JobStatusRecord"
@@ -201,63 +209,6 @@ class JobStatusRecord(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class SplitAssignment:
-    """One split and the reader subtask it is assigned to (-1: not yet assigned)."""
-
-    split_id: str
-    topic: str
-    partition: int
-    subtask_index: int
-    starting_offset: int
-    stopping_offset: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitAssignmentRecord(_Record):
-    """A source enumerator's split assignment (kind ``splits``, entity the operator ID)."""
-
-    SCHEMA: ClassVar[str] = "chandy.v1.SplitAssignmentRecord"
-    KIND: ClassVar[str] = "splits"
-
-    job_id: str
-    operator_id: str
-    checkpoint_id: int
-    splits: tuple[SplitAssignment, ...]
-    timestamp: int
-
-    @property
-    def entity_id(self) -> str:
-        return self.operator_id
-
-
-@dataclasses.dataclass(frozen=True)
-class TopicPartitionOffset:
-    """A Kafka offset (the next record to read) of one topic partition."""
-
-    topic: str
-    partition: int
-    offset: int
-
-
-@dataclasses.dataclass(frozen=True)
-class OffsetCommitRecord(_Record):
-    """Offsets committed to a consumer group for a checkpoint (kind ``offsets``, entity the group)."""
-
-    SCHEMA: ClassVar[str] = "chandy.v1.OffsetCommitRecord"
-    KIND: ClassVar[str] = "offsets"
-
-    job_id: str
-    group_id: str
-    checkpoint_id: int
-    offsets: tuple[TopicPartitionOffset, ...]
-    timestamp: int
-
-    @property
-    def entity_id(self) -> str:
-        return self.group_id
-
-
-@dataclasses.dataclass(frozen=True)
 class Tombstone:
     """Deletes ``key`` from the state and, after compaction, from the log (a null value)."""
 
@@ -267,18 +218,82 @@ class Tombstone:
         return self.key_
 
 
-LogRecord = (
-    CoordinatorEpochRecord | CheckpointRecord | CheckpointIdCounterRecord | JobStatusRecord
-    | SplitAssignmentRecord | OffsetCommitRecord | Tombstone
-)
+LogRecord = LogRecordBase | Tombstone
+"""A record of the coordinator log: a record of a registered kind, or a tombstone."""
 
-#: Avro schema name -> record class, for decoding.
-RECORD_TYPES: dict[str, type] = {
-    cls.SCHEMA: cls
-    for cls in (CoordinatorEpochRecord, CheckpointRecord, CheckpointIdCounterRecord, JobStatusRecord,
-                SplitAssignmentRecord, OffsetCommitRecord)
-}
 
-#: The record kinds this version knows (a loader skips other kinds with a warning, as Kafka's
-#: ``CoordinatorLoaderImpl`` skips unknown record types).
-KNOWN_KINDS: frozenset[str] = frozenset({"checkpoint", "counter", "epoch", "job", "splits", "offsets"})
+# -- the registry of record kinds ------------------------------------------------------------
+
+ExtensionFold = Callable[[dict[str, Any], Any], None]
+"""Folds one record of an extension kind into that kind's entities (entity ID -> latest value)."""
+
+
+def latest_per_entity(entities: dict[str, Any], record: Any) -> None:
+    """The default fold of an extension kind: keep the latest record per entity, exactly what the
+    compacted topic keeps, so replaying a compacted log gives the same state."""
+    entities[record.entity_id] = record
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordKind:
+    """A kind of coordinator-log record: its key ``kind``, its record class (whose ``SCHEMA`` is
+    the Avro name of its values), the fold for extension kinds (``None`` for the core's own
+    kinds, which :func:`coordinator.state.apply` folds itself), and ``describe``, which turns a
+    record into the fields of a replay timeline entry (``{"event": ..., ...}``)."""
+
+    kind: str
+    record_type: type[LogRecordBase]
+    fold: ExtensionFold | None = None
+    describe: Callable[[Any], dict[str, Any]] | None = None
+
+    @property
+    def is_extension(self) -> bool:
+        return self.fold is not None
+
+
+_KINDS: dict[str, RecordKind] = {}
+_BY_SCHEMA: dict[str, type[LogRecordBase]] = {}
+
+
+def register_record_kind(record_type: type[LogRecordBase], *, fold: ExtensionFold | None = latest_per_entity,
+                         describe: Callable[[Any], dict[str, Any]] | None = None) -> type[LogRecordBase]:
+    """Register a connector's log-record kind, as Kafka's coordinator runtime is generic over its
+    record type: the loader then decodes it, :func:`coordinator.state.apply` folds it with
+    ``fold`` into ``state.extensions[kind]``, and ``chandy log replay`` shows it with ``describe``.
+
+    Registering the same class again is a no-op (modules may be imported twice).
+
+    Raises:
+        LogRecordError: the kind or Avro name is already registered by another class.
+    """
+    kind, schema = record_type.KIND, record_type.SCHEMA
+    existing = _KINDS.get(kind)
+    if existing is not None:
+        if existing.record_type is record_type:
+            return record_type
+        raise LogRecordError(f"log record kind {kind!r} is already registered by {existing.record_type.__name__}")
+    if schema in _BY_SCHEMA:
+        raise LogRecordError(f"log record schema {schema} is already registered by {_BY_SCHEMA[schema].__name__}")
+    _KINDS[kind] = RecordKind(kind, record_type, fold, describe)
+    _BY_SCHEMA[schema] = record_type
+    return record_type
+
+
+def record_kind(kind: str) -> RecordKind | None:
+    """The registered kind ``kind``, or None (a loader skips such records with a warning, as
+    Kafka's ``CoordinatorLoaderImpl`` skips unknown record types)."""
+    return _KINDS.get(kind)
+
+
+def record_type_for(schema_name: str) -> type[LogRecordBase] | None:
+    """The record class whose values have the Avro name ``schema_name``, or None."""
+    return _BY_SCHEMA.get(schema_name)
+
+
+def known_kinds() -> frozenset[str]:
+    """The record kinds registered in this process (the core's and the imported connectors')."""
+    return frozenset(_KINDS)
+
+
+for _core in (CoordinatorEpochRecord, CheckpointRecord, CheckpointIdCounterRecord, JobStatusRecord):
+    register_record_kind(_core, fold=None)

@@ -2,7 +2,9 @@
 
 :class:`CoordinatorState` is everything the coordinator must know after a restart: the epoch,
 the checkpoint ID counter, every checkpoint still in the log (pending, completed, aborted), the
-job status, the continuous-failure count, split assignments and committed offsets. ``apply`` does
+job status, the continuous-failure count, and the latest record of each entity of the kinds that
+connectors registered (``extensions``: the Kafka source's split assignments and offset commits,
+for instance). ``apply`` does
 no I/O and reads no clock, so replaying the log rebuilds exactly the state the live coordinator
 had (a property test checks ``replay(log) == live state``), as the state machines of Kafka's own
 group and transaction coordinators.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from coordinator.failure_manager import counts_towards_tolerable
 from coordinator.records import (
@@ -26,9 +29,8 @@ from coordinator.records import (
     JobStatus,
     JobStatusRecord,
     LogRecord,
-    OffsetCommitRecord,
-    SplitAssignmentRecord,
     Tombstone,
+    record_kind,
 )
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class CoordinatorState:
     ``continuous_failures`` counts aborted checkpoints that Flink's CheckpointFailureManager
     counts (:func:`~coordinator.failure_manager.counts_towards_tolerable`) since the last
     successful checkpoint or savepoint (``last_succeeded_checkpoint_id``) or the last epoch change.
+    ``extensions`` maps a connector's record kind to its entities (entity ID -> what the kind's
+    registered fold keeps, by default the latest record).
     """
 
     job_id: str
@@ -58,8 +62,7 @@ class CoordinatorState:
     continuous_failures: int = 0
     last_succeeded_checkpoint_id: int = -1
     checkpoints: dict[int, CheckpointRecord] = dataclasses.field(default_factory=dict)
-    split_assignments: dict[str, SplitAssignmentRecord] = dataclasses.field(default_factory=dict)
-    committed_offsets: dict[str, OffsetCommitRecord] = dataclasses.field(default_factory=dict)
+    extensions: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     records_applied: int = 0
 
     # -- queries (pure) ----------------------------------------------------------------------
@@ -81,6 +84,10 @@ class CoordinatorState:
         from coordinator.completed_checkpoint_store import CompletedCheckpointStore
 
         return CompletedCheckpointStore.latest(self)
+
+    def records_of(self, kind: str) -> dict[str, Any]:
+        """The entities of the extension kind ``kind`` (entity ID -> folded value; empty if none)."""
+        return self.extensions.get(kind, {})
 
     def equals_ignoring_counters(self, other: CoordinatorState) -> bool:
         """Equality of everything but ``records_applied`` (which differs for a compacted log)."""
@@ -110,12 +117,12 @@ def apply(state: CoordinatorState, record: LogRecord) -> CoordinatorState:
     elif isinstance(record, JobStatusRecord):
         state.job_status = record.status
         state.job_status_reason = record.reason
-    elif isinstance(record, SplitAssignmentRecord):
-        state.split_assignments[record.operator_id] = record
-    elif isinstance(record, OffsetCommitRecord):
-        state.committed_offsets[record.group_id] = record
-    else:  # pragma: no cover - the union is closed
-        log.warning("skipping unknown log record %r", record)
+    else:
+        kind = record_kind(record.KIND)
+        if kind is None or kind.fold is None:
+            log.warning("skipping log record of unregistered kind %r", record.KIND)
+        else:
+            kind.fold(state.extensions.setdefault(kind.kind, {}), record)
     return state
 
 
@@ -146,10 +153,10 @@ def _apply_tombstone(state: CoordinatorState, record: Tombstone) -> None:
     key = record.key()
     if key.kind == "checkpoint":
         state.checkpoints.pop(int(key.entity_id), None)
-    elif key.kind == "splits":
-        state.split_assignments.pop(key.entity_id, None)
-    elif key.kind == "offsets":
-        state.committed_offsets.pop(key.entity_id, None)
+    elif key.kind in state.extensions:
+        state.extensions[key.kind].pop(key.entity_id, None)
+        if not state.extensions[key.kind]:
+            del state.extensions[key.kind]
 
 
 def replay(job_id: str, records: Iterable[LogRecord]) -> CoordinatorState:

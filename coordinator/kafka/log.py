@@ -31,7 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
-from coordinator.records import KNOWN_KINDS, RECORD_TYPES, LogKey, LogRecord, Tombstone
+from coordinator.records import LogKey, LogRecord, Tombstone, known_kinds, record_type_for
 from coordinator.state import CoordinatorState, apply
 from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
 
@@ -204,7 +204,7 @@ def decode_message(codec: Codec, message: Any, job_id: str | None, stats: LoadSt
     if job_id is not None and key.job_id != job_id:
         stats.skipped_other_jobs += 1
         return None
-    if key.kind not in KNOWN_KINDS:
+    if key.kind not in known_kinds():
         stats.skipped_unknown += 1
         log.warning("skipping log record of unknown kind %r at %s (written by a newer coordinator?)", key.kind, where)
         return None
@@ -219,7 +219,7 @@ def decode_message(codec: Codec, message: Any, job_id: str | None, stats: LoadSt
     except WireFormatError as exc:
         bad(f"an undecodable value of kind {key.kind!r}", exc)
         return None
-    cls = RECORD_TYPES.get(decoded.name)
+    cls = record_type_for(decoded.name)
     if cls is None or cls.KIND != key.kind:
         bad(f"a {decoded.name} value under a key of kind {key.kind!r}")
         return None

@@ -30,9 +30,8 @@ from coordinator.records import (
     CoordinatorEpochRecord,
     JobStatusRecord,
     LogKey,
-    OffsetCommitRecord,
-    SplitAssignmentRecord,
     Tombstone,
+    record_kind,
 )
 from coordinator.state import CoordinatorState, apply
 from schemas.codec import Codec, SingleObjectCodec
@@ -78,15 +77,12 @@ def timeline_entry(logged: LoggedRecord, previous: CoordinatorState) -> dict[str
         return {**base, "event": f"{key.kind}_deleted", "entity_id": key.entity_id}
     if isinstance(r, JobStatusRecord):
         return {**base, "event": "job_status", "status": r.status, "reason": r.reason, "epoch": r.epoch}
-    if isinstance(r, SplitAssignmentRecord):
-        return {**base, "event": "splits_assigned", "operator_id": r.operator_id, "checkpoint_id": r.checkpoint_id,
-                "splits": [{"split": s.split_id, "subtask": s.subtask_index, "offset": s.starting_offset} for s in r.splits]}
-    if isinstance(r, OffsetCommitRecord):
-        return {**base, "event": "offsets_committed", "group_id": r.group_id, "checkpoint_id": r.checkpoint_id,
-                "offsets": {f"{o.topic}-{o.partition}": o.offset for o in r.offsets}}
     if isinstance(r, CheckpointIdCounterRecord):
         return None
-    return None
+    kind = record_kind(r.KIND)
+    if kind is not None and kind.describe is not None:
+        return {**base, **kind.describe(r)}
+    return {**base, "event": f"{r.KIND}_recorded", "entity_id": r.entity_id}
 
 
 def _checkpoint_of(record: Any) -> int | None:

@@ -262,7 +262,7 @@ def test_offsets_are_committed_only_after_completion_and_never_for_an_aborted_ch
     assert group_offsets(kafka_bootstrap_servers, group) == {(orders, 0): 10, (orders, 1): 7}
     assert source.enumerator.commits_succeeded == 2 and source.enumerator.commits_failed == 0
     # the commits are in the coordinator log too
-    from coordinator.records import OffsetCommitRecord
+    from connectors.kafka.source.log_records import OffsetCommitRecord
 
     commits = [r for r in source.env.log if isinstance(r, OffsetCommitRecord)]
     assert [c.checkpoint_id for c in commits] == [1, 3]

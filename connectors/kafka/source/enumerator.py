@@ -41,6 +41,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from connectors.kafka.source import offsets as offsets_module
+from connectors.kafka.source.log_records import OffsetCommitRecord, SplitAssignment, SplitAssignmentRecord, TopicPartitionOffset
 from connectors.kafka.source.offsets import ConsumerOffsetsRetriever, OffsetsInitializer
 from connectors.kafka.source.split import KafkaPartitionSplit, split_owner
 from connectors.kafka.source.subscriber import subscribed_topics
@@ -48,7 +49,6 @@ from coordinator import serde
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
 from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
-from coordinator.records import OffsetCommitRecord, SplitAssignment, SplitAssignmentRecord, TopicPartitionOffset
 from schemas.codec import SingleObjectCodec
 
 log = logging.getLogger(__name__)
