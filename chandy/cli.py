@@ -68,6 +68,9 @@ bootstrap_option = click.option(
     "--bootstrap-servers", "-b", envvar="CHANDY_BOOTSTRAP_SERVERS", default=None,
     help="Kafka bootstrap.servers (default: $CHANDY_BOOTSTRAP_SERVERS, else the embedded broker).",
 )
+catalog_property_option = click.option(
+    "--catalog-property", "catalog_conf", multiple=True, metavar="KEY=VALUE",
+    help="pyiceberg catalog property for iceberg:// tables (repeatable; default: a SQLite catalog and local warehouse).")
 data_dir_option = click.option(
     "--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
     help="Embedded broker directory (default: the user state dir, chandy/kafka).",
@@ -295,7 +298,8 @@ def pipeline() -> None:
 
 
 @pipeline.command("run")
-@click.option("--table", "table_uri", required=True, help="Delta table URL (file://, s3://, ... or a local path).")
+@click.option("--table", "table_uri", required=True,
+              help="Delta table URL (file://, s3://, ... or a local path), or iceberg://<catalog>/<namespace>.<table>.")
 @click.option("--topic", "topics", multiple=True, help="Topic to read (repeatable).")
 @click.option("--topic-pattern", default=None, help="Regex of topics to read (instead of --topic).")
 @bootstrap_option
@@ -344,6 +348,11 @@ def pipeline() -> None:
 @click.option("--resume-from-table/--no-resume-from-table", default=True, show_default=True,
               help="When the coordinator log is missing or behind the table, resume from the table's offsets "
                    "(or refuse).")
+@click.option("--optimize-every", type=click.IntRange(1), default=None, metavar="K",
+              help="Compact the table's small files after every K-th checkpoint, while the pipeline runs.")
+@click.option("--optimize-target-size", type=click.IntRange(1), default=None, metavar="BYTES",
+              help="With --optimize-every: the compacted files' size (default: the table format's).")
+@catalog_property_option
 @_handle_errors
 def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | None, bootstrap_servers: str | None,
                  data_dir: Path | None, job_id: str | None, group_id: str | None, starting_offsets: str,
@@ -354,7 +363,8 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  transform: str | None, partition_by: tuple[str, ...], storage_conf: tuple[str, ...], prefix: str,
                  until_drained: bool, max_checkpoints: int | None, verify: bool, errors_tolerance: str,
                  dead_letter_topic: str | None, tombstones: str, avro_schema_id: int | None,
-                 resume_from_table: bool) -> None:
+                 resume_from_table: bool, optimize_every: int | None, optimize_target_size: int | None,
+                 catalog_conf: tuple[str, ...]) -> None:
     """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
 
     Exit codes: 0 done, 2 an error (the last line says why), 3 fenced by a newer run of the
@@ -378,9 +388,62 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
         storage_options=_parse_settings(storage_conf, "--storage-option"), prefix=prefix,
         stop_when_drained=until_drained, max_checkpoints=max_checkpoints, errors_tolerance=errors_tolerance,
         dead_letter_topic=dead_letter_topic, tombstones=tombstones, avro_schema_id=avro_schema_id,
-        resume_from_table=resume_from_table,
+        resume_from_table=resume_from_table, optimize_every=optimize_every, optimize_target_size=optimize_target_size,
+        catalog_properties=_parse_settings(catalog_conf, "--catalog-property"),
     )
     run_pipeline_with_progress(options, verify=verify)
+
+
+# -- chandy lake ------------------------------------------------------------------------------
+@main.group()
+def lake() -> None:
+    """Table maintenance, safe while a pipeline writes the table."""
+
+
+def _lake_sink(table_uri: str, storage_conf: tuple[str, ...], catalog_conf: tuple[str, ...]) -> Any:
+    from connectors.lake.sinks import open_sink
+
+    return open_sink(table_uri, storage_options=_parse_settings(storage_conf, "--storage-option"),
+                     catalog_properties=_parse_settings(catalog_conf, "--catalog-property"))
+
+
+@lake.command("optimize")
+@click.option("--table", "table_uri", required=True, help="Table URL (a Delta path/URL or iceberg://catalog/ns.table).")
+@click.option("--target-size", type=click.IntRange(1), default=None, metavar="BYTES",
+              help="Size of the compacted files (default: delta-rs's 100 MiB).")
+@click.option("--storage-option", "storage_conf", multiple=True, metavar="KEY=VALUE",
+              help="fsspec / delta-rs storage option (repeatable).")
+@catalog_property_option
+@_handle_errors
+def lake_optimize(table_uri: str, target_size: int | None, storage_conf: tuple[str, ...],
+                  catalog_conf: tuple[str, ...]) -> None:
+    """Compact small files in one commit that changes no rows (delta-rs optimize.compact); the
+    pipeline's committed checkpoints and offsets stay in the table, a concurrent commit is retried."""
+    sink = _lake_sink(table_uri, storage_conf, catalog_conf)
+    with err_console.status(f"compacting {sink.table_uri}"):
+        metrics = sink.optimize(target_size=target_size)
+    console.print(f"{sink.table_uri}: {metrics.get('numFilesRemoved', 0)} file(s) compacted into "
+                  f"{metrics.get('numFilesAdded', 0)}")
+
+
+@lake.command("vacuum")
+@click.option("--table", "table_uri", required=True, help="Table URL (a Delta path/URL or iceberg://catalog/ns.table).")
+@click.option("--retention-hours", type=click.FloatRange(0), required=True,
+              help="Delete files removed from the table longer ago than this (Delta's default is 168).")
+@click.option("--dry-run", is_flag=True, help="List the files instead of deleting them.")
+@click.option("--storage-option", "storage_conf", multiple=True, metavar="KEY=VALUE",
+              help="fsspec / delta-rs storage option (repeatable).")
+@catalog_property_option
+@_handle_errors
+def lake_vacuum(table_uri: str, retention_hours: float, dry_run: bool, storage_conf: tuple[str, ...],
+                catalog_conf: tuple[str, ...]) -> None:
+    """Delete data files the table no longer references (compacted away) after a retention; files of
+    in-flight checkpoints are never touched (they are not yet in the table's log as removed)."""
+    sink = _lake_sink(table_uri, storage_conf, catalog_conf)
+    files = sink.vacuum(retention_hours=retention_hours, dry_run=dry_run)
+    for path in files:
+        console.print(path)
+    err_console.print(f"{len(files)} file(s) {'would be' if dry_run else ''} deleted".replace("  ", " "))
 
 
 # -- chandy demo -----------------------------------------------------------------------------

@@ -29,7 +29,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from connectors.lake.delta import FILE_KIND, TP, DataFile, DeltaLakeSink, LakeCommitError
+from connectors.lake.delta import FILE_KIND, TP, DataFile, LakeCommitError
+from connectors.lake.sinks import LakeSink
 from coordinator.faults import crash_point
 from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
 from coordinator.storage import (
@@ -55,25 +56,55 @@ class LakeCommitter:
         offsets_of: the offset ranges a checkpoint covers, read from its ``_metadata`` (the
             source's state); None when the source has no offsets (nothing is recorded or checked).
         cluster_id: the Kafka cluster's ID, recorded with each commit.
+        optimize_every: compact the table (``sink.optimize``) after every checkpoint whose ID is
+            a multiple of this, on a thread of its own, concurrently with the next checkpoints;
+            None: never. A failed compaction is logged, never fails the job.
+        optimize_target_size: the compacted files' size in bytes (None: the sink's default).
     """
 
-    def __init__(self, context: Any, sink: DeltaLakeSink, storage: CheckpointStorage, *,
+    def __init__(self, context: Any, sink: LakeSink, storage: CheckpointStorage, *,
                  offsets_of: Callable[[CheckpointMetadata], OffsetRanges] | None = None,
-                 cluster_id: str | None = None) -> None:
+                 cluster_id: str | None = None, optimize_every: int | None = None,
+                 optimize_target_size: int | None = None) -> None:
         self.context = context
         self.sink = sink
         self.storage = storage
         self.offsets_of = offsets_of
         self.cluster_id = cluster_id
+        self.optimize_every = optimize_every
+        self.optimize_target_size = optimize_target_size
         self.committed_checkpoints: list[int] = []
         self.records_committed = 0
         self.table_offsets: dict[TP, int] = {}  # what the table holds for this job, per partition
+        self.optimizations: list[dict[str, Any]] = []  # metrics of the compactions this run did
+        self._optimizer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._optimizing: concurrent.futures.Future | None = None
 
     def start(self) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        if self._optimizer is not None:
+            self._optimizer.shutdown(wait=True)
+
+    def _maybe_optimize(self, checkpoint_id: int) -> None:
+        """Start a compaction after every ``optimize_every``-th checkpoint, unless one still runs."""
+        if not self.optimize_every or checkpoint_id % self.optimize_every:
+            return
+        if self._optimizing is not None and not self._optimizing.done():
+            log.info("checkpoint %d: the previous compaction still runs; not starting another", checkpoint_id)
+            return
+        if self._optimizer is None:
+            self._optimizer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chandy-optimize")
+        target_size = self.optimize_target_size
+
+        def optimize() -> None:
+            try:
+                self.optimizations.append(self.sink.optimize(target_size=target_size))
+            except Exception as exc:  # storage and delta-rs errors alike: the next one may succeed
+                log.warning("compaction after checkpoint %d failed (the pipeline goes on): %s", checkpoint_id, exc)
+
+        self._optimizing = self._optimizer.submit(optimize)
 
     def checkpoint_coordinator(self, checkpoint_id: int, result_future: concurrent.futures.Future) -> None:
         result_future.set_result(b"")  # no state of its own: the files are the subtasks' state
@@ -133,6 +164,7 @@ class LakeCommitter:
             self.records_committed += sum(f.records for f in files)
             log.info("checkpoint %d: %d file(s), %d record(s) committed to %s", checkpoint_id, len(files),
                      sum(f.records for f in files), self.sink.table_uri)
+            self._maybe_optimize(checkpoint_id)
         crash_point("before-offset-commit", checkpoint_id)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -185,10 +217,13 @@ class LakeCommitterProvider:
     """Creates the :class:`LakeCommitter` of operator ``operator_id``."""
 
     operator_id: str
-    sink: DeltaLakeSink
+    sink: LakeSink
     storage: CheckpointStorage
     offsets_of: Callable[[CheckpointMetadata], OffsetRanges] | None = None
     cluster_id: str | None = None
+    optimize_every: int | None = None
+    optimize_target_size: int | None = None
 
     def create(self, context: Any) -> LakeCommitter:
-        return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id)
+        return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id,
+                             optimize_every=self.optimize_every, optimize_target_size=self.optimize_target_size)

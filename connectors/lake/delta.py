@@ -55,6 +55,17 @@ class LakeSchemaError(LakeCommitError):
 
 TP = tuple[str, int]
 
+#: attempts of a commit (or an OPTIMIZE) that meets a concurrent commit delta-rs cannot rebase
+COMMIT_ATTEMPTS = 8
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    """A commit lost to a concurrent one (delta-rs ``CommitFailedError``, or its text)."""
+    from deltalake.exceptions import CommitFailedError
+
+    text = str(exc).lower()
+    return isinstance(exc, CommitFailedError) or "conflict" in text or "version already exists" in text
+
 
 @dataclasses.dataclass(frozen=True)
 class TableProgress:
@@ -342,21 +353,36 @@ class DeltaLakeSink:
         fields = None if table is None else self._fields_of(table)
         for schema_b64 in {f.schema for f in files}:
             self.check_schema(_schema_from_b64(schema_b64), fields, where=f"checkpoint {checkpoint_id}: ")
-        try:
-            if fields is None:
-                from deltalake import Schema as DeltaSchema
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                if fields is None:
+                    from deltalake import Schema as DeltaSchema
 
-                schema = _schema_from_b64(files[0].schema)
-                create_table_with_add_actions(
-                    self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
-                    partition_by=self.partition_by or None, storage_options=self._delta_options,
-                    commit_properties=properties)
-            else:
-                table.create_write_transaction(actions, mode="append", schema=table.schema(),
-                                               partition_by=self.partition_by or None, commit_properties=properties)
-        except Exception as exc:  # noqa: BLE001 - delta-rs raises several exception types
-            raise LakeCommitError(f"committing checkpoint {checkpoint_id} to {self.table_uri} failed: {exc}") from exc
-        return True
+                    schema = _schema_from_b64(files[0].schema)
+                    create_table_with_add_actions(
+                        self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
+                        partition_by=self.partition_by or None, storage_options=self._delta_options,
+                        commit_properties=properties)
+                else:
+                    table.create_write_transaction(actions, mode="append", schema=table.schema(),
+                                                   partition_by=self.partition_by or None, commit_properties=properties)
+                return True
+            except Exception as exc:  # delta-rs raises several exception types
+                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+                    raise LakeCommitError(f"committing checkpoint {checkpoint_id} to {self.table_uri} failed "
+                                          f"(attempt {attempt}): {exc}") from exc
+                # a concurrent commit (e.g. an OPTIMIZE) won the version: re-read the table; if
+                # our commit landed after all, it is done, else commit again on the new version
+                table = self._open()
+                done = None if table is None else table.transaction_version(job_id)
+                if done is not None and done >= checkpoint_id:
+                    log.info("checkpoint %d: commit conflicted but is in %s: done", checkpoint_id, self.table_uri)
+                    return True
+                fields = None if table is None else self._fields_of(table)
+                log.warning("checkpoint %d: concurrent commit to %s (%s): retrying (attempt %d of %d)", checkpoint_id,
+                            self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+        return False  # not reached
 
     def referenced_files(self) -> set[str]:
         """Paths (relative to the table root) of the files in the table's current version."""
@@ -367,10 +393,21 @@ class DeltaLakeSink:
         table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
         return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
 
+    def removed_files(self) -> set[str]:
+        """Paths (relative to the table root) of files a commit removed (e.g. an OPTIMIZE) that
+        are still on storage: older versions reference them until :meth:`vacuum` deletes them."""
+        table = self._open()
+        if table is None:
+            return set()
+        return set(table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False))
+
     def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]:
-        """Delete this job's data files that the table does not reference, except those of
-        checkpoints above ``keep_checkpoints_after`` (still in flight). Returns what was deleted."""
-        referenced = self.referenced_files()
+        """Delete this job's data files that no version of the table references (written by
+        aborted or crashed checkpoints), except those of checkpoints above
+        ``keep_checkpoints_after`` (still in flight). Files a compaction removed are left to
+        :meth:`vacuum` and its retention, so readers of older versions keep working. Returns
+        what was deleted."""
+        referenced = self.referenced_files() | self.removed_files()
         deleted = []
         for path in self.fs.find(self.root):
             relative = path[len(self.root):].lstrip("/")
@@ -386,6 +423,58 @@ class DeltaLakeSink:
         if deleted:
             log.info("deleted %d data file(s) no completed checkpoint references", len(deleted))
         return deleted
+
+    # -- maintenance -----------------------------------------------------------------------------------
+    def optimize(self, *, target_size: int | None = None) -> dict[str, Any]:
+        """Compact small files into files of about ``target_size`` bytes (delta-rs
+        ``DeltaTable.optimize.compact``; default its 100 MiB), in one OPTIMIZE commit
+        (``dataChange=false``) that neither adds nor removes rows. Safe while the pipeline runs:
+        the app transactions and the pipeline's ``commitInfo`` stay in the log, and a pipeline
+        commit that meets the OPTIMIZE commit is rebased (or retried, see :meth:`commit`); an
+        OPTIMIZE that meets a pipeline commit is retried here. The removed files stay on storage
+        until :meth:`vacuum`. Returns delta-rs's metrics (``numFilesAdded``, ``numFilesRemoved``, ...).
+
+        Raises:
+            LakeCommitError: there is no table, or delta-rs failed ``COMMIT_ATTEMPTS`` times.
+        """
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            table = self._open()
+            if table is None:
+                raise LakeCommitError(f"no Delta table at {self.table_uri}: nothing to optimize")
+            try:
+                metrics: dict[str, Any] = table.optimize.compact(target_size=target_size)
+                log.info("optimized %s: %s file(s) removed, %s added", self.table_uri, metrics.get("numFilesRemoved"),
+                         metrics.get("numFilesAdded"))
+                return metrics
+            except Exception as exc:  # delta-rs raises several exception types
+                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+                    raise LakeCommitError(f"optimizing {self.table_uri} failed (attempt {attempt}): {exc}") from exc
+                log.warning("optimize of %s met a concurrent commit (%s): retrying", self.table_uri, exc)
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+        return {}  # not reached
+
+    def vacuum(self, *, retention_hours: float, dry_run: bool = False) -> list[str]:
+        """Delete files that the table removed (compacted away, or overwritten) more than
+        ``retention_hours`` ago (delta-rs ``DeltaTable.vacuum``, lite mode: files no version
+        ever referenced are the pipeline's to delete, see :meth:`delete_unreferenced`). A
+        retention below the table's ``delta.deletedFileRetentionDuration`` (default 168 h) is
+        allowed on purpose: a reader still on an older version then fails. Returns the paths
+        (relative to the table root) deleted, or with ``dry_run`` those that would be.
+
+        Raises:
+            LakeCommitError: there is no table, a negative retention, or delta-rs failed.
+        """
+        if retention_hours < 0:
+            raise LakeCommitError(f"vacuum retention must be 0 hours or more, got {retention_hours}")
+        table = self._open()
+        if table is None:
+            raise LakeCommitError(f"no Delta table at {self.table_uri}: nothing to vacuum")
+        try:
+            # delta-rs takes whole hours; round up so nothing younger than asked is deleted
+            hours = int(retention_hours) + (0 if float(retention_hours).is_integer() else 1)
+            return list(table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False))
+        except Exception as exc:  # delta-rs raises several exception types
+            raise LakeCommitError(f"vacuuming {self.table_uri} failed: {exc}") from exc
 
     def read_table(self) -> pa.Table:
         """The committed table, read with pyarrow through deltalake (a reader other than the writer)."""

@@ -58,6 +58,7 @@ class TaskOptions:
     table_fields: Mapping[str, Any] | None = None
     decoder: ValueDecoder | None = None
     batch_size: int = 20_000
+    catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -126,7 +127,7 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
     Raises:
         LakeSchemaError: the data does not fit the table (checked before anything is written).
     """
-    from connectors.lake.delta import DeltaLakeSink
+    from connectors.lake.sinks import open_sink
     from coordinator.failure import CheckpointFailureReason
     from coordinator.faults import crash_point
     from coordinator.kafka.participant import AckSender
@@ -136,7 +137,8 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
     try:
         batches = list(batches)
         table = pa.Table.from_batches(batches) if batches else None
-        sink = DeltaLakeSink(o.table_uri, partition_by=o.partition_by, storage_options=o.storage_options)
+        sink = open_sink(o.table_uri, partition_by=o.partition_by, storage_options=o.storage_options,
+                         catalog_properties=o.catalog_properties)
         if table is not None and o.table_fields is not None:
             sink.check_schema(table.schema, o.table_fields, where=f"checkpoint {o.checkpoint_id}: ")
         files = [] if table is None else sink.write_files(

@@ -64,7 +64,8 @@ from connectors.kafka.source.reader import KafkaRangeReader
 from connectors.kafka.source.split import KafkaPartitionSplit
 from connectors.kafka.source.subscriber import subscribed_topics
 from connectors.lake.committer import LakeCommitterProvider, OffsetRanges
-from connectors.lake.delta import TP, DeltaLakeSink, LakeSchemaError, TableProgress
+from connectors.lake.delta import TP, LakeSchemaError, TableProgress
+from connectors.lake.sinks import LakeSink, is_iceberg, open_sink
 from connectors.lake.uri import normalize_table_uri
 from connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
 from coordinator import faults
@@ -150,6 +151,9 @@ class PipelineOptions:
     resume_from_table: bool = True
     restart_backoff_initial_ms: int = 1_000
     restart_backoff_max_ms: int = 60_000
+    optimize_every: int | None = None
+    optimize_target_size: int | None = None
+    catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
@@ -171,6 +175,8 @@ class PipelineOptions:
             raise PipelineError(f"--transform takes module:function, got {self.transform!r}")
         if self.errors_tolerance not in ("none", "all"):
             raise PipelineError(f"errors tolerance must be none or all, got {self.errors_tolerance!r}")
+        if self.optimize_every is not None and self.optimize_every < 1:
+            raise PipelineError(f"--optimize-every takes a number of checkpoints >= 1, got {self.optimize_every}")
         if self.tombstones not in ("error", "skip", "null"):
             raise PipelineError(f"tombstones must be error, skip or null, got {self.tombstones!r}")
         if self.dead_letter_topic and self.value_format is None:
@@ -178,6 +184,8 @@ class PipelineOptions:
         if self.dead_letter_topic and self.errors_tolerance != "all":
             raise PipelineError("a dead-letter topic needs --errors-tolerance all (with none, the first bad record "
                                 "fails the micro-batch), as Kafka Connect's errors.deadletterqueue.topic.name")
+        if self.optimize_target_size is not None and self.optimize_target_size < 1:
+            raise PipelineError(f"--optimize-target-size takes bytes >= 1, got {self.optimize_target_size}")
         object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
         if self.value_format == "json" and self.value_schema:
             from connectors.spark.ddl import parse_ddl
@@ -198,8 +206,14 @@ class PipelineOptions:
 
     @property
     def resolved_checkpoint_dir(self) -> str:
+        if self.checkpoint_dir:
+            return self.checkpoint_dir
+        if is_iceberg(self.table_uri):
+            from connectors.lake.iceberg import default_checkpoint_dir
+
+            return default_checkpoint_dir(self.table_uri, self.catalog_properties)
         # underscore-prefixed directories are ignored by Delta readers, as _delta_log is
-        return self.checkpoint_dir or f"{self.table_uri.rstrip('/')}/_chandy_checkpoints"
+        return f"{self.table_uri.rstrip('/')}/_chandy_checkpoints"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,8 +300,9 @@ class Pipeline:
         self._spark = spark
         self._stop = threading.Event()
         self.stop_signal: int | None = None
-        self.sink = DeltaLakeSink(options.table_uri, partition_by=options.partition_by,
-                                  storage_options=options.storage_options)
+        self.sink: LakeSink = open_sink(options.table_uri, partition_by=options.partition_by,
+                                        storage_options=options.storage_options,
+                                        catalog_properties=options.catalog_properties)
         self._transform = load_transform(options.transform) if options.transform else None
         self.service: CoordinatorService | None = None
         self.parallelism = 0
@@ -569,7 +584,8 @@ class Pipeline:
             {SINK_OPERATOR: self.parallelism},
             # order matters: the lake commit happens before the offset commit (notification order)
             coordinator_providers=[LakeCommitterProvider(SINK_OPERATOR, self.sink, storage, offsets_of=self.offsets_of,
-                                                         cluster_id=self.cluster_id),
+                                                         cluster_id=self.cluster_id, optimize_every=opts.optimize_every,
+                                                         optimize_target_size=opts.optimize_target_size),
                                    KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
             prefix=opts.prefix, producer_overrides=dict(opts.producer_overrides),
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
@@ -665,7 +681,7 @@ class Pipeline:
             storage_options=dict(opts.storage_options), producer_overrides=dict(opts.producer_overrides),
             consumer_overrides=dict(opts.consumer_overrides),
             max_task_failures=int(spark.conf.get("spark.task.maxFailures", "1")),
-            table_fields=self.table_fields, decoder=self.decoder)
+            table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties))
 
     def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, counts: Any) -> None:
         from connectors.spark.datasource import LAKE_FILES_FORMAT, RANGES_FORMAT, TASK_OPTION, read_write_and_acknowledge
@@ -900,7 +916,7 @@ class Pipeline:
             signal.signal(signum, handler)
 
 
-def verify_table(sink: DeltaLakeSink, bootstrap_servers: str, topics: list[str],
+def verify_table(sink: LakeSink, bootstrap_servers: str, topics: list[str],
                  consumer_overrides: Mapping[str, Any] | None = None, *,
                  topic_pattern: str | None = None, dead_letter_topic: str | None = None) -> tuple[int, int, int]:
     """Compare the committed table with the source topics: (rows in the table, duplicates, missing).

@@ -1,0 +1,109 @@
+"""Table maintenance on a real Delta table, without Kafka or Spark: compaction racing the
+committer's commits keeps every row once and the committer's (job ID, checkpoint ID, offsets)
+record; files a compaction removed are left to vacuum (not to the committer's cleanup)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from connectors.lake.delta import DeltaLakeSink, LakeCommitError
+from connectors.lake.sinks import open_sink
+
+JOB = "0123456789abcdef0123456789abcdef"
+
+
+def rows(checkpoint: int, n: int = 5) -> pa.Table:
+    return pa.table({"topic": ["t"] * n, "partition": pa.array([0] * n, pa.int32()),
+                     "offset": pa.array([checkpoint * n + i for i in range(n)], pa.int64())})
+
+
+def commit_checkpoints(sink: DeltaLakeSink, first: int, last: int, n: int = 5) -> None:
+    for checkpoint in range(first, last + 1):
+        files = sink.write_files(rows(checkpoint, n), job_id=JOB, checkpoint_id=checkpoint, subtask=0, attempt=0)
+        assert sink.commit(JOB, checkpoint, files, offsets={("t", 0): (checkpoint + 1) * n})
+
+
+def offsets(sink: DeltaLakeSink) -> list[int]:
+    return sorted(sink.read_table().column("offset").to_pylist())
+
+
+def test_optimize_keeps_rows_and_the_committers_record(tmp_path: Path) -> None:
+    sink = open_sink(str(tmp_path / "t"))
+    assert isinstance(sink, DeltaLakeSink)
+    commit_checkpoints(sink, 1, 6)
+    before = offsets(sink)
+    metrics = sink.optimize()
+    assert metrics["numFilesRemoved"] == 6 and metrics["numFilesAdded"] == 1
+    assert len(DeltaTable(str(tmp_path / "t")).file_uris()) == 1
+    assert offsets(sink) == before == list(range(5, 35))
+    progress = sink.progress(JOB)
+    assert progress.checkpoint_id == 6 and progress.offsets == {("t", 0): 35}
+    # a repeated commit of a compacted checkpoint is still skipped: its app transaction survived
+    assert not sink.commit(JOB, 6, sink.write_files(rows(6), job_id=JOB, checkpoint_id=6, subtask=0, attempt=1),
+                           offsets={("t", 0): 35})
+
+
+def test_cleanup_leaves_compacted_files_to_vacuum(tmp_path: Path) -> None:
+    sink = DeltaLakeSink(str(tmp_path / "t"))
+    commit_checkpoints(sink, 1, 3)
+    sink.optimize()
+    orphan = sink.write_files(rows(9), job_id=JOB, checkpoint_id=4, subtask=0, attempt=0)[0].path  # never committed
+    compacted = sink.removed_files()
+    assert len(compacted) == 3
+    deleted = sink.delete_unreferenced(JOB)
+    assert deleted == [orphan]  # not the compacted files: older versions still read them
+    assert all((tmp_path / "t" / p).exists() for p in compacted)
+    assert DeltaTable(str(tmp_path / "t"), version=3).to_pyarrow_table().num_rows == 15  # time travel works
+    assert sorted(sink.vacuum(retention_hours=0, dry_run=True)) == sorted(compacted)
+    assert all((tmp_path / "t" / p).exists() for p in compacted)  # dry run
+    assert sorted(sink.vacuum(retention_hours=0)) == sorted(compacted)
+    assert not any((tmp_path / "t" / p).exists() for p in compacted)
+    assert offsets(sink) == list(range(5, 20))
+    with pytest.raises(LakeCommitError, match="0 hours or more"):
+        sink.vacuum(retention_hours=-1)
+
+
+def test_a_young_compaction_is_not_vacuumed(tmp_path: Path) -> None:
+    sink = DeltaLakeSink(str(tmp_path / "t"))
+    commit_checkpoints(sink, 1, 3)
+    sink.optimize()
+    assert sink.vacuum(retention_hours=1) == []
+    assert len(sink.removed_files()) == 3
+
+
+def test_compaction_racing_commits_lands_every_row_once(tmp_path: Path) -> None:
+    sink = DeltaLakeSink(str(tmp_path / "t"))
+    commit_checkpoints(sink, 1, 1, n=3)
+    stop = threading.Event()
+    compactions: list[dict] = []
+    errors: list[BaseException] = []
+
+    def compact() -> None:
+        other = DeltaLakeSink(str(tmp_path / "t"))  # another process would have its own handle
+        while not stop.is_set():
+            try:
+                compactions.append(other.optimize(target_size=1 << 20))
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=compact)
+    thread.start()
+    try:
+        commit_checkpoints(sink, 2, 40, n=3)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert sum(m["numFilesRemoved"] for m in compactions) > 0, "no compaction happened during the commits"
+    landed = offsets(sink)
+    assert landed == list(range(3, 123))  # every row once
+    assert sink.committed_checkpoint(JOB) == 40
+    assert sink.progress(JOB).offsets == {("t", 0): 123}
+    history = DeltaTable(str(tmp_path / "t")).history()
+    assert {c["operation"] for c in history} >= {"OPTIMIZE"}
