@@ -22,9 +22,11 @@ demo: kafka-jars
 	$(CHANDY) kafka up
 	$(CHANDY) demo
 
-# the checks run first: ruff (lint, import order, bugbear) and the import contract (layers)
+# the checks run first: ruff (lint, import order, bugbear), mypy (the core, its Kafka runtime,
+# the schemas) and the import contract (layers)
 check: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 test: kafka-jars check

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import logging
 import random
 import socket
@@ -319,7 +320,8 @@ class CheckpointCoordinator:
             batch.records.append(CheckpointIdCounterRecord(
                 self.job_id, max(self.state.next_checkpoint_id, metadata.checkpoint_id + 1)))
             batch.records.append(CheckpointRecord(
-                job_id=self.job_id, checkpoint_id=metadata.checkpoint_id, checkpoint_type=metadata.checkpoint_type,
+                job_id=self.job_id, checkpoint_id=metadata.checkpoint_id,
+                checkpoint_type=CheckpointType(metadata.checkpoint_type),
                 status=CheckpointStatus.COMPLETED, epoch=self.state.epoch, trigger_timestamp=metadata.trigger_timestamp,
                 status_timestamp=now, num_subtasks=0, state_size=metadata.state_size,
                 external_pointer=directory, properties={RESTORED_FROM: directory},
@@ -462,11 +464,10 @@ class CheckpointCoordinator:
         pending.logged = True
         checkpoint_id, now = pending.checkpoint_id, pending.trigger_timestamp
         for operator_id, holder in self.holders.items():
-            holder.checkpoint(checkpoint_id, lambda data, exc, op=operator_id: self._coordinator_done(checkpoint_id, op, data, exc))
+            holder.checkpoint(checkpoint_id, functools.partial(self._coordinator_done, checkpoint_id, operator_id))
         for identifier, future in self.hooks.trigger(checkpoint_id, now, self.env.io_executor).items():
             pending.hooks_pending.add(identifier)
-            future.add_done_callback(lambda f, ident=identifier: self.env.execute(
-                lambda: self._hook_done(checkpoint_id, ident, f)))
+            future.add_done_callback(functools.partial(self._on_hook_future, checkpoint_id, identifier))
         location_future = self.env.io_executor.submit(self._initialize_location, checkpoint_id,
                                                       pending.checkpoint_type, pending.properties.get("target"))
         location_future.add_done_callback(lambda f: self.env.execute(lambda: self._location_done(checkpoint_id, f)))
@@ -497,6 +498,10 @@ class CheckpointCoordinator:
         pending.coordinators_pending.discard(operator_id)
         pending.coordinator_states[operator_id] = data
         self._maybe_send_trigger(pending)
+
+    def _on_hook_future(self, checkpoint_id: int, identifier: str, future: concurrent.futures.Future) -> None:
+        """A hook's future is done (on whatever thread finished it): handle it on the mailbox."""
+        self.env.execute(lambda: self._hook_done(checkpoint_id, identifier, future))
 
     def _hook_done(self, checkpoint_id: int, identifier: str, future: concurrent.futures.Future) -> None:
         pending = self.pending.get(checkpoint_id)
@@ -547,7 +552,7 @@ class CheckpointCoordinator:
         else:
             result = pending.acknowledge(ack)
         self.ack_counts[result] += 1
-        if result is not AckResult.SUCCESS:
+        if result is not AckResult.SUCCESS or pending is None:
             log.info("%s ack for checkpoint %d from %s[%d] attempt %d: ignored", result.value, ack.checkpoint_id,
                      ack.operator_id, ack.subtask_index, ack.attempt_number)
             return result
@@ -585,8 +590,8 @@ class CheckpointCoordinator:
 
     # -- completion ---------------------------------------------------------------------------------
     def _maybe_finalize(self, pending: PendingCheckpoint) -> None:
-        if pending.finalizing or not pending.is_fully_acknowledged:
-            return
+        if pending.finalizing or not pending.is_fully_acknowledged or pending.location is None:
+            return  # (the location is initialized before the trigger is sent)
         crash_point("before-complete", pending.checkpoint_id)
         pending.finalizing = True
         metadata = CheckpointMetadata(
@@ -778,8 +783,7 @@ class CheckpointCoordinator:
     def _dispose_directory(self, directory: str | None) -> None:
         if directory:
             future = self.env.io_executor.submit(self.storage.dispose_location, directory)
-            future.add_done_callback(lambda f: f.exception() and log.warning(
-                "could not delete %s: %s", directory, f.exception()))
+            future.add_done_callback(functools.partial(_log_failed_disposal, directory))
 
     # -- subtasks and operator events --------------------------------------------------------------------
     def _valid_subtask(self, job_id: str, operator_id: str, subtask_index: int) -> bool:
@@ -913,3 +917,11 @@ class CheckpointCoordinator:
         for holder in self.holders.values():
             holder.close()
         self.hooks.close()
+
+
+def _log_failed_disposal(directory: str, future: concurrent.futures.Future) -> None:
+    """Done-callback of a directory disposal: a failure is logged, never raised (Flink's
+    ``CheckpointsCleaner`` logs and goes on)."""
+    exc = future.exception()
+    if exc is not None:
+        log.warning("could not delete %s: %s", directory, exc)

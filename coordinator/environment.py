@@ -70,7 +70,10 @@ class Cancellable(Protocol):
 class CoordinatorEnvironment(Protocol):
     """The runtime services the coordinator uses (see the module docstring)."""
 
-    io_executor: concurrent.futures.Executor
+    @property
+    def io_executor(self) -> concurrent.futures.Executor:
+        """Where blocking I/O runs (storage, hooks), off the mailbox thread."""
+        ...
 
     def now_ms(self) -> int:
         """Wall-clock time in ms since the Unix epoch."""
@@ -193,8 +196,8 @@ class Mailbox:
     def _run(self) -> None:
         while True:
             due, wait = self._due()
-            for action in due:
-                self._run_one(action)
+            for timer_action in due:
+                self._run_one(timer_action)
             try:
                 action = self._queue.get(timeout=wait if wait is not None else 0.5)
             except queue.Empty:

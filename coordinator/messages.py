@@ -176,7 +176,7 @@ class CheckpointEvent(_Message):
 
 
 #: Avro schema name -> message class, for decoding.
-MESSAGE_TYPES: dict[str, type] = {
+MESSAGE_TYPES: dict[str, type[serde.AvroMapped]] = {
     cls.SCHEMA: cls
     for cls in (TriggerCheckpoint, AcknowledgeCheckpoint, DeclineCheckpoint, NotifyCheckpointComplete,
                 NotifyCheckpointAborted, OperatorEventMessage, SubtaskAttemptReady, SubtaskAttemptFailed,

@@ -9,11 +9,12 @@ the class declares ``RECORD_VERSION``. The bytes themselves are :mod:`schemas.co
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 T = TypeVar("T")
 
@@ -30,7 +31,7 @@ def to_avro(obj: Any) -> Any:
         return [to_avro(x) for x in obj]
     if isinstance(obj, dict):
         return {k: to_avro(v) for k, v in obj.items()}
-    if hasattr(obj, "value") and isinstance(obj, str):  # str enums
+    if isinstance(obj, enum.Enum):  # the str enums of statuses and types
         return obj.value
     return obj
 
@@ -38,7 +39,7 @@ def to_avro(obj: Any) -> Any:
 class AvroMapped:
     """Mixin for dataclasses with an Avro schema ``SCHEMA``: ``to_avro()`` and ``from_avro(value)``."""
 
-    SCHEMA: str
+    SCHEMA: ClassVar[str]
 
     def to_avro(self) -> dict[str, Any]:
         return to_avro(self)
@@ -65,7 +66,7 @@ def _element(tp: Any) -> type | None:
             if found is not None:
                 return found
         return None
-    return tp if dataclasses.is_dataclass(tp) else None
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
 
 
 def _converter(tp: Any) -> Callable[[Any], Any] | None:
@@ -81,11 +82,18 @@ def _converter(tp: Any) -> Callable[[Any], Any] | None:
     return None
 
 
-@functools.cache
-def _plan(cls: type) -> tuple[tuple[str, Callable[[Any], Any] | None], ...]:
+_Plan = tuple[tuple[str, Callable[[Any], Any] | None], ...]
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type) -> _Plan:
     """Per dataclass, computed once: (field name, converter) for every field."""
-    hints = _hints(cls)
-    return tuple((f.name, _converter(hints[f.name])) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = _hints(cls)
+        fields: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(typing.cast(Any, cls))
+        plan = _PLANS[cls] = tuple((f.name, _converter(hints[f.name])) for f in fields)
+    return plan
 
 
 def from_avro(cls: type[T], value: dict[str, Any]) -> T:

@@ -72,7 +72,7 @@ class CheckpointStatsTracker:
     def __init__(self, history_size: int = 100) -> None:
         self.history: collections.OrderedDict[int, CheckpointStats] = collections.OrderedDict()
         self.history_size = history_size
-        self.counts = collections.Counter()
+        self.counts: collections.Counter[str] = collections.Counter()
         self._durations: collections.deque[int] = collections.deque(maxlen=10_000)
         self._sizes: collections.deque[int] = collections.deque(maxlen=10_000)
         self.latest: dict[str, CheckpointStats | None] = {"completed": None, "savepoint": None, "failed": None}

@@ -94,7 +94,7 @@ def fingerprint(schema: Mapping[str, Any] | str) -> bytes:
     This is the fingerprint of Avro's single-object encoding (Java's
     ``SchemaNormalization.parsingFingerprint64`` written little-endian).
     """
-    canonical = fastavro.schema.to_parsing_canonical_form(schema)
+    canonical = fastavro.schema.to_parsing_canonical_form(dict(schema) if isinstance(schema, Mapping) else schema)
     return bytes.fromhex(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"))
 
 
@@ -122,9 +122,8 @@ class Schema:
     @classmethod
     def from_definition(cls, definition: Mapping[str, Any] | str) -> Schema:
         """A :class:`Schema` from a JSON string or dict that is self-contained (no references)."""
-        if isinstance(definition, str):
-            definition = json.loads(definition)
-        parsed = fastavro.parse_schema(definition, _write_hint=False)
+        loaded: dict[str, Any] = json.loads(definition) if isinstance(definition, str) else dict(definition)
+        parsed = fastavro.parse_schema(loaded, _write_hint=False)
         expanded = _strip_hints(parsed)
         return cls(
             name=expanded["name"],
@@ -148,7 +147,7 @@ def load_schemas(directory: Path = SCHEMA_DIR) -> dict[str, Schema]:
     loaded: dict[str, Schema] = {}
     for path in sorted(directory.glob("*.avsc")):
         parsed = fastavro.schema.load_schema(str(path), _write_hint=False)
-        if parsed.get("type") != "record":
+        if not isinstance(parsed, dict) or parsed.get("type") != "record":
             continue  # enums and shared records are reached through the records that use them
         schema = Schema.from_definition(_strip_hints(parsed))
         loaded[schema.name] = schema
@@ -227,7 +226,7 @@ class Codec(Protocol):
         """Encode ``value`` with the current schema ``name``; ``topic`` is used for the registry subject."""
         ...
 
-    def decode(self, data: bytes, location: MessageLocation | None = None) -> Decoded:
+    def decode(self, data: bytes | None, location: MessageLocation | None = None) -> Decoded:
         """Decode one message; raises a :class:`WireFormatError` naming ``location``."""
         ...
 
@@ -258,6 +257,8 @@ def _read_avro(body: bytes, writer: Schema, reader: Schema, location: MessageLoc
         raise WireFormatError(
             f"{len(body) - stream.tell()} trailing bytes after the Avro body of {writer.name}", location
         )
+    if not isinstance(value, dict):
+        raise WireFormatError(f"Avro body of {writer.name} is not a record", location)
     return value
 
 
@@ -277,7 +278,7 @@ class SingleObjectCodec:
         schema = self.repository.current(name)
         return SINGLE_OBJECT_MAGIC + schema.fingerprint + _write_avro(schema, value)
 
-    def decode(self, data: bytes, location: MessageLocation | None = None) -> Decoded:
+    def decode(self, data: bytes | None, location: MessageLocation | None = None) -> Decoded:
         """Decode a single-object encoded message.
 
         Raises:
@@ -380,6 +381,8 @@ class ConfluentCodec:
             raise UnknownSchemaError(f"schema id {schema_id} is not in the Schema Registry: {exc}", location) from exc
         except Exception as exc:  # noqa: BLE001 - registry unreachable: this message cannot be read now
             raise WireFormatError(f"Schema Registry lookup of schema id {schema_id} failed: {exc}", location) from exc
+        if not isinstance(registered.schema_str, str):
+            raise UnknownSchemaError(f"schema id {schema_id} has no schema text in the Schema Registry", location)
         try:
             writer = Schema.from_definition(registered.schema_str)
         except Exception as exc:  # noqa: BLE001 - not an Avro schema (e.g. JSON Schema or Protobuf)
@@ -388,7 +391,7 @@ class ConfluentCodec:
             self._writers[schema_id] = writer
         return writer
 
-    def decode(self, data: bytes, location: MessageLocation | None = None) -> Decoded:
+    def decode(self, data: bytes | None, location: MessageLocation | None = None) -> Decoded:
         """Decode a Confluent-framed message.
 
         Raises:

@@ -129,19 +129,22 @@ def raw_messages(
                 raise LogLoadError(f"no progress reading {topic} for {timeout_s} s (partitions {sorted(remaining)} unfinished)")
             for message in messages:
                 error = message.error()
+                partition, offset = message.partition(), message.offset()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        if message.offset() >= ends.get(message.partition(), 0):
-                            remaining.discard(message.partition())
+                        if partition is not None and offset is not None and offset >= ends.get(partition, 0):
+                            remaining.discard(partition)
                         continue
                     raise LogLoadError(f"reading {topic}: {error}")
+                if partition is None or offset is None:  # never for a fetched record
+                    continue
                 last_progress = time.monotonic()
-                if message.offset() >= ends[message.partition()]:
-                    remaining.discard(message.partition())
+                if offset >= ends[partition]:
+                    remaining.discard(partition)
                     continue
                 yield message
-                if message.offset() + 1 >= ends[message.partition()]:
-                    remaining.discard(message.partition())
+                if offset + 1 >= ends[partition]:
+                    remaining.discard(partition)
     finally:
         consumer.close()
 

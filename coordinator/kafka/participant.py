@@ -191,9 +191,10 @@ class CheckpointParticipant:
             polled = self.consumer.poll(0.1)
             # poll, not consume(n): consume waits for its whole timeout unless n messages arrive
             for message in () if polled is None else (polled,):
-                if message.error() is not None:
-                    if message.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("control consumer: %s", message.error())
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("control consumer: %s", error)
                     continue
                 if message.key() != self._key:
                     continue

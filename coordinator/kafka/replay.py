@@ -79,9 +79,9 @@ def timeline_entry(logged: LoggedRecord, previous: CoordinatorState) -> dict[str
         return {**base, "event": "job_status", "status": r.status, "reason": r.reason, "epoch": r.epoch}
     if isinstance(r, CheckpointIdCounterRecord):
         return None
-    kind = record_kind(r.KIND)
-    if kind is not None and kind.describe is not None:
-        return {**base, **kind.describe(r)}
+    registered = record_kind(r.KIND)
+    if registered is not None and registered.describe is not None:
+        return {**base, **registered.describe(r)}
     return {**base, "event": f"{r.KIND}_recorded", "entity_id": r.entity_id}
 
 

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
 
@@ -34,7 +34,7 @@ from coordinator.checkpoint_coordinator import CheckpointCoordinator
 from coordinator.environment import Batch, Mailbox
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
-from coordinator.kafka.log import encode_record, load_state, partition_for
+from coordinator.kafka.log import LoadStats, encode_record, load_state, partition_for
 from coordinator.kafka.topics import ChandyTopics, ensure_topics
 from coordinator.messages import (
     MESSAGE_TYPES,
@@ -46,11 +46,14 @@ from coordinator.messages import (
 )
 from coordinator.operator_coordinator import OperatorCoordinatorProvider
 from coordinator.options import CheckpointingOptions
+from coordinator.state import CoordinatorState
 from coordinator.storage import CheckpointStorage
 from coordinator.trigger_result import CheckpointTriggerResult
 from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class CoordinatorFencedError(ChandyError):
@@ -242,9 +245,10 @@ class AckReader:
             polled = self.consumer.poll(0.2)
             # poll, not consume(n): consume waits for its whole timeout unless n messages arrive
             for message in () if polled is None else (polled,):
-                if message.error() is not None:
-                    if message.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("acks consumer: %s", message.error())
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("acks consumer: %s", error)
                     continue
                 if message.key() != key:
                     continue
@@ -258,7 +262,7 @@ class AckReader:
                 except Exception as exc:  # noqa: BLE001 - one bad message must not stop the reader
                     self.bad_messages += 1
                     log.warning("skipping a bad message on %s: %s", self.topic, exc)
-                    if self._dlq is not None:
+                    if self._dlq is not None and self.dead_letter_topic is not None:
                         self._dlq.produce(self.dead_letter_topic, message.value(), message.key(),
                                           headers={"chandy.error": str(exc)})
                         self._dlq.poll(0)
@@ -339,7 +343,7 @@ class CoordinatorService:
         self.fenced = threading.Event()
         self.stop_reason: BaseException | str | None = None
         self.job_status: str | None = None
-        self.load_stats = None
+        self.load_stats: LoadStats | None = None
         self.coordinator: CheckpointCoordinator | None = None
         self._writer: LogWriter | None = None
         self._acks: AckReader | None = None
@@ -373,37 +377,40 @@ class CoordinatorService:
         self._writer = LogWriter(self.bootstrap_servers, self.topics, self.job_id, self.codec, self.transactional_id,
                                  self.mailbox.execute, self._on_writer_failed, self._producer_overrides, log_partitions)
         self._writer.init(timeout_s)  # fences older coordinators of this job
-        state, self.load_stats = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id,
-                                            codec=self.codec, consumer_overrides=self._consumer_overrides,
-                                            timeout_s=timeout_s)
+        state, load_stats = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id,
+                                       codec=self.codec, consumer_overrides=self._consumer_overrides,
+                                       timeout_s=timeout_s)
+        self.load_stats = load_stats
         log.info("job %s: replayed %d log records in %.2f s (epoch %d, next checkpoint %d)", self.job_id,
-                 self.load_stats.applied, self.load_stats.seconds, state.epoch, state.next_checkpoint_id)
-        self.coordinator = CheckpointCoordinator(
+                 load_stats.applied, load_stats.seconds, state.epoch, state.next_checkpoint_id)
+        coordinator = self.coordinator = CheckpointCoordinator(
             self.job_id, self.options, self, self.storage, self.operators,
             coordinator_providers=self._providers, state=state, transactional_id=self.transactional_id,
             on_job_status=self._on_job_status, completion_outputs=self._completion_outputs,
         )
         for hook in self._hooks:
-            self.coordinator.add_master_hook(hook)
+            coordinator.add_master_hook(hook)
         for listener in self._listeners:
-            self.coordinator.add_listener(listener)
+            coordinator.add_listener(listener)
         self._acks = AckReader(self.bootstrap_servers, self.topics, self.job_id, self.codec, self._dispatch,
                                self._consumer_overrides, self._dead_letter_topic)
         self._acks.assign(timeout_s)  # acks from now on are ours, but are read only once started
         self.storage.initialize_base_locations()
         self.mailbox.start()
-        started = self.mailbox.call(lambda: self.coordinator.start(
+        started = self.mailbox.call(lambda: coordinator.start(
             restore_from=self._restore_from, allow_non_restored_state=self._allow_non_restored_state,
             checkpoint_id_floor=self._checkpoint_id_floor))
         started.result(timeout_s)
         self._acks.start()
         if periodic:
-            self.mailbox.execute(self.coordinator.start_periodic_scheduler)
+            self.mailbox.execute(coordinator.start_periodic_scheduler)
         return self
 
     def _dispatch(self, message: Any) -> None:
         cc = self.coordinator
-        handlers = {
+        if cc is None:  # the ack reader starts after the coordinator exists
+            return
+        handlers: dict[type, Callable[[Any], Any]] = {
             AcknowledgeCheckpoint: cc.receive_acknowledge,
             DeclineCheckpoint: cc.receive_decline,
             SubtaskAttemptReady: cc.attempt_ready,
@@ -414,7 +421,10 @@ class CoordinatorService:
         if handler is None:
             log.warning("ignoring %s on the acks topic", type(message).__name__)
             return
-        self.mailbox.execute(lambda: handler(message))
+        def handle() -> None:
+            handler(message)
+
+        self.mailbox.execute(handle)
 
     def _on_writer_failed(self, exc: BaseException) -> None:
         log.error("job %s: coordinator log writer stopped (%s); this coordinator stops", self.job_id, exc)
@@ -471,25 +481,32 @@ class CoordinatorService:
         self.stopped.set()
 
     # -- API (any thread) --------------------------------------------------------------------------------
-    def _call(self, func: Callable[[], Any]) -> Any:
-        if self.stopped.is_set():
-            raise CoordinatorStoppedError(f"the coordinator of job {self.job_id} is stopped ({self.stop_reason})")
-        return self.mailbox.call(func).result(30)
+    def _call(self, func: Callable[[CheckpointCoordinator], _T], timeout_s: float = 30.0) -> _T:
+        """``func(coordinator)`` on the mailbox thread, waited for up to ``timeout_s`` seconds.
+
+        Raises:
+            CoordinatorStoppedError: the service is stopped or was never started.
+        """
+        coordinator = self.coordinator
+        if self.stopped.is_set() or coordinator is None:
+            state = "stopped" if self.stopped.is_set() else "not started"
+            raise CoordinatorStoppedError(f"the coordinator of job {self.job_id} is {state} ({self.stop_reason})")
+        return self.mailbox.call(lambda: func(coordinator)).result(timeout_s)
 
     def trigger_checkpoint(self, *, forced: bool = False) -> CheckpointTriggerResult:
         """Request a checkpoint now: its ID (None while queued) and future; see
         :meth:`CheckpointCoordinator.trigger_checkpoint`."""
-        return self._call(lambda: self.coordinator.trigger_checkpoint(forced=forced))
+        return self._call(lambda cc: cc.trigger_checkpoint(forced=forced))
 
     def trigger_savepoint(self, target: str | None = None, *, terminate: bool = False) -> CheckpointTriggerResult:
         """Trigger a savepoint; the result's future gives its pointer. See
         :meth:`CheckpointCoordinator.trigger_savepoint`."""
-        return self._call(lambda: self.coordinator.trigger_savepoint(target, terminate=terminate))
+        return self._call(lambda cc: cc.trigger_savepoint(target, terminate=terminate))
 
     def abort_checkpoint(self, checkpoint_id: int, reason: Any, message: str) -> bool:
         """Abort a pending checkpoint (e.g. the driver saw its Spark job fail); see
         :meth:`CheckpointCoordinator.abort_checkpoint`."""
-        return self._call(lambda: self.coordinator.abort_checkpoint(checkpoint_id, reason, message))
+        return self._call(lambda cc: cc.abort_checkpoint(checkpoint_id, reason, message))
 
     @property
     def epoch(self) -> int:
@@ -504,9 +521,7 @@ class CoordinatorService:
         Raises:
             CoordinatorStoppedError: the service is stopped; KeyError: no such operator coordinator.
         """
-        if self.stopped.is_set():
-            raise CoordinatorStoppedError(f"the coordinator of job {self.job_id} is stopped ({self.stop_reason})")
-        return self.mailbox.call(lambda: func(self.coordinator.holders[operator_id].coordinator)).result(timeout_s)
+        return self._call(lambda cc: func(cc.holders[operator_id].coordinator), timeout_s)
 
     def failure_reason(self) -> str | None:
         """Why the job failed or the coordinator stopped, in one line (None while running)."""
@@ -516,13 +531,13 @@ class CoordinatorService:
 
     def stats(self) -> dict[str, Any]:
         """Checkpoint statistics shaped like Flink's ``/jobs/:jobid/checkpoints``."""
-        return self._call(lambda: self.coordinator.stats.to_json())
+        return self._call(lambda cc: cc.stats.to_json())
 
-    def snapshot_state(self):
+    def snapshot_state(self) -> CoordinatorState:
         """A copy of the coordinator's durable state (for comparing with a replay)."""
         import copy
 
-        return self._call(lambda: copy.deepcopy(self.coordinator.state))
+        return self._call(lambda cc: copy.deepcopy(cc.state))
 
 
 class _suppress_timeout:

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Message
 
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
@@ -68,7 +68,7 @@ class Subscription:
             self.consumer.subscribe([self.topic], on_assign=rewind)
         else:
             self.consumer.subscribe([self.topic])
-        self._pending = None
+        self._pending: Message | None = None
         self._closed = False
 
     def poll(self, timeout_s: float | None = None) -> CheckpointEvent | None:
@@ -77,9 +77,10 @@ class Subscription:
         message = self.consumer.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
         if message is None:
             return None
-        if message.error() is not None:
-            if message.error().code() != KafkaError._PARTITION_EOF:
-                log.warning("events consumer: %s", message.error())
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                log.warning("events consumer: %s", error)
             return None
         self._pending = message
         if self.job_id is not None and message.key() != self.job_id.encode():

@@ -4,7 +4,7 @@ never handed out again, even after a SIGKILL at that very moment; a log record t
 read fails the load, one of an unknown kind is skipped.
 
 Run as a module, it is the coordinator process the SIGKILL test starts:
-``python -m tests.test_coordinator_recovery_kafka BOOTSTRAP JOB PREFIX CHECKPOINT_DIR SEEN_FILE``.
+``python -m tests.integration.test_coordinator_recovery_kafka BOOTSTRAP JOB PREFIX CHECKPOINT_DIR SEEN_FILE``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_an_id_a_hook_has_seen_is_never_handed_out_again_after_sigkill(
     seen_file = tmp_path / "seen"
     for _ in range(2):  # twice: the second restart starts from a log the first restart wrote
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.test_coordinator_recovery_kafka", kafka_bootstrap_servers, job, topic_prefix,
+            [sys.executable, "-m", "tests.integration.test_coordinator_recovery_kafka", kafka_bootstrap_servers, job, topic_prefix,
              checkpoint_dir, str(seen_file)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             assert json.loads(process.stdout.readline())["started"]
