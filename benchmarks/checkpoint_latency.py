@@ -31,14 +31,14 @@ from confluent_kafka.admin import NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from chandy.broker import EmbeddedKafkaBroker  # noqa: E402
-from chandy.demo import run_checkpoints  # noqa: E402
-from chandy.roundtrip import round_trip  # noqa: E402
-from coordinator.kafka import config as kafka_config  # noqa: E402
-from coordinator.kafka.log import encode_record, load_state, read_log  # noqa: E402
-from coordinator.kafka.replay import replay  # noqa: E402
-from coordinator.records import CheckpointIdCounterRecord, CheckpointRecord  # noqa: E402
-from schemas.codec import SingleObjectCodec  # noqa: E402
+from chandy.broker import EmbeddedKafkaBroker
+from chandy.demo import run_checkpoints
+from chandy.roundtrip import round_trip
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.log import encode_record, load_state, read_log
+from coordinator.kafka.replay import replay
+from coordinator.records import CheckpointIdCounterRecord, CheckpointRecord
+from schemas.codec import SingleObjectCodec
 
 
 def pct(values: list[float], q: float) -> float:

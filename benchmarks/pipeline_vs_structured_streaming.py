@@ -29,12 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from confluent_kafka.admin import NewTopic  # noqa: E402
+from confluent_kafka.admin import NewTopic
 
-from chandy.broker import EmbeddedKafkaBroker  # noqa: E402
-from chandy.flights import topic_record_count  # noqa: E402
-from connectors.spark.pipeline import Pipeline, PipelineOptions  # noqa: E402
-from coordinator.kafka import config as kafka_config  # noqa: E402
+from chandy.broker import EmbeddedKafkaBroker
+from chandy.flights import topic_record_count
+from connectors.spark.pipeline import Pipeline, PipelineOptions
+from coordinator.kafka import config as kafka_config
 
 PARTITIONS = 8
 

@@ -299,7 +299,7 @@ class CheckpointCoordinator:
     def _restore(self, metadata: CheckpointMetadata, directory: str, *, allow_non_restored_state: bool,
                  from_savepoint: bool = False) -> None:
         """Restore hooks and coordinators from ``metadata``; re-notify its completion (restoring
-        implies completion, per the OperatorCoordinator seed)."""
+        implies completion, per Flink's OperatorCoordinator javadoc)."""
         unknown = sorted(o.operator_id for o in metadata.operator_states
                          if o.operator_id not in self.operators and o.operator_id not in self.holders
                          and (o.coordinator_state or o.subtask_states))
@@ -691,7 +691,7 @@ class CheckpointCoordinator:
         for listener in self.listeners:
             try:
                 listener.notify_checkpoint_complete(checkpoint_id)
-            except Exception:  # does not revoke the checkpoint (CheckpointListener seed)
+            except Exception:  # does not revoke the checkpoint (Flink's CheckpointListener javadoc)
                 log.exception("listener failed on notify_checkpoint_complete(%d)", checkpoint_id)
 
     # -- aborts ----------------------------------------------------------------------------------------
@@ -798,7 +798,7 @@ class CheckpointCoordinator:
 
     def attempt_ready(self, message: SubtaskAttemptReady) -> None:
         """A subtask attempt is ready (OperatorCoordinator.executionAttemptReady). A newer attempt
-        whose predecessor never reported failing fails the predecessor first, keeping the seed's order."""
+        whose predecessor never reported failing fails the predecessor first, keeping the order of Flink's OperatorCoordinator contract."""
         if not self._valid_subtask(message.job_id, message.operator_id, message.subtask_index):
             return
         key = (message.operator_id, message.subtask_index)

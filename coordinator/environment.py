@@ -211,7 +211,7 @@ class Mailbox:
             return
         try:
             action()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             log.exception("mailbox action failed")
             if self.on_error is not None:
                 self.on_error(exc)

@@ -160,5 +160,5 @@ class MasterHooks:
         for identifier, hook in self._hooks.items():
             try:
                 hook.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("closing master hook %r failed", identifier)

@@ -4,7 +4,7 @@ An operator coordinator runs in the checkpoint coordinator's process, beside the
 parallel subtasks (workers), and talks to them with :class:`OperatorEvent`\\ s. It is the home of,
 for example, the Kafka source enumerator and the lake committer.
 
-Threading and order (from the seed): every method is called on the coordinator's mailbox
+Threading and order (Flink's OperatorCoordinator contract): every method is called on the coordinator's mailbox
 thread, in this order per subtask attempt: ``execution_attempt_ready`` → (events) →
 ``execution_attempt_failed`` → ``subtask_reset`` (partial failover) or ``reset_to_checkpoint``
 (global failover) → ``execution_attempt_ready`` of the new attempt. ``start`` comes first and

@@ -1,8 +1,8 @@
 """Runs one operator coordinator for the checkpoint coordinator (Flink's OperatorCoordinatorHolder).
 
 It is the coordinator's :class:`~coordinator.operator_coordinator.OperatorCoordinatorContext`,
-hands out :class:`SubtaskGateway`\\ s bound to attempts, and keeps the event/checkpoint order of the
-seed with a *valve* per operator: once the coordinator's checkpoint future has completed, events
+hands out :class:`SubtaskGateway`\\ s bound to attempts, and keeps the event/checkpoint order of
+Flink's OperatorCoordinator javadoc with a *valve* per operator: once the coordinator's checkpoint future has completed, events
 it sends are held until the checkpoint's trigger is on its way to the workers, then released
 after it. All methods run on the mailbox thread; the gateways and the future may be used from any
 thread, and come back through the mailbox.
@@ -120,7 +120,7 @@ class OperatorCoordinatorHolder:
             error = future.exception()
             try:
                 handler(None if error is not None else future.result(), error)
-            except Exception as exc:  # noqa: BLE001 - like any coordinator failure: fail the job
+            except Exception as exc:  # like any coordinator failure: fail the job
                 log.exception("operator coordinator %s failed in an async handler", self.operator_id)
                 self._fail_job(exc)
             if period_ms > 0:
@@ -169,7 +169,7 @@ class OperatorCoordinatorHolder:
     def _guarded(self, method: str, *args: Any) -> None:
         try:
             getattr(self.coordinator, method)(*args)
-        except Exception as exc:  # noqa: BLE001 - a coordinator failure fails the job, not the process
+        except Exception as exc:  # a coordinator failure fails the job, not the process
             log.exception("operator coordinator %s failed in %s", self.operator_id, method)
             self._fail_job(exc)
 
@@ -200,7 +200,7 @@ class OperatorCoordinatorHolder:
         future.add_done_callback(done)
         try:
             self.coordinator.checkpoint_coordinator(checkpoint_id, future)
-        except Exception as exc:  # noqa: BLE001 - declines this checkpoint; the seed says it fails the job
+        except Exception as exc:  # noqa: BLE001 - declines this checkpoint and, as Flink's OperatorCoordinator contract says, fails the job
             if not future.done():
                 future.set_exception(exc)
             self._fail_job(exc)
@@ -208,7 +208,7 @@ class OperatorCoordinatorHolder:
     def handle_event(self, subtask: int, attempt_number: int, event: OperatorEvent) -> None:
         try:
             self.coordinator.handle_event_from_operator(subtask, attempt_number, event)
-        except Exception as exc:  # noqa: BLE001 - per the seed: a full job failure
+        except Exception as exc:  # an event handler's failure fails the job (Flink's OperatorCoordinatorHolder)
             log.exception("operator coordinator %s failed on an event", self.operator_id)
             self._fail_job(exc)
 
@@ -225,7 +225,7 @@ class OperatorCoordinatorHolder:
         try:
             getattr(self.coordinator, method)(*args)
             return True
-        except Exception as exc:
+        except Exception as exc:  # a failed notifyCheckpointComplete is a full job failure (Flink's OperatorCoordinator)
             log.exception("operator coordinator %s: %s%r failed", self.operator_id, method, args)
             if method == "notify_checkpoint_complete":
                 self._fail_job(exc)

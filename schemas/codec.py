@@ -379,13 +379,13 @@ class ConfluentCodec:
             registered = self.registry.get_schema(schema_id)
         except SchemaRegistryError as exc:
             raise UnknownSchemaError(f"schema id {schema_id} is not in the Schema Registry: {exc}", location) from exc
-        except Exception as exc:  # noqa: BLE001 - registry unreachable: this message cannot be read now
+        except Exception as exc:  # registry unreachable: this message cannot be read now
             raise WireFormatError(f"Schema Registry lookup of schema id {schema_id} failed: {exc}", location) from exc
         if not isinstance(registered.schema_str, str):
             raise UnknownSchemaError(f"schema id {schema_id} has no schema text in the Schema Registry", location)
         try:
             writer = Schema.from_definition(registered.schema_str)
-        except Exception as exc:  # noqa: BLE001 - not an Avro schema (e.g. JSON Schema or Protobuf)
+        except Exception as exc:  # not an Avro schema (e.g. JSON Schema or Protobuf)
             raise UnknownSchemaError(f"schema id {schema_id} is not an Avro record schema: {exc}", location) from exc
         with self._lock:
             self._writers[schema_id] = writer

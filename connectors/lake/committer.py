@@ -101,7 +101,7 @@ class LakeCommitter:
         def optimize() -> None:
             try:
                 self.optimizations.append(self.sink.optimize(target_size=target_size))
-            except Exception as exc:  # storage and delta-rs errors alike: the next one may succeed
+            except Exception as exc:  # noqa: BLE001 - storage and delta-rs errors alike: the next one may succeed
                 log.warning("compaction after checkpoint %d failed (the pipeline goes on): %s", checkpoint_id, exc)
 
         self._optimizing = self._optimizer.submit(optimize)

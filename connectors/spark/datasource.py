@@ -152,7 +152,7 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
             try:
                 sender.decline(o.epoch, o.checkpoint_id, o.operator_id, subtask, attempt,
                                CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}")
-            except Exception:  # noqa: BLE001, S110 - the checkpoint then expires instead
+            except Exception:  # noqa: BLE001 - the checkpoint then expires instead
                 pass
         raise
     finally:

@@ -848,7 +848,7 @@ class Pipeline:
                     job_started = time.monotonic()
                     try:
                         self._run_micro_batch(spark, checkpoint_id, ranges, counts)
-                    except Exception as exc:  # abort now rather than wait for the timeout
+                    except Exception as exc:  # noqa: BLE001 - any failure of the Spark job aborts the checkpoint now, not at its timeout
                         message = root_cause(exc)
                         fatal = message if message.split(":")[0] in DETERMINISTIC_ERRORS else None
                         log.error("checkpoint %d: Spark job failed: %s", checkpoint_id, message)
@@ -901,7 +901,7 @@ class Pipeline:
     def _safe_committed_records(self) -> int:
         try:
             return self._committed_records()
-        except Exception:  # a stopped (fenced) coordinator: what it last said
+        except Exception:  # noqa: BLE001 - a stopped (fenced) coordinator: what it last said
             return self._last_committed
 
     def _backoff_s(self, consecutive_failures: int) -> float:

@@ -268,7 +268,7 @@ class DictHook:
 
     def deserialize(self, version: int, serialized: bytes):
         assert version == 2
-        return dict(eval(serialized.decode()))  # noqa: S307 - test data only
+        return dict(eval(serialized.decode()))
 
 
 def test_hook_data_round_trips_through_metadata_and_restore(tmp_path: Path) -> None:

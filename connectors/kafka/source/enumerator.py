@@ -369,7 +369,7 @@ class KafkaSourceEnumerator:
             ends = {r.topic_partition: r.stopping_offset for r in state.ranges}
             self.committed_end.update(ends)
             self.initial_discovery_finished = state.initial_discovery_finished
-            # restoring implies completion: committing its offsets is safe (OperatorCoordinator seed)
+            # restoring implies completion: committing its offsets is safe (Flink's OperatorCoordinator javadoc)
             if ends:
                 self._commit(checkpoint_id, ends)
         self._apply_offset_floor()
