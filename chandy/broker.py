@@ -1,17 +1,20 @@
-"""The embedded Apache Kafka broker: one KRaft node from the official Apache Kafka jars.
+"""The embedded Apache Kafka broker: KRaft nodes from the official Apache Kafka jars.
 
-``chandy kafka up | down | status`` and the test fixture both use :class:`EmbeddedKafkaBroker`.
-The jars of a pinned Apache Kafka release are resolved from Maven Central with Maven (the
-``pom.xml`` beside this module) and cached under the user's cache directory; Java 17 or newer is
-the only system requirement besides Maven. The broker binds to 127.0.0.1 only, keeps its data
-and its log in one directory, and runs with the settings a single node needs (replication factor
-1 and min ISR 1 for the offsets and transaction state topics).
+``chandy kafka up | down | status`` and the test fixtures use :class:`EmbeddedKafkaBroker`, one
+node by default or a cluster of ``nodes`` nodes (``chandy kafka up --nodes 3``), optionally with
+SASL/SCRAM authentication and ``StandardAuthorizer`` ACLs (``--security sasl-scram``). The jars
+of a pinned Apache Kafka release are resolved from Maven Central with Maven (the ``pom.xml``
+beside this module) and cached under the user's cache directory; Java 17 or newer is the only
+system requirement besides Maven. Every node binds to 127.0.0.1 only and keeps its data and its
+log in one directory; internal topics get as many replicas as the cluster can give (one, or
+three with ``min.insync.replicas`` 2 on three nodes or more).
 
-State kept in the data directory:
+State kept in the data directory (a cluster keeps each node's files in ``node-<id>/``):
 
-- ``server.properties``: the broker configuration written at first start;
-- ``broker.json``: pid, ports and version of the running broker (see :class:`BrokerInfo`);
-- ``broker.log``: the broker's log4j2 log; ``broker.out``: its stdout/stderr;
+- ``server.properties``: the node's configuration, written at each start;
+- ``broker.json``: pids, ports, version and security of the running nodes (see :class:`BrokerInfo`);
+- ``credentials.json``: SCRAM users and passwords, with security on (mode 0600);
+- ``broker.log``: the node's log4j2 log; ``broker.out``: its stdout/stderr;
 - ``kraft/``: the KRaft metadata and the topic logs.
 """
 
@@ -24,6 +27,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -68,12 +72,39 @@ class BrokerStartError(KafkaLauncherError):
     """The broker process exited or did not answer in time; the message holds its log's tail."""
 
 
+#: ``--security`` values: no authentication, or SASL/SCRAM over plaintext with ACLs.
+SECURITY_MODES = ("none", "sasl-scram")
+#: The SCRAM mechanism the embedded broker enables (librdkafka's ``sasl.mechanism`` value).
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+#: The super user (``super.users``) the embedded broker creates for itself and its administrators.
+ADMIN_USER = "admin"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    """One KRaft node of the embedded cluster (broker and controller in one process).
+
+    ``port`` is its client listener and ``controller_port`` its KRaft controller listener, both
+    on 127.0.0.1; ``pid`` is its last known process (it may have died or been killed).
+    """
+
+    node_id: int
+    pid: int
+    port: int
+    controller_port: int
+    data_dir: str
+    log_file: str
+
+
 @dataclasses.dataclass(frozen=True)
 class BrokerInfo:
-    """What ``broker.json`` records about a running embedded broker.
+    """What ``broker.json`` records about a running embedded broker or cluster.
 
-    ``port`` is the client listener and ``controller_port`` the KRaft controller listener, both
-    on 127.0.0.1; ``started_at`` is a Unix time in seconds.
+    ``port`` is the client listener and ``controller_port`` the KRaft controller listener of the
+    first node, both on 127.0.0.1; ``started_at`` is a Unix time in seconds. ``nodes`` lists
+    every node (one for a single broker); ``security`` is one of :data:`SECURITY_MODES` and
+    ``client_settings`` the librdkafka settings (``security.protocol``, ``sasl.mechanism``,
+    ``sasl.username``, ``sasl.password``) of the super user, empty without security.
     """
 
     pid: int
@@ -83,11 +114,43 @@ class BrokerInfo:
     data_dir: str
     log_file: str
     started_at: float
+    nodes: tuple[NodeInfo, ...] = ()
+    security: str = "none"
+    client_settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
-        """``127.0.0.1:<port>``, the value for ``bootstrap.servers``."""
-        return f"127.0.0.1:{self.port}"
+        """``127.0.0.1:<port>[,...]`` (every node), the value for ``bootstrap.servers``."""
+        ports = [node.port for node in self.nodes] or [self.port]
+        return ",".join(f"127.0.0.1:{port}" for port in ports)
+
+    def node(self, node_id: int) -> NodeInfo:
+        """The node with KRaft ``node.id`` ``node_id``.
+
+        Raises:
+            KafkaLauncherError: no such node.
+        """
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KafkaLauncherError(f"the embedded cluster in {self.data_dir} has no node {node_id}")
+
+    def to_json(self) -> dict:
+        """The ``broker.json`` form: nodes as a list of objects."""
+        out = dataclasses.asdict(self)
+        out["nodes"] = [dataclasses.asdict(node) for node in self.nodes]
+        out["client_settings"] = dict(self.client_settings)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> BrokerInfo:
+        """Read :meth:`to_json`'s form (and the older form without nodes, a single broker)."""
+        fields = dict(data)
+        nodes = tuple(NodeInfo(**node) for node in fields.pop("nodes", ()))
+        if not nodes:
+            nodes = (NodeInfo(1, fields["pid"], fields["port"], fields["controller_port"], fields["data_dir"],
+                              fields["log_file"]),)
+        return cls(**fields, nodes=nodes)
 
 
 def default_data_dir() -> Path:
@@ -218,19 +281,40 @@ def _pid_is_broker(pid: int) -> bool:
 
 
 class EmbeddedKafkaBroker:
-    """A single-node Apache Kafka broker in KRaft mode, bound to 127.0.0.1.
+    """Apache Kafka in KRaft mode on 127.0.0.1: one node, or a cluster of ``nodes`` nodes.
+
+    Every node runs broker and controller in one JVM (KRaft's combined mode) from the same jars,
+    with a static quorum (``controller.quorum.voters``) of all nodes. A cluster of three or more
+    creates its internal topics (consumer offsets, transaction state) with three replicas and
+    ``min.insync.replicas`` 2, so it survives the loss of one node.
 
     Args:
         data_dir: where configuration, KRaft metadata, topic logs and logs live
-            (default :func:`default_data_dir`).
-        port: client port; default: the port of the last start if still free, else a free one.
+            (default :func:`default_data_dir`); a cluster keeps node ``i`` in ``node-<i>/``.
+        port: client port of the first node; default: the port of the last start if still
+            free, else a free one.
+        nodes: number of KRaft nodes (default 1).
+        security: ``none`` (PLAINTEXT) or ``sasl-scram``: clients authenticate with
+            SASL/SCRAM-SHA-512 over plaintext, ``StandardAuthorizer`` enforces ACLs and
+            :data:`ADMIN_USER` (password generated at first start, kept in
+            ``credentials.json``, mode 0600) is the only super user. The controller listener
+            authenticates with SASL/PLAIN as the admin (SCRAM credentials live in the metadata
+            log, which controllers need before they can read it).
+        scram_users: user name -> password of SCRAM users, created when the storage is
+            formatted (``kafka-storage format --add-scram``); users added on a later start are
+            created through the AdminClient (``AlterUserScramCredentials``).
         kafka_version: the Apache Kafka release to run (default :data:`KAFKA_VERSION`).
         cache_dir: jar cache root (default :func:`default_cache_dir`).
-        heap: JVM heap size for ``-Xmx`` (default ``512m``).
-        broker_overrides: broker properties under their standard names, written into
-            ``server.properties`` over Chandy's defaults at first start.
+        heap: JVM heap size for ``-Xmx`` per node (default ``512m``).
+        broker_overrides: broker properties under their standard names, written into each
+            node's ``server.properties`` over Chandy's defaults.
 
-    ``up()`` is idempotent and guarded by a file lock, so two concurrent callers share one broker.
+    ``up()`` is idempotent and guarded by a file lock, so two concurrent callers share one
+    cluster; on a cluster whose nodes partly died it restarts the dead ones.
+
+    Raises:
+        KafkaLauncherError: ``nodes`` below 1, an unknown ``security``, or a SCRAM user name or
+            password with characters ``kafka-storage`` cannot take (``,``, ``]``, ``=``, ``"``).
     """
 
     def __init__(
@@ -238,13 +322,30 @@ class EmbeddedKafkaBroker:
         data_dir: Path | str | None = None,
         *,
         port: int | None = None,
+        nodes: int = 1,
+        security: str = "none",
+        scram_users: Mapping[str, str] | None = None,
         kafka_version: str = KAFKA_VERSION,
         cache_dir: Path | None = None,
         heap: str = "512m",
         broker_overrides: Mapping[str, str] | None = None,
     ) -> None:
+        if nodes < 1:
+            raise KafkaLauncherError(f"a Kafka cluster needs at least one node, got nodes={nodes}")
+        if security not in SECURITY_MODES:
+            raise KafkaLauncherError(f"unknown security {security!r}; expected one of {', '.join(SECURITY_MODES)}")
+        self.scram_users = dict(scram_users or {})
+        for name, password in self.scram_users.items():
+            for what, value in (("user name", name), ("password", password)):
+                if not value or re.search(r'[,\]="\s]', value):
+                    raise KafkaLauncherError(f"SCRAM {what} {value!r} of user {name!r} is empty or holds one of , ] = \" "
+                                             "or a space, which kafka-storage --add-scram cannot take")
+        if self.scram_users and security != "sasl-scram":
+            raise KafkaLauncherError("SCRAM users need --security sasl-scram")
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         self.port = port
+        self.nodes = nodes
+        self.security = security
         self.kafka_version = kafka_version
         self.cache_dir = cache_dir
         self.heap = heap
@@ -256,12 +357,20 @@ class EmbeddedKafkaBroker:
         return self.data_dir / "broker.json"
 
     @property
+    def credentials_file(self) -> Path:
+        return self.data_dir / "credentials.json"
+
+    @property
     def log_file(self) -> Path:
-        return self.data_dir / "broker.log"
+        return self.node_dir(1) / "broker.log"
 
     @property
     def out_file(self) -> Path:
-        return self.data_dir / "broker.out"
+        return self.node_dir(1) / "broker.out"
+
+    def node_dir(self, node_id: int) -> Path:
+        """Node ``node_id``'s directory: ``data_dir`` itself for a single node, else ``data_dir/node-<id>``."""
+        return self.data_dir if self.nodes == 1 else self.data_dir / f"node-{node_id}"
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -275,104 +384,257 @@ class EmbeddedKafkaBroker:
 
     def _read_info(self) -> BrokerInfo | None:
         try:
-            return BrokerInfo(**json.loads(self.info_file.read_text()))
-        except (OSError, ValueError, TypeError):
+            return BrokerInfo.from_json(json.loads(self.info_file.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
             return None
+
+    def _write_info(self, info: BrokerInfo) -> None:
+        self.info_file.write_text(json.dumps(info.to_json(), indent=2))
+        self.info_file.chmod(0o600)  # it holds the admin's password when security is on
 
     # -- public API --------------------------------------------------------------------------
     def status(self) -> BrokerInfo | None:
-        """The running broker's :class:`BrokerInfo`, or None when none runs from ``data_dir``."""
+        """The running broker's :class:`BrokerInfo`, or None when no node runs from ``data_dir``."""
         info = self._read_info()
-        if info is None or not _pid_is_broker(info.pid):
+        if info is None or not any(_pid_is_broker(node.pid) for node in info.nodes):
             return None
         return info
 
-    def up(self, timeout_s: float = 120.0) -> BrokerInfo:
-        """Start the broker, or return the one already running from ``data_dir``.
+    def alive_nodes(self) -> list[int]:
+        """The ``node.id`` of every node whose process runs now (empty when none does)."""
+        info = self._read_info()
+        return [] if info is None else [node.node_id for node in info.nodes if _pid_is_broker(node.pid)]
 
-        Returns once the broker answers an AdminClient metadata request.
+    def up(self, timeout_s: float = 120.0) -> BrokerInfo:
+        """Start the broker or cluster, or return the one already running from ``data_dir``
+        (restarting any of its nodes that died).
+
+        Returns once every node is registered in the cluster's metadata.
 
         Raises:
             JavaNotFoundError, KafkaJarsError: the prerequisites are missing.
-            BrokerStartError: the process exited or did not answer within ``timeout_s`` seconds.
+            BrokerStartError: a process exited or the cluster did not answer within ``timeout_s`` seconds.
         """
         with self._lock():
             running = self.status()
             if running is not None:
-                self._wait_ready(running, timeout_s, process=None)
+                if len(running.nodes) != self.nodes:
+                    raise BrokerStartError(f"a cluster of {len(running.nodes)} node(s) already runs from {self.data_dir}; "
+                                           f"stop it (chandy kafka down) before starting {self.nodes}")
+                dead = [n.node_id for n in running.nodes if not _pid_is_broker(n.pid)]
+                for node_id in dead:
+                    running = self._start_node(running, node_id)
+                self._wait_ready(running, timeout_s, processes={})
                 return running
             java = find_java()
             libs = resolve_kafka_jars(self.kafka_version, self.cache_dir)
-            port, controller_port = self._choose_ports()
-            properties = self._write_server_properties(port, controller_port)
-            self._format_storage(java, libs, properties)
-            info, process = self._launch(java, libs, properties, port, controller_port)
+            credentials = self._credentials()
+            ports = self._choose_ports()
+            cluster_id = self._cluster_id()
+            node_infos = []
+            processes: dict[int, subprocess.Popen] = {}
+            for node_id in ports:
+                properties = self._write_server_properties(node_id, ports, credentials)
+                self._format_storage(java, libs, node_id, properties, cluster_id, credentials)
             try:
-                self._wait_ready(info, timeout_s, process=process)
+                for node_id, (port, controller_port) in ports.items():
+                    properties = self.node_dir(node_id) / "server.properties"
+                    process = self._launch(java, libs, node_id, properties)
+                    processes[node_id] = process
+                    node_infos.append(NodeInfo(node_id, process.pid, port, controller_port, str(self.node_dir(node_id)),
+                                               str(self.node_dir(node_id) / "broker.log")))
+                first = node_infos[0]
+                info = BrokerInfo(pid=first.pid, port=first.port, controller_port=first.controller_port,
+                                  kafka_version=self.kafka_version, data_dir=str(self.data_dir), log_file=first.log_file,
+                                  started_at=time.time(), nodes=tuple(node_infos), security=self.security,
+                                  client_settings=self._client_settings(credentials))
+                self._write_info(info)
+                self._wait_ready(info, timeout_s, processes=processes)
+                self._add_scram_users(info, credentials)
             except BrokerStartError:
-                self._stop_pid(info.pid, timeout_s=10)
+                for process in processes.values():
+                    self._stop_pid(process.pid, timeout_s=10)
                 self.info_file.unlink(missing_ok=True)
                 raise
             return info
 
     def down(self, timeout_s: float = 30.0) -> bool:
-        """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout_s`` seconds).
+        """Stop every node cleanly (SIGTERM, then SIGKILL after ``timeout_s`` seconds).
 
-        Returns True when a broker was running and is now stopped, False when none was running.
+        Returns True when a node was running and all are now stopped, False when none was running.
         """
         with self._lock():
             info = self.status()
             if info is None:
                 self.info_file.unlink(missing_ok=True)
                 return False
-            self._stop_pid(info.pid, timeout_s)
+            for node in info.nodes:  # SIGTERM to all first: they shut down together, not one by one
+                with contextlib.suppress(ProcessLookupError):
+                    if _pid_is_broker(node.pid):
+                        os.kill(node.pid, signal.SIGTERM)
+            for node in info.nodes:
+                self._stop_pid(node.pid, timeout_s)
             self.info_file.unlink(missing_ok=True)
             return True
 
+    def kill_node(self, node_id: int, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` (default SIGKILL, ``kill -9``) to node ``node_id`` and wait until its
+        process is gone. Returns the pid killed.
+
+        Raises:
+            KafkaLauncherError: no cluster runs from ``data_dir`` or it has no such node.
+        """
+        info = self.status()
+        if info is None:
+            raise KafkaLauncherError(f"no embedded Kafka runs from {self.data_dir}")
+        pid = info.node(node_id).pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + 30
+        while _pid_is_broker(pid) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.05)
+        _reap(pid)
+        return pid
+
+    def start_node(self, node_id: int, timeout_s: float = 120.0) -> BrokerInfo:
+        """Start node ``node_id`` again (after :meth:`kill_node` or a crash) with its former
+        ports and data; returns once the cluster's metadata lists it again.
+
+        Raises:
+            KafkaLauncherError: no cluster runs from ``data_dir``; BrokerStartError: it did not come back.
+        """
+        with self._lock():
+            info = self.status()
+            if info is None:
+                raise KafkaLauncherError(f"no embedded Kafka runs from {self.data_dir}; start it with up()")
+            info = self._start_node(info, node_id)
+            self._wait_ready(info, timeout_s, processes={})
+            return info
+
     # -- steps -------------------------------------------------------------------------------
-    def _saved_ports(self) -> tuple[int, int] | None:
-        properties = self.data_dir / "server.properties"
+    def _start_node(self, info: BrokerInfo, node_id: int) -> BrokerInfo:
+        node = info.node(node_id)
+        if _pid_is_broker(node.pid):
+            return info
+        for port in (node.port, node.controller_port):
+            if not _port_is_free(port):
+                raise BrokerStartError(f"node {node_id} cannot restart: port 127.0.0.1:{port} is in use")
+        process = self._launch(find_java(), resolve_kafka_jars(self.kafka_version, self.cache_dir), node_id,
+                               self.node_dir(node_id) / "server.properties")
+        nodes = tuple(dataclasses.replace(n, pid=process.pid) if n.node_id == node_id else n for n in info.nodes)
+        info = dataclasses.replace(info, nodes=nodes, pid=nodes[0].pid)
+        self._write_info(info)
+        return info
+
+    def _credentials(self) -> dict[str, str]:
+        """User -> password of the admin and the SCRAM users (kept in ``credentials.json``, mode 0600)."""
+        if self.security == "none":
+            return {}
+        try:
+            saved = json.loads(self.credentials_file.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        credentials = {ADMIN_USER: saved.get(ADMIN_USER) or secrets.token_urlsafe(18), **saved, **self.scram_users}
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.credentials_file.write_text(json.dumps(credentials, indent=2))
+        self.credentials_file.chmod(0o600)
+        return credentials
+
+    def _client_settings(self, credentials: Mapping[str, str]) -> dict[str, str]:
+        if self.security == "none":
+            return {}
+        return kafka_config.sasl_settings(ADMIN_USER, credentials[ADMIN_USER], mechanism=SCRAM_MECHANISM)
+
+    def _add_scram_users(self, info: BrokerInfo, credentials: Mapping[str, str]) -> None:
+        """Create (or update) the SCRAM users given on this start, e.g. on a cluster formatted
+        before they were asked for (``AlterUserScramCredentials``, as ``kafka-configs --alter``)."""
+        if not self.scram_users:
+            return
+        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+        admin = kafka_config.admin_client(info.bootstrap_servers, dict(info.client_settings))
+        upserts = [UserScramCredentialUpsertion(name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096),
+                                                password.encode()) for name, password in self.scram_users.items()]
+        for name, future in admin.alter_user_scram_credentials(upserts).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                raise BrokerStartError(f"could not create SCRAM user {name}: {exc.args[0].str()}") from exc
+
+    def _saved_ports(self, node_id: int) -> tuple[int, int] | None:
+        properties = self.node_dir(node_id) / "server.properties"
         if not properties.exists():
             return None
         text = properties.read_text()
-        port = re.search(r"^listeners=PLAINTEXT://127\.0\.0\.1:(\d+)", text, re.M)
+        port = re.search(r"^listeners=[A-Z_]+://127\.0\.0\.1:(\d+)", text, re.M)
         cport = re.search(r"CONTROLLER://127\.0\.0\.1:(\d+)", text)
         if port and cport:
             return int(port.group(1)), int(cport.group(1))
         return None
 
-    def _choose_ports(self) -> tuple[int, int]:
-        saved = self._saved_ports()
-        if self.port is not None:
-            if not _port_is_free(self.port):
-                raise BrokerStartError(f"port 127.0.0.1:{self.port} is already in use")
-            controller = saved[1] if saved and _port_is_free(saved[1]) else free_port()
-            return self.port, controller
-        if saved and all(_port_is_free(p) for p in saved):
-            return saved
-        return free_port(), free_port()
+    def _choose_ports(self) -> dict[int, tuple[int, int]]:
+        """node id -> (client port, controller port): the saved ones when all are free (a
+        cluster's quorum is bound to its controller ports), else fresh free ones."""
+        saved = {node_id: self._saved_ports(node_id) for node_id in range(1, self.nodes + 1)}
+        known = {node_id: pair for node_id, pair in saved.items() if pair is not None}
+        if len(known) == self.nodes and all(_port_is_free(p) for pair in known.values() for p in pair) and (
+                self.port is None or known[1][0] == self.port):
+            return known
+        if self.port is not None and not _port_is_free(self.port):
+            raise BrokerStartError(f"port 127.0.0.1:{self.port} is already in use")
+        if self.nodes > 1 and any(saved.values()) and (self.node_dir(1) / "kraft" / "meta.properties").exists():
+            raise BrokerStartError(f"the cluster in {self.data_dir} cannot restart: one of its saved ports is in use")
+        taken: set[int] = {self.port} if self.port is not None else set()
+        ports: dict[int, tuple[int, int]] = {}
+        for node_id in range(1, self.nodes + 1):
+            pair = []
+            for _ in range(2):
+                port = free_port()
+                while port in taken:
+                    port = free_port()
+                taken.add(port)
+                pair.append(port)
+            if node_id == 1 and self.port is not None:
+                pair[0] = self.port
+            ports[node_id] = (pair[0], pair[1])
+        return ports
 
-    def _write_server_properties(self, port: int, controller_port: int) -> Path:
+    def _cluster_id(self) -> str:
+        for node_id in range(1, self.nodes + 1):
+            meta = self.node_dir(node_id) / "kraft" / "meta.properties"
+            with contextlib.suppress(OSError):
+                match = re.search(r"^cluster\.id=(\S+)", meta.read_text(), re.M)
+                if match:
+                    return match.group(1)
+        return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+    def _write_server_properties(self, node_id: int, ports: Mapping[int, tuple[int, int]],
+                                 credentials: Mapping[str, str]) -> Path:
+        port, controller_port = ports[node_id]
+        replicas = str(min(3, self.nodes))
+        min_isr = str(min(2, self.nodes))
+        listener = "PLAINTEXT" if self.security == "none" else "SASL_PLAINTEXT"
         settings = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "node.id": str(node_id),
+            "controller.quorum.voters": ",".join(f"{n}@127.0.0.1:{c}" for n, (_, c) in sorted(ports.items())),
+            "listeners": f"{listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self.data_dir / "kraft"),
-            # a single node: every internal topic has one replica and needs one in sync
-            "offsets.topic.replication.factor": "1",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:{listener}",
+            "log.dirs": str(self.node_dir(node_id) / "kraft"),
+            # one node: every internal topic has one replica; three or more: three, two in sync
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": "10",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
             "transaction.state.log.num.partitions": "10",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "min.insync.replicas": "1",
-            "default.replication.factor": "1",
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_isr,
+            "min.insync.replicas": min_isr,
+            "default.replication.factor": replicas,
             "group.initial.rebalance.delay.ms": "0",
             # Chandy creates its topics with explicit settings; a typo must not create one
             "auto.create.topics.enable": "false",
@@ -380,20 +642,44 @@ class EmbeddedKafkaBroker:
             "log.cleaner.backoff.ms": "1000",
             "num.partitions": "1",
         }
+        if self.security == "sasl-scram":
+            admin_password = credentials[ADMIN_USER]
+            settings.update({
+                "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+                "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+                f"listener.name.{listener.lower()}.{SCRAM_MECHANISM.lower()}.sasl.jaas.config":
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                    f'username="{ADMIN_USER}" password="{admin_password}";',
+                # SCRAM credentials live in the metadata log: the controllers authenticate with PLAIN
+                "sasl.mechanism.controller.protocol": "PLAIN",
+                "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.controller.plain.sasl.jaas.config":
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    f'username="{ADMIN_USER}" password="{admin_password}" user_{ADMIN_USER}="{admin_password}";',
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "super.users": f"User:{ADMIN_USER}",
+                "allow.everyone.if.no.acl.found": "false",
+            })
         settings.update(self.broker_overrides)
-        path = self.data_dir / "server.properties"
+        node_dir = self.node_dir(node_id)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        path = node_dir / "server.properties"
         path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        if self.security != "none":
+            path.chmod(0o600)
         return path
 
-    def _format_storage(self, java: str, libs: Path, properties: Path) -> None:
-        kraft = self.data_dir / "kraft"
+    def _format_storage(self, java: str, libs: Path, node_id: int, properties: Path, cluster_id: str,
+                        credentials: Mapping[str, str]) -> None:
+        kraft = self.node_dir(node_id) / "kraft"
         if (kraft / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        scram = [f"--add-scram={SCRAM_MECHANISM}=[name={name},password={password}]"
+                 for name, password in credentials.items()]
         proc = subprocess.run(
-            [java, "-cp", f"{libs}/*", *self._log_flags(), _STORAGE_TOOL, "format",
+            [java, "-cp", f"{libs}/*", *self._log_flags(node_id), _STORAGE_TOOL, "format",
              # "=" form: a base64 cluster id may start with "-", which would read as an option
-             f"--cluster-id={cluster_id}", f"--config={properties}"],
+             f"--cluster-id={cluster_id}", f"--config={properties}", *scram],
             capture_output=True,
             text=True,
             check=False,
@@ -401,17 +687,15 @@ class EmbeddedKafkaBroker:
         if proc.returncode != 0:
             raise BrokerStartError(f"formatting KRaft storage in {kraft} failed: {proc.stdout}{proc.stderr}")
 
-    def _log_flags(self) -> list[str]:
+    def _log_flags(self, node_id: int) -> list[str]:
         log4j = resources.files("chandy") / "log4j2.properties"
-        return [f"-Dlog4j2.configurationFile={log4j}", f"-Dchandy.log.file={self.log_file}"]
+        return [f"-Dlog4j2.configurationFile={log4j}", f"-Dchandy.log.file={self.node_dir(node_id) / 'broker.log'}"]
 
-    def _launch(
-        self, java: str, libs: Path, properties: Path, port: int, controller_port: int
-    ) -> tuple[BrokerInfo, subprocess.Popen]:
-        out = open(self.out_file, "ab")
+    def _launch(self, java: str, libs: Path, node_id: int, properties: Path) -> subprocess.Popen:
+        out = open(self.node_dir(node_id) / "broker.out", "ab")
         command = [
             java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true", *self._log_flags(),
+            "-Djava.awt.headless=true", *self._log_flags(node_id),
             "-cp", f"{libs}/*", _MAIN_CLASS, str(properties),
         ]
         # a session of its own: Ctrl-C in the shell that ran `chandy kafka up` leaves it running
@@ -419,45 +703,39 @@ class EmbeddedKafkaBroker:
             command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
         out.close()
-        info = BrokerInfo(
-            pid=process.pid,
-            port=port,
-            controller_port=controller_port,
-            kafka_version=self.kafka_version,
-            data_dir=str(self.data_dir),
-            log_file=str(self.log_file),
-            started_at=time.time(),
-        )
-        self.info_file.write_text(json.dumps(dataclasses.asdict(info), indent=2))
-        return info, process
+        return process
 
-    def _wait_ready(self, info: BrokerInfo, timeout_s: float, process: subprocess.Popen | None) -> None:
+    def _wait_ready(self, info: BrokerInfo, timeout_s: float, processes: Mapping[int, subprocess.Popen]) -> None:
+        """Wait until the metadata lists every node whose process runs as a broker."""
         deadline = time.monotonic() + timeout_s
         # log_level 0: "connection refused" is expected until the broker listens, not worth printing
         admin = kafka_config.admin_client(
-            info.bootstrap_servers, {"socket.connection.setup.timeout.ms": 1000, "log_level": 0}
+            info.bootstrap_servers, {"socket.connection.setup.timeout.ms": 1000, "log_level": 0, **info.client_settings}
         )
         while True:
-            if process is not None and process.poll() is not None:
-                raise BrokerStartError(
-                    f"the Kafka broker exited with code {process.returncode}; its log ends with:\n{self._log_tail()}"
-                )
+            for node_id, process in processes.items():
+                if process.poll() is not None:
+                    raise BrokerStartError(
+                        f"Kafka node {node_id} exited with code {process.returncode}; its log ends with:\n"
+                        f"{self._log_tail(node_id)}"
+                    )
+            wanted = {n.node_id for n in info.nodes if _pid_is_broker(n.pid)}
             try:
                 metadata = admin.list_topics(timeout=1.0)
-                if metadata.brokers:
+                if metadata.brokers and wanted <= set(metadata.brokers):
                     return
             except KafkaException:
                 pass
             if time.monotonic() > deadline:
                 raise BrokerStartError(
-                    f"the Kafka broker at {info.bootstrap_servers} did not answer within {timeout_s:.0f} s; "
-                    f"its log ends with:\n{self._log_tail()}"
+                    f"the Kafka cluster at {info.bootstrap_servers} did not list nodes {sorted(wanted)} within "
+                    f"{timeout_s:.0f} s; the log ends with:\n{self._log_tail(1)}"
                 )
             time.sleep(0.2)
 
-    def _log_tail(self, lines: int = 20) -> str:
+    def _log_tail(self, node_id: int = 1, lines: int = 20) -> str:
         chunks = []
-        for path in (self.out_file, self.log_file):
+        for path in (self.node_dir(node_id) / "broker.out", self.node_dir(node_id) / "broker.log"):
             with contextlib.suppress(OSError):
                 chunks.extend(path.read_text(errors="replace").splitlines()[-lines:])
         return "\n".join(chunks[-lines:]) or "(empty)"
@@ -471,6 +749,7 @@ class EmbeddedKafkaBroker:
             if not _pid_is_broker(pid):
                 _reap(pid)
                 return
+            _reap(pid)
             time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

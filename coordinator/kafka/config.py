@@ -85,6 +85,29 @@ def consumer_config(
     return _merge(base, overrides)
 
 
+#: librdkafka settings (exact keys, then prefixes) that say how to connect and authenticate:
+#: every client of one principal needs the same ones, whatever else it sets.
+SECURITY_KEYS = ("security.protocol", "client.dns.lookup")
+SECURITY_PREFIXES = ("sasl.", "ssl.")
+
+
+def security_settings(settings: Mapping[str, Any] | None) -> KafkaConfig:
+    """The connection and authentication settings among ``settings`` (``security.protocol``,
+    ``sasl.*``, ``ssl.*``) under their librdkafka names: what an AdminClient or a second
+    producer needs to act as the same principal as the client ``settings`` were given for."""
+    return {key: value for key, value in (settings or {}).items()
+            if key in SECURITY_KEYS or key.startswith(SECURITY_PREFIXES)}
+
+
+def sasl_settings(username: str, password: str, *, mechanism: str = "SCRAM-SHA-512",
+                  protocol: str = "SASL_PLAINTEXT") -> KafkaConfig:
+    """librdkafka settings to authenticate as ``username`` with SASL (``security.protocol``,
+    ``sasl.mechanism``, ``sasl.username``, ``sasl.password``), e.g. SCRAM-SHA-512 over
+    plaintext; use ``protocol="SASL_SSL"`` together with ``ssl.*`` settings for TLS."""
+    return {"security.protocol": protocol, "sasl.mechanism": mechanism, "sasl.username": username,
+            "sasl.password": password}
+
+
 def admin_client(bootstrap_servers: str, overrides: Mapping[str, Any] | None = None) -> AdminClient:
     """An :class:`AdminClient` built from :func:`admin_config`."""
     return AdminClient(admin_config(bootstrap_servers, overrides))
