@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from connectors.kafka.source import offsets as offsets_module
 from connectors.kafka.source.log_records import OffsetCommitRecord, SplitAssignment, SplitAssignmentRecord, TopicPartitionOffset
@@ -48,7 +48,7 @@ from connectors.kafka.source.subscriber import subscribed_topics
 from coordinator import serde
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
-from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
+from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorCoordinatorContext, OperatorEvent, SubtaskGateway
 from schemas.codec import SingleObjectCodec
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 ADD_SPLITS = "AddSplits"
 OFFSET_RANGES = "OffsetRanges"
+
+
+class KafkaSourceClosedError(ChandyError):
+    """The enumerator was used after :meth:`KafkaSourceEnumerator.close` (or before ``start``)."""
 
 
 class KafkaSourceConfigError(ChandyError):
@@ -158,12 +162,12 @@ class SplitsEvent:
 class KafkaSourceEnumerator:
     """The enumerator (see the module docstring). Created by :class:`KafkaSourceCoordinatorProvider`."""
 
-    def __init__(self, context: Any, options: KafkaSourceOptions) -> None:
+    def __init__(self, context: OperatorCoordinatorContext, options: KafkaSourceOptions) -> None:
         self.context = context
         self.options = options
         self.num_readers = context.current_parallelism()
         self.splits: dict[TP, KafkaPartitionSplit] = {}  # every known partition, with its initial offset
-        self.readers: dict[int, Any] = {}  # subtask -> gateway of its ready attempt
+        self.readers: dict[int, SubtaskGateway] = {}  # subtask -> gateway of its ready attempt
         self.sent: dict[int, set[TP]] = {}  # splits each ready reader has been sent
         self.initial_discovery_finished = False
         self.committed_end: dict[TP, int] = {}  # range starts: ends of the last completed checkpoint
@@ -172,16 +176,16 @@ class KafkaSourceEnumerator:
         self.commits_failed = 0
         self._known: frozenset[TP] = frozenset()  # read by discovery on the I/O thread
         self._commit_lock = threading.Lock()
-        self._consumer = None
-        self._committer = None
+        self._consumer: Consumer | None = None
+        self._committer: Consumer | None = None
         self._closed = False
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        self._consumer = kafka_config.consumer(self.options.bootstrap_servers, group_id=self.options.group_id,
-                                               overrides=self.options.consumer_overrides)
+        consumer = self._consumer = kafka_config.consumer(
+            self.options.bootstrap_servers, group_id=self.options.group_id, overrides=self.options.consumer_overrides)
         if self.options.commits:
-            self._committer = self._consumer
+            self._committer = consumer
         elif self.options.group_id is None:
             log.warning("Kafka source %s has no group.id: offsets are not committed to Kafka "
                         "(the checkpoints alone record progress)", self.context.operator_id)
@@ -197,8 +201,15 @@ class KafkaSourceEnumerator:
 
     # -- discovery ------------------------------------------------------------------------------------
     def _discover(self) -> tuple[bool, dict[TP, int]]:
-        """On the I/O executor: partitions not yet known, with their starting offsets."""
-        metadata = self._consumer.list_topics(timeout=30)
+        """On the I/O executor: partitions not yet known, with their starting offsets.
+
+        Raises:
+            KafkaSourceClosedError: the enumerator was closed (or never started).
+        """
+        consumer = self._consumer
+        if consumer is None:
+            raise KafkaSourceClosedError(f"Kafka source {self.context.operator_id}: the enumerator is closed")
+        metadata = consumer.list_topics(timeout=30)
         available = [t for t, m in metadata.topics.items() if m.error is None]
         wanted = subscribed_topics(available, self.options.topics, self.options.topic_pattern)
         missing = set(self.options.topics) - set(wanted)
@@ -207,7 +218,7 @@ class KafkaSourceEnumerator:
         found = {(t, p) for t in wanted for p in metadata.topics[t].partitions}
         new = sorted(found - self._known)
         initial = not self.initial_discovery_finished
-        retriever = ConsumerOffsetsRetriever(self._consumer)
+        retriever = ConsumerOffsetsRetriever(consumer)
         # the first discovery uses the configured initializer, later ones start at earliest (Flink)
         initializer = self.options.starting_offsets if initial else offsets_module.earliest()
         return initial, initializer.get_partition_offsets(new, retriever) if new else {}
@@ -217,6 +228,8 @@ class KafkaSourceEnumerator:
             if isinstance(error, offsets_module.NoOffsetForPartitionError):
                 raise error  # a configuration problem: fail the job with a clear message
             log.warning("partition discovery failed: %s", error)
+            return
+        if result is None:
             return
         initial, new = result
         added = [KafkaPartitionSplit(t, p, offset) for (t, p), offset in sorted(new.items())
@@ -271,7 +284,7 @@ class KafkaSourceEnumerator:
         self.context.append_log_record(SplitAssignmentRecord(
             self.context.job_id, self.context.operator_id, checkpoint_id, splits, int(time.time() * 1000)))
 
-    def execution_attempt_ready(self, subtask: int, attempt_number: int, gateway: Any) -> None:
+    def execution_attempt_ready(self, subtask: int, attempt_number: int, gateway: SubtaskGateway) -> None:
         self.readers[subtask] = gateway
         self.sent[subtask] = set()  # a new attempt has none of its splits yet
         self._send_pending(subtask)
@@ -309,9 +322,9 @@ class KafkaSourceEnumerator:
                     error: BaseException | None, result_future: concurrent.futures.Future) -> None:
         if checkpoint_id not in self.in_flight:
             return  # aborted meanwhile
-        if error is not None:
+        if error is not None or ends is None:
             del self.in_flight[checkpoint_id]
-            result_future.set_exception(error)
+            result_future.set_exception(error or KafkaSourceClosedError(f"no end offsets for checkpoint {checkpoint_id}"))
             return
         cap = self.options.max_records_per_checkpoint
         ranges: dict[TP, KafkaPartitionSplit] = {}
@@ -344,7 +357,7 @@ class KafkaSourceEnumerator:
         done = [c for c in self.in_flight if c <= checkpoint_id and self.in_flight[c]]
         if done:
             newest = max(done)
-            ends = {tp: r.stopping_offset for tp, r in self.in_flight[newest].items()}
+            ends = {tp: r.stopping_offset for tp, r in self.in_flight[newest].items() if r.stopping_offset is not None}
             self.committed_end.update(ends)
             self._commit(newest, ends)
         for c in [c for c in self.in_flight if c <= checkpoint_id]:
@@ -366,7 +379,7 @@ class KafkaSourceEnumerator:
             for assigned in state.splits:
                 self.splits[assigned.split.topic_partition] = assigned.split
                 self.committed_end[assigned.split.topic_partition] = assigned.split.starting_offset
-            ends = {r.topic_partition: r.stopping_offset for r in state.ranges}
+            ends = {r.topic_partition: r.stopping_offset for r in state.ranges if r.stopping_offset is not None}
             self.committed_end.update(ends)
             self.initial_discovery_finished = state.initial_discovery_finished
             # restoring implies completion: committing its offsets is safe (Flink's OperatorCoordinator javadoc)
@@ -384,7 +397,8 @@ class KafkaSourceEnumerator:
 
     # -- offset commits ----------------------------------------------------------------------------------------
     def _commit(self, checkpoint_id: int, ends: dict[TP, int]) -> None:
-        if self._committer is None or not ends:
+        committer, group_id = self._committer, self.options.group_id
+        if committer is None or group_id is None or not ends:
             return
         offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(ends.items())]
 
@@ -392,7 +406,7 @@ class KafkaSourceEnumerator:
             with self._commit_lock:
                 if self._closed:
                     return
-                result = self._committer.commit(offsets=offsets, asynchronous=False)
+                result = committer.commit(offsets=offsets, asynchronous=False)
                 failed = [tp for tp in result or [] if tp.error is not None]
                 if failed:
                     raise KafkaException(failed[0].error)
@@ -405,7 +419,7 @@ class KafkaSourceEnumerator:
                 return
             self.commits_succeeded += 1
             self.context.append_log_record(OffsetCommitRecord(
-                self.context.job_id, self.options.group_id, checkpoint_id,
+                self.context.job_id, group_id, checkpoint_id,
                 tuple(TopicPartitionOffset(t, p, o) for (t, p), o in sorted(ends.items())), int(time.time() * 1000)))
 
         self.context.call_async(commit, done)
@@ -420,5 +434,5 @@ class KafkaSourceCoordinatorProvider:
     #: reader subtasks, when the readers are not an operator whose acks the coordinator awaits
     parallelism: int | None = None
 
-    def create(self, context: Any) -> KafkaSourceEnumerator:
+    def create(self, context: OperatorCoordinatorContext) -> KafkaSourceEnumerator:
         return KafkaSourceEnumerator(context, self.options)

@@ -58,18 +58,20 @@ class KafkaRangeReader:
                 if not messages and time.monotonic() - last_progress > self.timeout_s:
                     raise RangeReadError(f"no progress reading {split.split_id} [{start}, {stop}) for {self.timeout_s} s")
                 for message in messages:
-                    error = message.error()
+                    error, offset = message.error(), message.offset()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
-                            if message.offset() >= stop:
+                            if offset is not None and offset >= stop:
                                 return
                             continue
                         raise RangeReadError(f"reading {split.split_id}: {error}")
+                    if offset is None:  # never for a fetched record
+                        continue
                     last_progress = time.monotonic()
-                    if message.offset() >= stop:
+                    if offset >= stop:
                         return
                     yield message
-                    if message.offset() + 1 >= stop:
+                    if offset + 1 >= stop:
                         return
         finally:
             self.consumer.unassign()
