@@ -35,6 +35,7 @@ from coordinator.environment import Batch, Mailbox
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.log import LoadStats, encode_record, load_state, partition_for
+from coordinator.kafka.metrics import CheckpointMetricsCollector, MetricsServer
 from coordinator.kafka.topics import ChandyTopics, ensure_topics
 from coordinator.messages import (
     MESSAGE_TYPES,
@@ -290,6 +291,10 @@ class CoordinatorService:
             (see :class:`~coordinator.checkpoint_coordinator.CheckpointCoordinator`).
         checkpoint_id_floor: the next checkpoint ID is at least this (Flink's
             ``CheckpointIDCounter.setCount``), written to the log at start.
+        metrics_port: serve Prometheus metrics (Flink's checkpoint metric names, see
+            :mod:`coordinator.kafka.metrics`) on this port from :meth:`start` to :meth:`stop`;
+            0 picks a free port (read :attr:`metrics_server`), None (default) serves none.
+        metrics_address: the address the metrics server binds (default all interfaces).
     """
 
     def __init__(
@@ -313,6 +318,8 @@ class CoordinatorService:
         io_threads: int = 4,
         completion_outputs: Callable[[Any], Any] | None = None,
         checkpoint_id_floor: int | None = None,
+        metrics_port: int | None = None,
+        metrics_address: str = "0.0.0.0",
     ) -> None:
         if not options.checkpoint_dir:
             raise ChandyError("a checkpoint directory (state.checkpoints.dir) is required")
@@ -347,6 +354,9 @@ class CoordinatorService:
         self.coordinator: CheckpointCoordinator | None = None
         self._writer: LogWriter | None = None
         self._acks: AckReader | None = None
+        self._metrics_port = metrics_port
+        self._metrics_address = metrics_address
+        self.metrics_server: MetricsServer | None = None
 
     # -- CoordinatorEnvironment ------------------------------------------------------------------
     def now_ms(self) -> int:
@@ -369,7 +379,19 @@ class CoordinatorService:
         Raises:
             TopicError: the topics are missing and cannot be created, or the log is not compacted.
             RestoreError, MetadataFormatError, CheckpointPointerError: nothing restorable.
+            MetricsError: ``metrics_port`` cannot be bound (checked first).
         """
+        if self._metrics_port is not None and self.metrics_server is None:
+            self.metrics_server = MetricsServer(self._metrics_port, self._metrics_address)
+            self.metrics_server.register(CheckpointMetricsCollector(
+                self.job_id, lambda: self._call(lambda cc: cc.stats.to_json(), timeout_s=5.0), self.operators))
+        try:
+            return self._start(periodic=periodic, timeout_s=timeout_s)
+        except BaseException:
+            self._close_metrics()
+            raise
+
+    def _start(self, *, periodic: bool, timeout_s: float) -> CoordinatorService:
         admin = kafka_config.admin_client(self.bootstrap_servers)
         ensure_topics(admin, self.topics)
         log_partitions = len(admin.list_topics(self.topics.coordinator_log, timeout=timeout_s)
@@ -462,7 +484,13 @@ class CoordinatorService:
             self._acks.close()
         self.mailbox.close(discard=True)
         self.io_executor.shutdown(wait=False, cancel_futures=True)
+        self._close_metrics()
         self.stopped.set()
+
+    def _close_metrics(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop cleanly: abort pending checkpoints (written while still the active coordinator),
@@ -478,6 +506,7 @@ class CoordinatorService:
         if self._writer is not None:
             self._writer.close(timeout_s)
         self.io_executor.shutdown(wait=True)
+        self._close_metrics()
         self.stopped.set()
 
     # -- API (any thread) --------------------------------------------------------------------------------

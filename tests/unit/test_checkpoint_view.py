@@ -1,0 +1,117 @@
+"""Flink's REST shape folded from checkpoint events (coordinator/checkpoint_view.py), and the
+Prometheus gauge values derived from a stats body (coordinator/kafka/metrics.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.checkpoint_view import JobCheckpointsView, quantile, summary
+from coordinator.kafka.metrics import checkpoint_gauge_values
+from coordinator.messages import CheckpointEvent
+
+JOB = "3f2a9c1e5b7d4a60a1b2c3d4e5f60718"
+
+
+def event(checkpoint_id: int, kind: str, *, at: int, trigger: int, checkpoint_type: str = "CHECKPOINT",
+          duration: int | None = None, size: int = 0, reason: str | None = None, pointer: str | None = None,
+          acks: int = 0, job: str = JOB) -> CheckpointEvent:
+    return CheckpointEvent(job_id=job, checkpoint_id=checkpoint_id, event_type=kind, checkpoint_type=checkpoint_type,
+                           epoch=1, timestamp=at, trigger_timestamp=trigger, end_to_end_duration_ms=duration,
+                           num_subtasks=2, num_acknowledged=acks, state_size=size, failure_reason=reason,
+                           failure_message=None, external_pointer=pointer)
+
+
+def folded() -> JobCheckpointsView:
+    view = JobCheckpointsView(JOB)
+    for e in [
+        event(1, "TRIGGERED", at=1000, trigger=1000),
+        event(1, "COMPLETED", at=1040, trigger=1000, duration=40, size=100, acks=2, pointer="file:///c/chk-1"),
+        event(2, "TRIGGERED", at=2000, trigger=2000),
+        event(2, "ABORTED", at=2500, trigger=2000, reason="CHECKPOINT_DECLINED", acks=1),
+        event(3, "TRIGGERED", at=3000, trigger=3000, checkpoint_type="SAVEPOINT"),
+        event(3, "SAVEPOINT_COMPLETED", at=3070, trigger=3000, checkpoint_type="SAVEPOINT", duration=70, size=300,
+              acks=2, pointer="file:///sp/savepoint-1"),
+        event(4, "TRIGGERED", at=4000, trigger=4000),
+    ]:
+        view.apply(e)
+    return view
+
+
+def test_counts_latest_and_history_follow_flinks_checkpointing_statistics():
+    body = folded().checkpointing_statistics()
+    assert body["counts"] == {"restored": 0, "total": 4, "in_progress": 1, "completed": 2, "failed": 1}
+    assert [c["id"] for c in body["history"]] == [4, 3, 2, 1]
+    assert [c["status"] for c in body["history"]] == ["IN_PROGRESS", "COMPLETED", "FAILED", "COMPLETED"]
+    assert body["latest"]["completed"]["id"] == 1 and body["latest"]["completed"]["external_path"] == "file:///c/chk-1"
+    assert body["latest"]["savepoint"]["id"] == 3 and body["latest"]["savepoint"]["is_savepoint"] is True
+    assert body["latest"]["failed"]["id"] == 2 and body["latest"]["failed"]["failure_message"] == "CHECKPOINT_DECLINED"
+    assert body["latest"]["failed"]["failure_timestamp"] == 2500
+    assert body["latest"]["restored"] is None
+    assert set(body["summary"]) == {"checkpointed_size", "state_size", "end_to_end_duration", "alignment_buffered",
+                                    "processed_data", "persisted_data"}
+    duration = body["summary"]["end_to_end_duration"]
+    assert set(duration) == {"min", "max", "avg", "p50", "p90", "p95", "p99", "p999"}
+    assert (duration["min"], duration["max"], duration["avg"]) == (40, 70, 55)
+    assert body["summary"]["state_size"]["max"] == 300
+
+
+def test_details_carry_flinks_checkpoint_statistics_fields():
+    view = folded()
+    completed = view.checkpoint_details(1)
+    assert completed is not None
+    assert completed["className"] == "completed" and completed["end_to_end_duration"] == 40
+    assert completed["num_acknowledged_subtasks"] == 2 and completed["num_subtasks"] == 2
+    assert completed["state_size"] == completed["checkpointed_size"] == 100
+    assert completed["trigger_timestamp"] == 1000 and completed["latest_ack_timestamp"] == 1040
+    assert completed["checkpoint_type"] == "CHECKPOINT" and completed["discarded"] is False
+    failed = view.checkpoint_details(2)
+    assert failed is not None and failed["className"] == "failed" and failed["failure_reason"] == "CHECKPOINT_DECLINED"
+    assert "external_path" not in failed
+    assert view.checkpoint_details(99) is None
+
+
+def test_repeated_terminal_events_count_once_and_history_is_bounded():
+    view = JobCheckpointsView(JOB, history_size=3)
+    for cid in range(1, 6):
+        view.apply(event(cid, "TRIGGERED", at=cid * 10, trigger=cid * 10))
+        done = event(cid, "COMPLETED", at=cid * 10 + 5, trigger=cid * 10, duration=5, size=1)
+        view.apply(done)
+        view.apply(done)  # an at-least-once reader may see it twice
+    body = view.checkpointing_statistics()
+    assert body["counts"]["completed"] == 5 and body["counts"]["total"] == 5
+    assert [c["id"] for c in body["history"]] == [5, 4, 3]
+    assert view.checkpoint_details(1) is None
+
+
+def test_a_completion_without_its_trigger_is_still_shown():
+    view = JobCheckpointsView(JOB)
+    view.apply(event(7, "COMPLETED", at=7100, trigger=7000, duration=100, size=9))
+    assert view.checkpoint_details(7)["end_to_end_duration"] == 100
+    assert view.checkpointing_statistics()["counts"]["completed"] == 1
+
+
+def test_events_of_another_job_or_unknown_kind():
+    view = JobCheckpointsView(JOB)
+    with pytest.raises(ValueError, match="other"):
+        view.apply(event(1, "TRIGGERED", at=1, trigger=1, job="other"))
+    view.apply(event(1, "UNKNOWN", at=1, trigger=1))
+    assert view.checkpointing_statistics()["counts"]["total"] == 0
+
+
+def test_percentiles_by_nearest_rank():
+    values = list(range(1, 1001))
+    assert quantile(values, 0.5) == 500 and quantile(values, 0.99) == 990 and quantile(values, 0.999) == 999
+    assert summary([]) == {"min": 0, "max": 0, "avg": 0, "p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0, "p999": 0.0}
+
+
+def test_gauges_use_minus_one_before_any_completion_as_flink():
+    empty = checkpoint_gauge_values({"counts": {"total": 1, "in_progress": 1, "completed": 0, "failed": 0},
+                                     "latest": {"completed": None, "restored": None}})
+    assert empty["lastCheckpointDuration"] == -1 and empty["lastCompletedCheckpointId"] == -1
+    assert empty["lastCheckpointRestoreTimestamp"] == -1 and empty["numberOfInProgressCheckpoints"] == 1
+    body = folded().checkpointing_statistics()
+    values = checkpoint_gauge_values(body)
+    assert values["lastCheckpointDuration"] == 40 and values["lastCheckpointSize"] == 100
+    assert values["lastCompletedCheckpointId"] == 1 and values["lastCheckpointCompletedTimestamp"] == 1040
+    assert values["numberOfCompletedCheckpoints"] == 2 and values["numberOfFailedCheckpoints"] == 1
+    assert values["totalNumberOfCheckpoints"] == 4
