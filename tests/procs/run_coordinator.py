@@ -24,7 +24,7 @@ def main() -> None:
                              random_initial_delay=False, max_concurrent=1),
         operators, master_hooks=[RecordingHook()], prefix=prefix,
     ).start()
-    print(json.dumps({"started": True, "epoch": service.coordinator.epoch}), flush=True)
+    print(json.dumps({"started": True, "epoch": service.epoch}), flush=True)
     while not service.stopped.is_set():
         time.sleep(0.2)
 
