@@ -21,13 +21,16 @@ deleted.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
+import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -431,12 +434,37 @@ class DeltaLakeSink:
         (``dataChange=false``) that neither adds nor removes rows. Safe while the pipeline runs:
         the app transactions and the pipeline's ``commitInfo`` stay in the log, and a pipeline
         commit that meets the OPTIMIZE commit is rebased (or retried, see :meth:`commit`); an
-        OPTIMIZE that meets a pipeline commit is retried here. The removed files stay on storage
-        until :meth:`vacuum`. Returns delta-rs's metrics (``numFilesAdded``, ``numFilesRemoved``, ...).
+        OPTIMIZE that meets a pipeline commit is retried here. Two OPTIMIZEs of one local table
+        never overlap (see :meth:`_maintenance_lock`). The removed files stay on storage until
+        :meth:`vacuum`. Returns delta-rs's metrics (``numFilesAdded``, ``numFilesRemoved``, ...).
 
         Raises:
             LakeCommitError: there is no table, or delta-rs failed ``COMMIT_ATTEMPTS`` times.
         """
+        with self._maintenance_lock():
+            return self._optimize(target_size)
+
+    @contextlib.contextmanager
+    def _maintenance_lock(self) -> Iterator[None]:
+        """One OPTIMIZE of a local table at a time, across processes (``flock`` on
+        ``_chandy_maintenance.lock`` in the table root). delta-rs (since its PR #3982) lets two
+        concurrent OPTIMIZE commits that remove the same files both succeed, which doubles their
+        rows; the pipeline's appends are not affected. On object stores there is no such lock:
+        run one compaction at a time there."""
+        if not self.table_uri.startswith("file://"):
+            log.warning("%s: no cross-process lock on object stores; never run two compactions of it at once",
+                        self.table_uri)
+            yield
+            return
+        os.makedirs(self.root, exist_ok=True)
+        with open(os.path.join(self.root, "_chandy_maintenance.lock"), "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _optimize(self, target_size: int | None) -> dict[str, Any]:
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             table = self._open()
             if table is None:
