@@ -1,0 +1,81 @@
+"""Table maintenance while the pipeline runs, on a real broker, real Spark and a real Delta table:
+compaction (``chandy lake optimize`` from another thread, and ``--optimize-every``) during a run
+keeps every (topic, partition, offset) exactly once and the committer's record of what landed;
+vacuum afterwards deletes only the compacted-away files."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from deltalake import DeltaTable
+
+from chandy.cli import main
+from connectors.lake.delta import DeltaLakeSink
+from connectors.spark.pipeline import Pipeline, PipelineOptions, verify_table
+from tests.fixtures.lake_pipeline import all_offsets, make_topic, produce, topic_ends
+
+pytestmark = pytest.mark.integration
+
+
+def test_optimize_during_a_run_keeps_every_record_exactly_once(lake_spark, kafka_bootstrap_servers, tmp_path: Path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [f"a-{i}".encode() for i in range(600)])
+    table = str(tmp_path / "t")
+    options = PipelineOptions(table_uri=table, bootstrap_servers=kafka_bootstrap_servers, topics=(topic,),
+                              stop_when_drained=True, prefix=f"lm{uuid.uuid4().hex[:6]}", max_records_per_checkpoint=25,
+                              optimize_every=3, restart_backoff_initial_ms=100)
+    stop = threading.Event()
+    outside: list[str] = []
+    errors: list[BaseException] = []
+
+    def optimize_from_outside() -> None:  # another operator running `chandy lake optimize` meanwhile
+        while not stop.wait(0.3):
+            if not DeltaTable.is_deltatable(table):
+                continue
+            result = CliRunner().invoke(main, ["lake", "optimize", "--table", table])
+            if result.exit_code != 0:
+                errors.append(RuntimeError(result.output))
+                return
+            outside.append(result.output)
+
+    thread = threading.Thread(target=optimize_from_outside)
+    thread.start()
+    pipeline = Pipeline(options, spark=lake_spark)
+    try:
+        summary = pipeline.run()
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert summary.records_landed == 600 and summary.checkpoints_completed >= 12
+    history = DeltaTable(table).history()
+    optimizes = [c for c in history if c["operation"] == "OPTIMIZE"]
+    removed = sum(int(c["operationMetrics"]["numFilesRemoved"]) for c in optimizes)
+    assert removed > 0, "no compaction removed a file while the pipeline ran"
+    pipeline_commits = [c for c in history if c.get("chandy.job_id") == pipeline.job_id]
+    # compactions happened between the pipeline's commits, not only after them
+    assert min(c["version"] for c in optimizes) < max(c["version"] for c in pipeline_commits)
+    assert verify_table(pipeline.sink, kafka_bootstrap_servers, [topic]) == (600, 0, 0)
+    progress = pipeline.sink.progress(pipeline.job_id)
+    assert progress.offsets == topic_ends(kafka_bootstrap_servers, topic)
+    assert progress.checkpoint_id == DeltaTable(table).transaction_version(pipeline.job_id)
+    # the record survived compaction: a restart lands only what is new
+    produce(kafka_bootstrap_servers, topic, [f"b-{i}".encode() for i in range(50)])
+    again = Pipeline(options, spark=lake_spark).run()
+    assert again.records_landed == 50
+    sink = DeltaLakeSink(table)
+    assert verify_table(sink, kafka_bootstrap_servers, [topic]) == (650, 0, 0)
+    # vacuum deletes the compacted-away files only; the table still reads every row once
+    sink.optimize()
+    compacted = sink.removed_files()
+    assert compacted
+    result = CliRunner().invoke(main, ["lake", "vacuum", "--table", table, "--retention-hours", "0"])
+    assert result.exit_code == 0, result.output
+    assert not any((tmp_path / "t" / p).exists() for p in compacted)
+    assert len(DeltaTable(table).file_uris()) >= 1
+    rows = DeltaTable(table).to_pyarrow_table().select(["topic", "partition", "offset"]).to_pylist()
+    keys = [(r["topic"], r["partition"], r["offset"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 650 and set(keys) == all_offsets(kafka_bootstrap_servers, topic)
