@@ -98,19 +98,26 @@ def ensure_topics(
     topics: ChandyTopics,
     *,
     partitions: int = 1,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     timeout_s: float = 30.0,
     **spec_options: int,
 ) -> list[str]:
     """Create whichever of Chandy's topics are missing, then check all of them.
+
+    ``replication_factor`` None (the default) picks it from the cluster: 3 replicas with
+    ``min.insync.replicas`` 2 on a cluster of three brokers or more (one broker may die without
+    stopping a write with ``acks=all``), else 1 (see :func:`default_replication_factor`).
 
     Returns the names of the topics created by this call (empty when all existed).
 
     Raises:
         TopicError: a creation failed, or :func:`check_topics` found a wrong setting.
     """
+    metadata = admin.list_topics(timeout=timeout_s)
+    if replication_factor is None:
+        replication_factor = default_replication_factor(len(metadata.brokers))
     specs = topics.specs(partitions=partitions, replication_factor=replication_factor, **spec_options)
-    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    existing = set(metadata.topics)
     missing = [spec for spec in specs if spec.name not in existing]
     created: list[str] = []
     if missing:
@@ -129,6 +136,12 @@ def ensure_topics(
         _wait_for_metadata(admin, [spec.name for spec in specs], timeout_s)
     check_topics(admin, topics, timeout_s=timeout_s)
     return created
+
+
+def default_replication_factor(brokers: int) -> int:
+    """Replicas of Chandy's topics on a cluster of ``brokers`` brokers: 3 from three brokers
+    on (Kafka's usual production setting, with ``min.insync.replicas`` 2), else 1."""
+    return 3 if brokers >= 3 else 1
 
 
 def _wait_for_metadata(admin: AdminClient, names: list[str], timeout_s: float) -> None:
@@ -164,11 +177,24 @@ def check_topics(admin: AdminClient, topics: ChandyTopics, *, timeout_s: float =
     if missing:
         raise TopicError(f"missing Chandy topics: {', '.join(missing)} (create them with ensure_topics)")
     resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in specs]
-    for resource, future in admin.describe_configs(resources, request_timeout=timeout_s).items():
-        entries = future.result()
+    for resource, entries in _describe_configs(admin, resources, timeout_s).items():
         policy = entries["cleanup.policy"].value if "cleanup.policy" in entries else "delete"
         wanted = specs[resource.name].config["cleanup.policy"]
         if set(policy.split(",")) != set(wanted.split(",")):
             raise TopicError(
                 f"topic {resource.name} has cleanup.policy={policy}, Chandy needs cleanup.policy={wanted}"
             )
+
+
+def _describe_configs(admin: AdminClient, resources: list[ConfigResource], timeout_s: float) -> dict:
+    """``describe_configs`` that waits out a young topic: on a cluster, the broker asked may not
+    know a topic another broker just created (UNKNOWN_TOPIC_OR_PART) for a moment."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return {resource: future.result() for resource, future
+                    in admin.describe_configs(resources, request_timeout=timeout_s).items()}
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
