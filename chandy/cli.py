@@ -363,6 +363,9 @@ def pipeline() -> None:
               help="Compact the table's small files after every K-th checkpoint, while the pipeline runs.")
 @click.option("--optimize-target-size", type=click.IntRange(1), default=None, metavar="BYTES",
               help="With --optimize-every: the compacted files' size (default: the table format's).")
+@click.option("--schema-evolution/--no-schema-evolution", default=True, show_default=True,
+              help="With --value-format: a new field adds a column (Delta schema merge, Iceberg union by name); "
+                   "a field whose type changes always fails the micro-batch.")
 @metrics_port_option
 @catalog_property_option
 @_handle_errors
@@ -376,6 +379,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  until_drained: bool, max_checkpoints: int | None, verify: bool, errors_tolerance: str,
                  dead_letter_topic: str | None, tombstones: str, avro_schema_id: int | None,
                  resume_from_table: bool, optimize_every: int | None, optimize_target_size: int | None,
+                 schema_evolution: bool,
                  metrics_port: int | None, catalog_conf: tuple[str, ...]) -> None:
     """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
 
@@ -401,6 +405,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
         stop_when_drained=until_drained, max_checkpoints=max_checkpoints, errors_tolerance=errors_tolerance,
         dead_letter_topic=dead_letter_topic, tombstones=tombstones, avro_schema_id=avro_schema_id,
         resume_from_table=resume_from_table, optimize_every=optimize_every, optimize_target_size=optimize_target_size,
+        schema_evolution=schema_evolution,
         catalog_properties=_parse_settings(catalog_conf, "--catalog-property"), metrics_port=metrics_port,
     )
     run_pipeline_with_progress(options, verify=verify)

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from connectors.lake.delta import FILE_KIND, TP, DataFile, LakeCommitError
+from connectors.lake.delta import FILE_KIND, TP, DataFile, LakeCommitError, LakeSchemaError
 from connectors.lake.sinks import LakeSink
 from coordinator.faults import crash_point
 from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
@@ -157,8 +157,14 @@ class LakeCommitter:
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
         self._check_ranges(checkpoint_id, ranges, self.sink.committed_checkpoint(self.context.job_id))
         offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
-        if self.sink.commit(self.context.job_id, checkpoint_id, files, offsets=offsets or None,
-                            cluster_id=self.cluster_id):
+        try:
+            committed = self.sink.commit(self.context.job_id, checkpoint_id, files, offsets=offsets or None,
+                                         cluster_id=self.cluster_id)
+        except LakeSchemaError as exc:  # say which records did not fit
+            where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
+                              if end > start)
+            raise LakeSchemaError(f"{exc} (records: {where or 'none'})") from exc
+        if committed:
             self.table_offsets = offsets
             self.committed_checkpoints.append(checkpoint_id)
             self.records_committed += sum(f.records for f in files)

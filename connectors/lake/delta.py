@@ -117,23 +117,53 @@ def _type_text(delta_type_json: Any) -> str:
     return delta_type_json if isinstance(delta_type_json, str) else json.dumps(_type_shape(delta_type_json))
 
 
-def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any]) -> list[str]:
-    """What stops ``data`` (Arrow) from landing in a table whose columns are ``table_fields``
-    (name -> Delta type JSON); empty when it fits. Columns of the table the data lacks are fine
-    (they land as nulls); a column the table lacks, or of another type, is a difference."""
+def delta_fields(data: pa.Schema) -> dict[str, Any]:
+    """``data``'s columns as Delta types (name -> Delta type JSON), zoned timestamps as UTC."""
     from deltalake import Schema as DeltaSchema
 
     target = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) and f.type.tz
-                        else f for f in data])
-    mine = {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(target).to_json())["fields"]}
+                        else f.with_type(pa.string()) if pa.types.is_large_string(f.type)
+                        else f.with_type(pa.binary()) if pa.types.is_large_binary(f.type) else f for f in data])
+    return {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(target).to_json())["fields"]}
+
+
+def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any], *, add_columns: bool = False) -> list[str]:
+    """What stops ``data`` (Arrow) from landing in a table whose columns are ``table_fields``
+    (name -> Delta type JSON); empty when it fits. Columns of the table the data lacks are fine
+    (they land as nulls); a column of another type is a difference, and so is a column the table
+    lacks unless ``add_columns`` (schema evolution: the commit adds it)."""
+    mine = delta_fields(data)
     problems = []
     for name, kind in mine.items():
         if name not in table_fields:
-            problems.append(f"column {name} ({_type_text(kind)}) is not in the table")
+            if not add_columns:
+                problems.append(f"column {name} ({_type_text(kind)}) is not in the table")
         elif _type_shape(kind) != _type_shape(table_fields[name]):
             problems.append(f"column {name} is {_type_text(kind)} in the data but "
                             f"{_type_text(table_fields[name])} in the table")
     return problems
+
+
+EVOLUTION_NOTE = "new columns are added with schema evolution; a column of another type is refused"
+
+
+def merge_schemas(schemas: Sequence[pa.Schema], *, where: str = "") -> pa.Schema:
+    """The union of ``schemas`` by column name (first appearance order), as Iceberg's
+    ``union_by_name`` and Delta's schema merge do; a missing column is fine.
+
+    Raises:
+        LakeSchemaError: one column of two types, naming it and both types.
+    """
+    seen: dict[str, pa.Field] = {}
+    kinds: dict[str, Any] = {}
+    for schema in schemas:
+        for name, kind in delta_fields(schema).items():
+            if name not in seen:
+                seen[name], kinds[name] = schema.field(name), kind
+            elif _type_shape(kinds[name]) != _type_shape(kind):
+                raise LakeSchemaError(f"{where}column {name} is {_type_text(kind)} in one file but "
+                                      f"{_type_text(kinds[name])} in another: nothing was committed")
+    return pa.schema(list(seen.values()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,13 +226,17 @@ class DeltaLakeSink:
         table_uri: where the table lives (``file:///...``, ``s3://...``, a local path).
         partition_by: partition columns (their values become ``<col>=<value>`` directories).
         storage_options: options for fsspec and delta-rs, under their own names.
+        add_columns: schema evolution: a column the data has and the table lacks is added to
+            the table (an ADD COLUMN commit before the checkpoint's, as Delta's schema merge
+            would); a column of another type is still refused.
     """
 
     def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
-                 storage_options: Mapping[str, str] | None = None) -> None:
+                 storage_options: Mapping[str, str] | None = None, add_columns: bool = False) -> None:
         from connectors.lake.uri import normalize_table_uri
 
         self.table_uri = normalize_table_uri(table_uri)
+        self.add_columns = add_columns
         self.partition_by = list(partition_by)
         self.storage_options = dict(storage_options or {})
         self.fs, self.root = url_to_fs(self.table_uri, **self.storage_options)
@@ -289,10 +323,10 @@ class DeltaLakeSink:
         fields = self.table_fields() if table_fields is None else table_fields
         if fields is None:
             return
-        problems = schema_differences(data, fields)
+        problems = schema_differences(data, fields, add_columns=self.add_columns)
         if problems:
             raise LakeSchemaError(f"{where}the data does not fit table {self.table_uri}: {'; '.join(problems)} "
-                                  "(adding columns is not supported yet: nothing was committed)")
+                                  f"({EVOLUTION_NOTE}: nothing was committed)")
 
     def progress(self, job_id: str) -> TableProgress:
         """What the table holds for ``job_id`` (and which partitions other jobs landed), read from
@@ -354,14 +388,18 @@ class DeltaLakeSink:
             metadata["chandy.kafka_cluster_id"] = cluster_id
         properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
         fields = None if table is None else self._fields_of(table)
-        for schema_b64 in {f.schema for f in files}:
-            self.check_schema(_schema_from_b64(schema_b64), fields, where=f"checkpoint {checkpoint_id}: ")
+        schemas = [_schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
+        for schema in schemas:
+            self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
+        merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
+        if table is not None and merged is not None and self.add_columns:
+            table = self._add_columns(table, merged, checkpoint_id)
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
                 if fields is None:
                     from deltalake import Schema as DeltaSchema
 
-                    schema = _schema_from_b64(files[0].schema)
+                    schema = merged if merged is not None else _schema_from_b64(files[0].schema)
                     create_table_with_add_actions(
                         self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
                         partition_by=self.partition_by or None, storage_options=self._delta_options,
@@ -386,6 +424,25 @@ class DeltaLakeSink:
                             self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))
         return False  # not reached
+
+    def _add_columns(self, table: Any, data: pa.Schema, checkpoint_id: int) -> Any:
+        """Schema evolution: add ``data``'s columns the table lacks (one ADD COLUMN commit, made
+        before the checkpoint's commit; adding nullable columns changes no row, so a crash between
+        the two loses nothing). Returns the table as it is now."""
+        from deltalake import Schema as DeltaSchema
+
+        have = self._fields_of(table)
+        new = [f for f in DeltaSchema.from_arrow(_delta_compatible(data.empty_table()).schema).fields
+               if f.name not in have]
+        if not new:
+            return table
+        try:
+            table.alter.add_columns(new)
+        except Exception as exc:  # delta-rs raises several exception types
+            raise LakeCommitError(f"checkpoint {checkpoint_id}: adding column(s) {[f.name for f in new]} to "
+                                  f"{self.table_uri} failed: {exc}") from exc
+        log.info("checkpoint %d: added column(s) %s to %s", checkpoint_id, ", ".join(f.name for f in new), self.table_uri)
+        return self._open()
 
     def referenced_files(self) -> set[str]:
         """Paths (relative to the table root) of the files in the table's current version."""

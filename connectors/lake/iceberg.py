@@ -36,6 +36,7 @@ from fsspec.core import url_to_fs
 from connectors.lake.delta import (
     _NAME,
     COMMIT_ATTEMPTS,
+    EVOLUTION_NOTE,
     TP,
     DataFile,
     LakeCommitError,
@@ -46,6 +47,7 @@ from connectors.lake.delta import (
     _offsets_to_json,
     _schema_from_b64,
     _schema_to_b64,
+    merge_schemas,
     schema_differences,
 )
 from connectors.lake.uri import TableUriError, normalize_table_uri
@@ -127,6 +129,8 @@ class IcebergSink:
         partition_by: not supported yet (raises LakeCommitError when given).
         catalog_properties: pyiceberg catalog properties (see :func:`catalog_properties_for`).
         storage_options: fsspec options for the table location.
+        add_columns: schema evolution: columns the data has and the table lacks are added in the
+            checkpoint's own commit (pyiceberg's ``union_by_name``); other types are refused.
 
     Raises:
         TableUriError: a URI that names no table; LakeCommitError: partitioning, or a warehouse
@@ -135,8 +139,9 @@ class IcebergSink:
 
     def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
                  catalog_properties: Mapping[str, str] | None = None,
-                 storage_options: Mapping[str, str] | None = None) -> None:
+                 storage_options: Mapping[str, str] | None = None, add_columns: bool = False) -> None:
         self.table_uri = normalize_table_uri(table_uri)
+        self.add_columns = add_columns
         self.catalog_name, self.namespace, self.name = parse_iceberg_uri(self.table_uri)
         if partition_by:
             raise LakeCommitError(f"{self.table_uri}: partitioned Iceberg tables (--partition-by) are not supported yet")
@@ -233,10 +238,10 @@ class IcebergSink:
         fields = self.table_fields() if table_fields is None else table_fields
         if fields is None:
             return
-        problems = schema_differences(data, fields)
+        problems = schema_differences(data, fields, add_columns=self.add_columns)
         if problems:
             raise LakeSchemaError(f"{where}the data does not fit table {self.table_uri}: {'; '.join(problems)} "
-                                  "(adding columns is not supported yet: nothing was committed)")
+                                  f"({EVOLUTION_NOTE}: nothing was committed)")
 
     @staticmethod
     def _record_of(table: Any, job_id: str) -> tuple[int | None, dict[TP, int], str | None]:
@@ -286,8 +291,10 @@ class IcebergSink:
             if not files and (not offsets or table is None):
                 return False
             fields = None if table is None else self._fields_of(table)
-            for schema_b64 in {f.schema for f in files}:
-                self.check_schema(_schema_from_b64(schema_b64), fields, where=f"checkpoint {checkpoint_id}: ")
+            schemas = [_schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
+            for schema in schemas:
+                self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
+            merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
             summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id)}
             key = f"{PROPERTY_PREFIX}{job_id}."
             properties = {key + "checkpoint_id": str(checkpoint_id)}
@@ -297,8 +304,12 @@ class IcebergSink:
                 summary["chandy.kafka_cluster_id"] = properties[key + "kafka_cluster_id"] = cluster_id
             try:
                 if table is None:
-                    table = self._create(_schema_from_b64(files[0].schema))
+                    assert merged is not None
+                    table = self._create(merged)
                 transaction = table.transaction()
+                if merged is not None and self.add_columns and set(merged.names) - set(fields or {}):
+                    with transaction.update_schema() as update:
+                        update.union_by_name(merged)
                 if files:
                     transaction.add_files([f"{self.root_url}/{f.path}" for f in files], snapshot_properties=summary,
                                           check_duplicate_files=False)

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
 
-from connectors.spark.decode import ValueDecoder, decode_batches
+from connectors.spark.decode import ValueDecoder, concat_evolving, decode_batches, offset_ranges
 from connectors.spark.records import SPARK_DDL, to_record_batch
 
 RANGES_FORMAT = "chandy_kafka_ranges"
@@ -38,7 +38,8 @@ class TaskOptions:
     It reaches the tasks in the closure of an RDD function, or as the single data source option
     :data:`TASK_OPTION` (:meth:`encode` / :meth:`decode`), never as loose strings.
     ``table_fields`` are the table's columns (name -> Delta type JSON) when the table exists, so
-    a task refuses data of another shape before writing anything; ``decoder`` decodes values in
+    a task refuses data of another shape before writing anything (with ``add_columns``, schema
+    evolution, new columns pass and only other types are refused); ``decoder`` decodes values in
     the task (None: raw Kafka columns); ``checkpoint_dir`` is where dead letters go.
     """
 
@@ -59,6 +60,7 @@ class TaskOptions:
     decoder: ValueDecoder | None = None
     batch_size: int = 20_000
     catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    add_columns: bool = False
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -136,11 +138,12 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
     sender = AckSender(o.bootstrap_servers, o.job_id, prefix=o.prefix, producer_overrides=dict(o.producer_overrides))
     try:
         batches = list(batches)
-        table = pa.Table.from_batches(batches) if batches else None
+        where = f"checkpoint {o.checkpoint_id}: "
+        table = concat_evolving(batches, where=where) if batches else None
         sink = open_sink(o.table_uri, partition_by=o.partition_by, storage_options=o.storage_options,
-                         catalog_properties=o.catalog_properties)
+                         catalog_properties=o.catalog_properties, add_columns=o.add_columns)
         if table is not None and o.table_fields is not None:
-            sink.check_schema(table.schema, o.table_fields, where=f"checkpoint {o.checkpoint_id}: ")
+            sink.check_schema(table.schema, o.table_fields, where=f"checkpoint {o.checkpoint_id} ({offset_ranges(table)}): ")
         files = [] if table is None else sink.write_files(
             table, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask, attempt=attempt)
         crash_point("task-written", o.checkpoint_id)

@@ -74,7 +74,11 @@ class ValueDecoder:
         avro_framing: ``"single-object"``, ``"confluent"`` or ``"raw"``.
         avro_schema_id: with Confluent framing, the only schema ID accepted (None: any).
         unknown_fields: ``"ignore"`` (fields without a column are dropped, as Spark's
-            ``from_json``) or ``"error"`` (a bad record: the columns are fixed by the table).
+            ``from_json``), ``"error"`` (a bad record: the columns are fixed by the table) or
+            ``"add"`` (schema evolution: a field without a column becomes a new column after
+            the known ones, its Arrow type inferred from the batch's first non-null value, so
+            a batch's schema may have more columns than :attr:`output_schema`; a value of
+            another type than that is a bad record).
         tombstones: ``"error"``, ``"skip"`` or ``"null"`` (see the module docstring).
         errors_tolerance: ``"none"`` or ``"all"`` (Kafka Connect's ``errors.tolerance``).
     """
@@ -147,6 +151,7 @@ class ValueDecoder:
         parse = self._parser()
         raws = batch.column("value").to_pylist()
         known = set(self.source_names)
+        extra_names: list[str] = []
         rows: list[dict[str, Any] | None] = []
         keep_rows: list[int] = []
         bad: dict[int, _Bad] = {}
@@ -165,17 +170,27 @@ class ValueDecoder:
                 if not raw:
                     raise _Bad("EmptyValue", "an empty value")
                 value = parse(raw)
-                if self.unknown_fields == "error":
+                if self.unknown_fields == "add":
+                    for name in value:
+                        if name not in known and name not in extra_names:
+                            extra_names.append(name)
+                elif self.unknown_fields == "error":
                     extra = sorted(set(value) - known)
                     if extra:
                         raise _Bad("UnknownField", f"field(s) {', '.join(extra)} have no column in the table "
-                                                   "(adding columns is not supported yet)")
+                                                   "(--schema-evolution adds them; a transform fixes the columns)")
                 rows.append(value)
                 keep_rows.append(i)
             except _Bad as exc:
                 bad[i] = exc
                 self._check_tolerance(batch, i, exc)
-        columns, type_bad = self._columns(rows)
+        fields, names = list(self.columns), list(self.source_names)
+        for name in extra_names:
+            kind = _inferred_type([None if r is None else r.get(name) for r in rows])
+            if kind is not None:
+                fields.append(pa.field(f"value_{name}" if name in KAFKA_COLUMNS else name, kind))
+                names.append(name)
+        columns, type_bad = self._columns(rows, fields, names)
         if type_bad:
             for position in sorted(type_bad):
                 exc = type_bad[position]
@@ -183,10 +198,11 @@ class ValueDecoder:
                 self._check_tolerance(batch, keep_rows[position], exc)
             good = [p for p in range(len(rows)) if p not in type_bad]
             keep_rows = [keep_rows[p] for p in good]
-            columns, _ = self._columns([rows[p] for p in good])
+            columns, _ = self._columns([rows[p] for p in good], fields, names)
         taken = pa.array(keep_rows, pa.int64())
         kafka = [batch.column(c).take(taken) for c in self.keep]
-        decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=self.output_schema)
+        schema = pa.schema(list(self.output_schema) + fields[len(self.columns):])
+        decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
         return decoded, (_bad_batch(batch, bad) if bad else None), skipped
 
     def _check_tolerance(self, batch: pa.RecordBatch, row: int, exc: _Bad) -> None:
@@ -194,11 +210,12 @@ class ValueDecoder:
             raise BadRecordError(f"{location(batch, row)}: {exc.kind}: {exc} "
                                  "(--errors-tolerance all skips bad records; --dead-letter-topic keeps them)")
 
-    def _columns(self, rows: list[dict[str, Any] | None]) -> tuple[list[pa.Array], dict[int, _Bad]]:
+    def _columns(self, rows: list[dict[str, Any] | None], fields: list[pa.Field],
+                 names: list[str]) -> tuple[list[pa.Array], dict[int, _Bad]]:
         """The value columns of ``rows``; on a type error, which rows (by position) are bad."""
         arrays: list[pa.Array] = []
         bad: dict[int, _Bad] = {}
-        for field, name in zip(self.columns, self.source_names, strict=True):
+        for field, name in zip(fields, names, strict=True):
             values = [None if r is None else r.get(name) for r in rows]
             try:
                 arrays.append(to_arrow(values, field.type))
@@ -212,6 +229,64 @@ class ValueDecoder:
                                                                        f"{str(exc).splitlines()[0]}"))
                 arrays.append(pa.nulls(len(values), field.type))
         return arrays, bad
+
+
+def _inferred_type(values: list[Any]) -> pa.DataType | None:
+    """The Arrow type of a new field, from its first non-null value (JSON objects become
+    structs, arrays lists, integers int64, strings string), or None when all are null."""
+    for value in values:
+        if value is not None:
+            try:
+                kind = pa.array([value]).type
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                return pa.string() if isinstance(value, str) else None
+            return None if pa.types.is_null(kind) else kind
+    return None
+
+
+def concat_evolving(batches: list[pa.RecordBatch], *, where: str = "") -> pa.Table:
+    """One table of batches whose schemas may differ by added columns (schema evolution): the
+    union of their columns, in order of first appearance, missing ones as nulls.
+
+    Raises:
+        SchemaChangeError: a column of two types, naming it, both types and the offset ranges
+            of the batches that disagree.
+    """
+    if len({b.schema for b in batches}) == 1:
+        return pa.Table.from_batches(batches)
+    fields: dict[str, pa.Field] = {}
+    first: dict[str, pa.RecordBatch] = {}
+    for batch in batches:
+        for field in batch.schema:
+            if field.name not in fields:
+                fields[field.name], first[field.name] = field, batch
+            elif not field.type.equals(fields[field.name].type):
+                raise SchemaChangeError(
+                    f"{where}field {field.name} changed type: {fields[field.name].type} at {offset_ranges(first[field.name])} "
+                    f"but {field.type} at {offset_ranges(batch)}; nothing of it was landed")
+    schema = pa.schema(list(fields.values()))
+    tables = []
+    for batch in batches:
+        columns = [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+                   for f in schema]
+        tables.append(pa.Table.from_arrays(columns, schema=schema))
+    return pa.concat_tables(tables)
+
+
+def offset_ranges(data: pa.RecordBatch | pa.Table) -> str:
+    """``topic-partition [first, last]`` per partition in ``data`` (or "offsets unknown" when
+    the Kafka columns were dropped)."""
+    if not {"topic", "partition", "offset"} <= set(data.schema.names) or data.num_rows == 0:
+        return "offsets unknown"
+    table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+    grouped = table.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")])
+    return ", ".join(f"{r['topic']}-{r['partition']} offsets [{r['offset_min']}, {r['offset_max']}]"
+                     for r in sorted(grouped.to_pylist(), key=lambda r: (r["topic"], r["partition"])))
+
+
+class SchemaChangeError(ChandyError):
+    """A field whose type changed incompatibly within a micro-batch: the message names the
+    field, both types and the offset ranges."""
 
 
 def location(batch: pa.RecordBatch, row: int) -> str:

@@ -84,7 +84,7 @@ SOURCE_OPERATOR = "kafka-source"
 SINK_OPERATOR = "lake-sink"
 
 #: errors a retry cannot fix: the job stops at the first one instead of retrying
-DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError")
+DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError", "SchemaChangeError")
 
 
 class PipelineError(ChandyError):
@@ -112,6 +112,10 @@ class PipelineOptions:
     when the options are made. Bad records follow Kafka Connect's ``errors.tolerance`` (``none``
     or ``all``) and ``errors.deadletterqueue.topic.name`` (``dead_letter_topic``); ``tombstones``
     is ``error``, ``skip`` or ``null`` (see :mod:`connectors.spark.decode`).
+
+    ``schema_evolution`` (with a value format): a decoded field the table lacks becomes a new
+    column (Delta: ADD COLUMN; Iceberg: ``union_by_name``); a field whose type changes fails the
+    micro-batch naming the field, both types and the offset range, and lands nothing of it.
 
     Raises:
         PipelineError: inconsistent options; DdlError / AvroValueSchemaError: a bad value schema.
@@ -154,6 +158,7 @@ class PipelineOptions:
     optimize_every: int | None = None
     optimize_target_size: int | None = None
     catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    schema_evolution: bool = True
     metrics_port: int | None = None  # the coordinator's Prometheus metrics (coordinator/kafka/metrics.py)
 
     def __post_init__(self) -> None:
@@ -301,9 +306,12 @@ class Pipeline:
         self._spark = spark
         self._stop = threading.Event()
         self.stop_signal: int | None = None
+        # schema evolution: decoded value fields the table lacks become columns (never the raw
+        # Kafka columns of a table landed otherwise)
+        self.add_columns = options.schema_evolution and options.value_format is not None
         self.sink: LakeSink = open_sink(options.table_uri, partition_by=options.partition_by,
                                         storage_options=options.storage_options,
-                                        catalog_properties=options.catalog_properties)
+                                        catalog_properties=options.catalog_properties, add_columns=self.add_columns)
         self._transform = load_transform(options.transform) if options.transform else None
         self.service: CoordinatorService | None = None
         self.parallelism = 0
@@ -439,7 +447,7 @@ class Pipeline:
             arrow = pa.schema(DeltaSchema.from_json(json.dumps({"type": "struct", "fields": value_fields})).to_arrow())
             names = tuple(f.name[len("value_"):] if f.name.startswith("value_") and f.name[6:] in KAFKA_COLUMNS
                           else f.name for f in arrow)
-            return self._make_decoder(arrow, names, "error")
+            return self._make_decoder(arrow, names, self._unknown_fields)
         return None
 
     def _output_schema(self) -> pa.Schema:
@@ -653,7 +661,13 @@ class Pipeline:
                               else f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type)
                               else f for f in inferred])
         renamed = [f.with_name(f"value_{f.name}") if f.name in KAFKA_COLUMNS else f for f in inferred]
-        return self._make_decoder(pa.schema(renamed), tuple(f.name for f in inferred), "error")
+        return self._make_decoder(pa.schema(renamed), tuple(f.name for f in inferred), self._unknown_fields)
+
+    @property
+    def _unknown_fields(self) -> str:
+        """JSON fields without a column (columns inferred or from the table): new columns with
+        schema evolution (not with a transform, whose Spark schema is fixed), else bad records."""
+        return "add" if self.add_columns and self._transform is None else "error"
 
     def _sample(self, ranges: dict[tuple[str, int], KafkaPartitionSplit], limit: int = 1000) -> list[bytes]:
         reader = KafkaRangeReader(self.options.bootstrap_servers, self.options.consumer_overrides)
@@ -673,7 +687,7 @@ class Pipeline:
         from connectors.spark.datasource import TaskOptions
 
         opts = self.options
-        if self.table_fields is None:
+        if self.table_fields is None or self.add_columns:  # columns added by the last commit count
             self.table_fields = self.sink.table_fields()
         assert self.service is not None
         return TaskOptions(
@@ -683,7 +697,8 @@ class Pipeline:
             storage_options=dict(opts.storage_options), producer_overrides=dict(opts.producer_overrides),
             consumer_overrides=dict(opts.consumer_overrides),
             max_task_failures=int(spark.conf.get("spark.task.maxFailures", "1")),
-            table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties))
+            table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties),
+            add_columns=self.add_columns)
 
     def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, counts: Any) -> None:
         from connectors.spark.datasource import LAKE_FILES_FORMAT, RANGES_FORMAT, TASK_OPTION, read_write_and_acknowledge
