@@ -28,6 +28,7 @@ import decimal
 import io
 import json
 import struct
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -112,8 +113,14 @@ class ValueDecoder:
         parsed = fastavro.parse_schema(json.loads(self.avro_schema))
         codec = SingleObjectCodec(SchemaRepository([Schema.from_definition(self.avro_schema)]))
         framing, schema_id = self.avro_framing, self.avro_schema_id
+        from connectors.spark.avro import has_uuid
+
+        plain = _uuids_as_strings if has_uuid(self.avro_schema) else (lambda value: value)
 
         def parse_avro(raw: bytes) -> dict[str, Any]:
+            return plain(parse_framed(raw))
+
+        def parse_framed(raw: bytes) -> dict[str, Any]:
             if framing == "single-object":
                 try:
                     return dict(codec.decode(raw).value)
@@ -229,6 +236,17 @@ class ValueDecoder:
                                                                        f"{str(exc).splitlines()[0]}"))
                 arrays.append(pa.nulls(len(values), field.type))
         return arrays, bad
+
+
+def _uuids_as_strings(value: Any) -> Any:
+    """fastavro decodes the ``uuid`` logical type to ``uuid.UUID``: its column is a string."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _uuids_as_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_uuids_as_strings(v) for v in value]
+    return value
 
 
 def _inferred_type(values: list[Any]) -> pa.DataType | None:
