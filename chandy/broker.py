@@ -424,7 +424,7 @@ class EmbeddedKafkaBroker:
                 dead = [n.node_id for n in running.nodes if not _pid_is_broker(n.pid)]
                 for node_id in dead:
                     running = self._start_node(running, node_id)
-                self._wait_ready(running, timeout_s, processes={})
+                self._wait_ready(running, timeout_s, processes={i: _Pid(running.node(i).pid) for i in dead})
                 return running
             java = find_java()
             libs = resolve_kafka_jars(self.kafka_version, self.cache_dir)
@@ -432,7 +432,7 @@ class EmbeddedKafkaBroker:
             ports = self._choose_ports()
             cluster_id = self._cluster_id()
             node_infos = []
-            processes: dict[int, subprocess.Popen] = {}
+            processes: dict[int, subprocess.Popen | _Pid] = {}
             for node_id in ports:
                 properties = self._write_server_properties(node_id, ports, credentials)
                 self._format_storage(java, libs, node_id, properties, cluster_id, credentials)
@@ -509,7 +509,7 @@ class EmbeddedKafkaBroker:
             if info is None:
                 raise KafkaLauncherError(f"no embedded Kafka runs from {self.data_dir}; start it with up()")
             info = self._start_node(info, node_id)
-            self._wait_ready(info, timeout_s, processes={})
+            self._wait_ready(info, timeout_s, processes={node_id: _Pid(info.node(node_id).pid)})
             return info
 
     # -- steps -------------------------------------------------------------------------------
@@ -517,9 +517,13 @@ class EmbeddedKafkaBroker:
         node = info.node(node_id)
         if _pid_is_broker(node.pid):
             return info
+        # a node killed a moment ago leaves its sockets closing for a little while
+        deadline = time.monotonic() + 60
         for port in (node.port, node.controller_port):
-            if not _port_is_free(port):
-                raise BrokerStartError(f"node {node_id} cannot restart: port 127.0.0.1:{port} is in use")
+            while not _port_is_free(port):
+                if time.monotonic() > deadline:
+                    raise BrokerStartError(f"node {node_id} cannot restart: port 127.0.0.1:{port} is in use")
+                time.sleep(0.2)
         process = self._launch(find_java(), resolve_kafka_jars(self.kafka_version, self.cache_dir), node_id,
                                self.node_dir(node_id) / "server.properties")
         nodes = tuple(dataclasses.replace(n, pid=process.pid) if n.node_id == node_id else n for n in info.nodes)
@@ -636,6 +640,9 @@ class EmbeddedKafkaBroker:
             "min.insync.replicas": min_isr,
             "default.replication.factor": replicas,
             "group.initial.rebalance.delay.ms": "0",
+            # a standby coordinator takes over within seconds: its election group's session timeout is 3 s
+            # (Kafka's default minimum is 6 s; a production cluster sets it per the take-over it wants)
+            "group.min.session.timeout.ms": "1000",
             # Chandy creates its topics with explicit settings; a typo must not create one
             "auto.create.topics.enable": "false",
             # compaction that a test or a demo can observe within seconds
@@ -705,7 +712,7 @@ class EmbeddedKafkaBroker:
         out.close()
         return process
 
-    def _wait_ready(self, info: BrokerInfo, timeout_s: float, processes: Mapping[int, subprocess.Popen]) -> None:
+    def _wait_ready(self, info: BrokerInfo, timeout_s: float, processes: Mapping[int, subprocess.Popen | _Pid]) -> None:
         """Wait until the metadata lists every node whose process runs as a broker."""
         deadline = time.monotonic() + timeout_s
         # log_level 0: "connection refused" is expected until the broker listens, not worth printing
@@ -722,7 +729,8 @@ class EmbeddedKafkaBroker:
             wanted = {n.node_id for n in info.nodes if _pid_is_broker(n.pid)}
             try:
                 metadata = admin.list_topics(timeout=1.0)
-                if metadata.brokers and wanted <= set(metadata.brokers):
+                if metadata.brokers and wanted <= set(metadata.brokers) and all(
+                        self._node_answers(info, node_id) for node_id in processes):
                     return
             except KafkaException:
                 pass
@@ -732,6 +740,19 @@ class EmbeddedKafkaBroker:
                     f"{timeout_s:.0f} s; the log ends with:\n{self._log_tail(1)}"
                 )
             time.sleep(0.2)
+
+    @staticmethod
+    def _node_answers(info: BrokerInfo, node_id: int) -> bool:
+        """Whether node ``node_id`` itself answers a metadata request: the cluster's metadata
+        keeps listing a killed node until its broker session times out, so a restart waits for
+        the node's own answer."""
+        node = info.node(node_id)
+        admin = kafka_config.admin_client(f"127.0.0.1:{node.port}", {"socket.connection.setup.timeout.ms": 1000,
+                                                                     "log_level": 0, **info.client_settings})
+        try:
+            return node_id in admin.list_topics(timeout=1.0).brokers
+        except KafkaException:
+            return False
 
     def _log_tail(self, node_id: int = 1, lines: int = 20) -> str:
         chunks = []
@@ -754,6 +775,33 @@ class EmbeddedKafkaBroker:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         _reap(pid)
+
+
+class _Pid:
+    """A node process started by an earlier call, watched like a :class:`subprocess.Popen`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """None while the process lives; its exit status (or -1 when not our child) once gone."""
+        if self.returncode is not None:
+            return self.returncode
+        with contextlib.suppress(ChildProcessError, OSError):
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                return self.returncode
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            self.returncode = -1
+            return self.returncode
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{self.pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+                self.returncode = -1
+        return self.returncode
 
 
 def _reap(pid: int) -> None:
