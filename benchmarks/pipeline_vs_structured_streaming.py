@@ -1,6 +1,7 @@
 """Chandy's Kafka-to-lake pipeline next to Spark Structured Streaming, same data, same machine, same run.
 
-Run: ``.venv/bin/python benchmarks/pipeline_vs_structured_streaming.py`` (``--records``, ``--per-batch``).
+Run: ``.venv/bin/python benchmarks/pipeline_vs_structured_streaming.py`` (``--records``, ``--per-batch``,
+``--sink delta|iceberg|both``, ``--no-structured-streaming``).
 Uses ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker.
 
 1. Produces N records (default 5,000,000) of about 200 bytes over 8 partitions, once (a topic
@@ -10,6 +11,10 @@ Uses ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker.
    ``spark.jars.packages``) with ``maxOffsetsPerTrigger`` = B, writing Parquet with a checkpoint
    location, ``trigger(availableNow=True)``.
 Both in one SparkSession (``local[*]``), raw key/value/metadata columns, no decoding.
+
+``--sink iceberg`` (or ``both``) also lands the same records with Chandy into an Apache Iceberg
+table (pyiceberg's SQL catalog on SQLite, local warehouse) and prints its row next to Delta's with
+the Iceberg / Delta ratio; ``--no-structured-streaming`` skips Spark's run (it needs Maven Central).
 
 Prints records/s of each, the ratio, and the per-checkpoint (per-micro-batch) overhead: for
 Chandy the checkpoint's end-to-end time minus its Spark job; for Spark the batch's
@@ -63,11 +68,15 @@ def produce(servers: str, topic: str, records: int) -> None:
     print(f"produced {records:,} records in {time.monotonic() - started:.1f} s", flush=True)
 
 
-def run_chandy(spark, servers: str, topic: str, per_batch: int, root: Path) -> dict:
+def run_chandy(spark, servers: str, topic: str, per_batch: int, root: Path, sink: str = "delta") -> dict:
     progress = []
-    options = PipelineOptions(table_uri=str(root / "chandy-table"), bootstrap_servers=servers, topics=(topic,),
+    table, catalog = str(root / "chandy-table"), {}
+    if sink == "iceberg":
+        table, catalog = f"iceberg://bench/b.t{uuid.uuid4().hex[:6]}", {"warehouse": str(root / "iceberg")}
+    options = PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,),
                               max_records_per_checkpoint=per_batch // PARTITIONS, parallelism=PARTITIONS,
-                              stop_when_drained=True, prefix=f"bench{uuid.uuid4().hex[:6]}")
+                              stop_when_drained=True, prefix=f"bench{uuid.uuid4().hex[:6]}",
+                              catalog_properties=catalog)
     started = time.monotonic()
     summary = Pipeline(options, spark=spark).run(on_progress=progress.append)
     seconds = time.monotonic() - started
@@ -102,6 +111,9 @@ def main() -> None:
     parser.add_argument("--topic", default=None)
     parser.add_argument("--connector-version", default=None,
                         help="spark-sql-kafka-0-10 version (default: pyspark's own; Maven Central may lag PyPI)")
+    parser.add_argument("--sink", choices=["delta", "iceberg", "both"], default="delta",
+                        help="Chandy's table format(s): iceberg or both add a row for Apache Iceberg")
+    parser.add_argument("--no-structured-streaming", action="store_true", help="skip Spark Structured Streaming")
     args = parser.parse_args()
     import pyspark
     from pyspark.sql import SparkSession
@@ -117,24 +129,42 @@ def main() -> None:
         try:
             topic = args.topic or f"bench-{args.records}"
             produce(servers, topic, args.records)
-            spark = (SparkSession.builder.master("local[*]").appName("chandy-vs-structured-streaming")
-                     .config("spark.jars.packages", f"org.apache.spark:spark-sql-kafka-0-10_2.13:{args.connector_version or pyspark.__version__}")
-                     .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(PARTITIONS))
-                     .getOrCreate())
+            builder = (SparkSession.builder.master("local[*]").appName("chandy-vs-structured-streaming")
+                       .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(PARTITIONS)))
+            if not args.no_structured_streaming:
+                builder = builder.config("spark.jars.packages", "org.apache.spark:spark-sql-kafka-0-10_2.13:"
+                                         f"{args.connector_version or pyspark.__version__}")
+            spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("WARN")
-            chandy = run_chandy(spark, servers, topic, args.per_batch, root)
-            structured = run_structured_streaming(spark, servers, topic, args.per_batch, root)
+            chandy = iceberg = structured = None
+            if args.sink in ("delta", "both"):
+                chandy = run_chandy(spark, servers, topic, args.per_batch, root)
+            if args.sink in ("iceberg", "both"):
+                iceberg = run_chandy(spark, servers, topic, args.per_batch, root, sink="iceberg")
+            if not args.no_structured_streaming:
+                structured = run_structured_streaming(spark, servers, topic, args.per_batch, root)
             spark.stop()
         finally:
             if broker is not None:
                 broker.down()
     print(f"\n{args.records:,} records of ~200 bytes, 8 partitions, {args.per_batch:,} records per batch, local[*]")
     print(f"{'':28} {'records':>10} {'seconds':>8} {'records/s':>10} {'batches':>8} {'batch ms':>9} {'overhead ms':>12}")
-    for name, r in (("Chandy (exactly-once Delta)", chandy), ("Spark Structured Streaming", structured)):
-        print(f"{name:28} {r['records']:>10,} {r['seconds']:>8.1f} {r['records'] / r['seconds']:>10,.0f} "
-              f"{r['batches']:>8} {r['batch_ms']:>9,.0f} {r['overhead_ms']:>12,.0f}")
-    ratio = (chandy["records"] / chandy["seconds"]) / (structured["records"] / structured["seconds"])
-    print(f"throughput ratio Chandy / Spark: {ratio:.2f}")
+    rows = (("Chandy (exactly-once Delta)", chandy), ("Chandy (exactly-once Iceberg)", iceberg),
+            ("Spark Structured Streaming", structured))
+    for name, r in rows:
+        if r is not None:
+            print(f"{name:28} {r['records']:>10,} {r['seconds']:>8.1f} {r['records'] / r['seconds']:>10,.0f} "
+                  f"{r['batches']:>8} {r['batch_ms']:>9,.0f} {r['overhead_ms']:>12,.0f}")
+
+    def rate(r: dict) -> float:
+        return r["records"] / r["seconds"]
+
+    if chandy and structured:
+        print(f"throughput ratio Chandy / Spark: {rate(chandy) / rate(structured):.2f}")
+    if iceberg and chandy:
+        print(f"throughput ratio Iceberg / Delta (both Chandy): {rate(iceberg) / rate(chandy):.2f}")
+    if iceberg and structured:
+        print(f"throughput ratio Chandy Iceberg / Spark: {rate(iceberg) / rate(structured):.2f}")
 
 
 if __name__ == "__main__":
