@@ -213,7 +213,8 @@ class AckReader:
         self.dispatch = dispatch
         self.bad_messages = 0
         self.dead_letter_topic = dead_letter_topic
-        self._dlq = kafka_config.producer(bootstrap_servers) if dead_letter_topic else None
+        self._dlq = (kafka_config.producer(bootstrap_servers, overrides=kafka_config.security_settings(consumer_overrides))
+                     if dead_letter_topic else None)
         self.consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 10,
                                                                              **(consumer_overrides or {})})
         self._stop = threading.Event()
@@ -392,7 +393,8 @@ class CoordinatorService:
             raise
 
     def _start(self, *, periodic: bool, timeout_s: float) -> CoordinatorService:
-        admin = kafka_config.admin_client(self.bootstrap_servers)
+        # the same principal as the log writer and the ack reader (security.protocol, sasl.*, ssl.*)
+        admin = kafka_config.admin_client(self.bootstrap_servers, kafka_config.security_settings(self._consumer_overrides))
         ensure_topics(admin, self.topics)
         log_partitions = len(admin.list_topics(self.topics.coordinator_log, timeout=timeout_s)
                              .topics[self.topics.coordinator_log].partitions)
