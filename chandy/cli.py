@@ -707,7 +707,7 @@ def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: 
 
     admin = kafka_config.admin_client(_bootstrap(bootstrap_servers, data_dir))
     created = ensure_topics(admin, ChandyTopics(prefix), partitions=partitions, replication_factor=replication_factor)
-    err_console.print(f"created: {', '.join(created) or 'none'}; all four checked")
+    err_console.print(f"created: {', '.join(created) or 'none'}; all five checked")
 
 
 @topics.command("check")
@@ -722,6 +722,139 @@ def topics_check(bootstrap_servers: str | None, data_dir: Path | None, prefix: s
 
     check_topics(kafka_config.admin_client(_bootstrap(bootstrap_servers, data_dir)), ChandyTopics(prefix))
     err_console.print("ok")
+
+
+# -- control requests: operate a running job from anywhere -------------------------------------------
+job_option = click.option("--job", "job_id", required=True, metavar="JOB_ID", help="The job's ID.")
+prefix_option = click.option("--prefix", default="chandy", show_default=True, help="Topic name prefix.")
+request_timeout_option = click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(1), default=120.0, show_default=True,
+    help="Seconds to wait for the answer; the request expires after them, so it never fires later.")
+
+
+def _request(kind_name: str, job_id: str, prefix: str, bootstrap_servers: str | None, data_dir: Path | None,
+             timeout_s: float, *, target_directory: str | None = None, drain: bool = False) -> None:
+    """Send one control request, show its progress, print the pointer or the reason; exit 1 on
+    failure (refused, failed, not running, no answer in time)."""
+    from coordinator.kafka.requests import ControlRequestType, RequestError, RequestStatus, send_request
+
+    kind = ControlRequestType(kind_name)
+    servers = _bootstrap(bootstrap_servers, data_dir)
+    try:
+        with err_console.status(f"{kind.value.lower().replace('_', ' ')} of job {job_id}: waiting for the coordinator") \
+                as status:
+            answer = send_request(servers, job_id, kind, prefix=prefix, target_directory=target_directory, drain=drain,
+                                  timeout_s=timeout_s, on_accepted=lambda: status.update(
+                                      f"{kind.value.lower().replace('_', ' ')} of job {job_id}: accepted, in progress"))
+    except RequestError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if answer.status is not RequestStatus.COMPLETED:
+        click.echo(f"error: {kind.value} request {answer.request_id} of job {job_id} failed: {answer.failure_message}",
+                   err=True)
+        sys.exit(1)
+    what = answer.external_pointer or (f"checkpoint {answer.checkpoint_id}" if answer.checkpoint_id else "done")
+    click.echo(what)
+    err_console.print(f"{kind.value} of job {job_id} completed in {answer.round_trip_ms:.0f} ms"
+                      + (f" (checkpoint {answer.checkpoint_id})" if answer.checkpoint_id else ""))
+
+
+@checkpoint.command("trigger")
+@job_option
+@prefix_option
+@bootstrap_option
+@data_dir_option
+@request_timeout_option
+@_handle_errors
+def checkpoint_trigger(job_id: str, prefix: str, bootstrap_servers: str | None, data_dir: Path | None,
+                       timeout_s: float) -> None:
+    """Trigger a checkpoint of a running job and print its pointer (Flink's POST /jobs/:jobid/checkpoints)."""
+    _request("TRIGGER_CHECKPOINT", job_id, prefix, bootstrap_servers, data_dir, timeout_s)
+
+
+@main.group()
+def savepoint() -> None:
+    """Savepoints of running jobs."""
+
+
+@savepoint.command("trigger")
+@job_option
+@click.option("--dir", "target_directory", default=None, metavar="URL",
+              help="Target directory (default: the job's savepoint directory, state.savepoints.dir).")
+@prefix_option
+@bootstrap_option
+@data_dir_option
+@request_timeout_option
+@_handle_errors
+def savepoint_trigger(job_id: str, target_directory: str | None, prefix: str, bootstrap_servers: str | None,
+                      data_dir: Path | None, timeout_s: float) -> None:
+    """Take a savepoint of a running job and print its pointer (Flink's `flink savepoint`). An
+    intermediate savepoint commits nothing to the lake or the consumer group by itself."""
+    _request("TRIGGER_SAVEPOINT", job_id, prefix, bootstrap_servers, data_dir, timeout_s,
+             target_directory=target_directory)
+
+
+@main.group()
+def job() -> None:
+    """Running jobs: list, stop with a savepoint, cancel."""
+
+
+@job.command("stop")
+@job_option
+@click.option("--savepoint/--no-savepoint", "with_savepoint", default=True, show_default=True,
+              help="Stop with a savepoint (Flink's `flink stop`); the only way Chandy stops a job gracefully.")
+@click.option("--drain", is_flag=True, help="Land everything available before the final savepoint (Flink's --drain).")
+@click.option("--dir", "target_directory", default=None, metavar="URL", help="Savepoint target directory.")
+@prefix_option
+@bootstrap_option
+@data_dir_option
+@request_timeout_option
+@_handle_errors
+def job_stop(job_id: str, with_savepoint: bool, drain: bool, target_directory: str | None, prefix: str,
+             bootstrap_servers: str | None, data_dir: Path | None, timeout_s: float) -> None:
+    """Stop a running job with a savepoint, committed to the lake and the consumer group; print its pointer."""
+    if not with_savepoint:
+        raise click.UsageError("stopping without a savepoint is `chandy job cancel`")
+    _request("STOP_WITH_SAVEPOINT", job_id, prefix, bootstrap_servers, data_dir, timeout_s,
+             target_directory=target_directory, drain=drain)
+
+
+@job.command("cancel")
+@job_option
+@prefix_option
+@bootstrap_option
+@data_dir_option
+@request_timeout_option
+@_handle_errors
+def job_cancel(job_id: str, prefix: str, bootstrap_servers: str | None, data_dir: Path | None,
+               timeout_s: float) -> None:
+    """Cancel a running job: no savepoint, the checkpoint in flight is aborted (Flink's `flink cancel`)."""
+    _request("CANCEL", job_id, prefix, bootstrap_servers, data_dir, timeout_s)
+
+
+@job.command("list")
+@prefix_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@bootstrap_option
+@data_dir_option
+@_handle_errors
+def job_list(prefix: str, fmt: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
+    """Jobs seen on the checkpoint-events topic: status, coordinator, last checkpoint and savepoint."""
+    import dataclasses
+
+    from coordinator.kafka.requests import list_jobs
+
+    with err_console.status("reading the checkpoint events"):
+        jobs = list_jobs(_bootstrap(bootstrap_servers, data_dir), prefix=prefix)
+    if fmt == "json":
+        for summary in jobs:
+            click.echo(json.dumps(dataclasses.asdict(summary)))
+        return
+    table = Table("job", "status", "coordinator", "last checkpoint", "last savepoint", title=f"jobs ({prefix})")
+    for s in jobs:
+        table.add_row(s.job_id, s.status, "running" if s.coordinator_running else "-",
+                      str(s.last_checkpoint) if s.last_checkpoint is not None else "-", s.last_savepoint or "-")
+    console.print(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -193,11 +193,52 @@ class CheckpointCoordinator:
 
     # -- the log ---------------------------------------------------------------------------------
     def _commit(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
-        """Apply the batch's records to the state and hand the batch to the log writer."""
+        """Apply the batch's records to the state and hand the batch to the log writer. A job
+        status record that ends or suspends the job also publishes a ``JOB_STATUS_CHANGED`` event
+        in the same transaction."""
+        now = None
         for record in batch.records:
             if id(record) not in batch.pre_applied:
                 apply(self.state, record)
+            if isinstance(record, JobStatusRecord) and record.status is not JobStatus.RUNNING:
+                now = now if now is not None else self.env.now_ms()
+                batch.events.append(CheckpointEvent(
+                    job_id=self.job_id, checkpoint_id=self.state.last_succeeded_checkpoint_id,
+                    event_type="JOB_STATUS_CHANGED", checkpoint_type=CheckpointType.CHECKPOINT.value,
+                    epoch=record.epoch, timestamp=now, trigger_timestamp=record.timestamp,
+                    failure_message=record.reason, job_status=record.status.value))
         self.env.append(batch, on_committed)
+
+    def commit_batch(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
+        """Apply ``batch``'s log records to the state and append the batch (records, control
+        messages, events) as one transaction; ``on_committed`` runs on the mailbox once durable.
+
+        For extensions of the coordinator that keep their own records in its log (the control
+        requests of :mod:`coordinator.kafka.requests`); mailbox thread only.
+        """
+        self._commit(batch, on_committed)
+
+    def cancel_job(self, reason: str) -> concurrent.futures.Future:
+        """Cancel the job (Flink's ``JobMaster.cancel``): it becomes CANCELED, periodic checkpoints
+        stop and pending ones abort (CHECKPOINT_COORDINATOR_SHUTDOWN). Returns a future done once
+        the CANCELED status is durable. Mailbox thread only.
+
+        Raises (through the future):
+            CheckpointException: the job is not RUNNING (it already ended or failed).
+        """
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if self.state.job_status != JobStatus.RUNNING:
+            future.set_exception(CheckpointException(
+                R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {self.job_id} is {self.state.job_status.value}, not RUNNING"))
+            return future
+        record = JobStatusRecord(self.job_id, JobStatus.CANCELED, self.state.epoch, reason, self.env.now_ms())
+
+        def after_commit() -> None:
+            self._job_status_changed(JobStatus.CANCELED, reason)
+            future.set_result(record)
+
+        self._commit(Batch(records=[record]), after_commit)
+        return future
 
     def _record(self, pending: PendingCheckpoint, status: CheckpointStatus, now: int, **extra: Any) -> CheckpointRecord:
         return CheckpointRecord(

@@ -156,7 +156,10 @@ class SubtaskAttemptFailed(_Message):
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointEvent(_Message):
-    """The public event of a trigger, completion, abort or savepoint, with its statistics."""
+    """The public event of a trigger, completion, abort or savepoint, with its statistics; also
+    the answer to a control request (``REQUEST_ACCEPTED`` / ``REQUEST_COMPLETED`` /
+    ``REQUEST_FAILED``, with ``request_id``) and a job status change (``JOB_STATUS_CHANGED``,
+    with ``job_status``). Readers ignore event types they do not know."""
 
     SCHEMA: ClassVar[str] = "chandy.v1.CheckpointEvent"
     job_id: str
@@ -173,6 +176,9 @@ class CheckpointEvent(_Message):
     failure_reason: str | None = None
     failure_message: str | None = None
     external_pointer: str | None = None
+    request_id: str | None = None
+    request_type: str | None = None
+    job_status: str | None = None
 
 
 #: Avro schema name -> message class, for decoding.

@@ -75,6 +75,12 @@ class JobStatus(str, enum.Enum):
     FAILED = "FAILED"
     FINISHED = "FINISHED"
     SUSPENDED = "SUSPENDED"
+    CANCELED = "CANCELED"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Flink's ``JobStatus.isGloballyTerminalState``: the job will not run again."""
+        return self in (JobStatus.FAILED, JobStatus.FINISHED, JobStatus.CANCELED)
 
     def __str__(self) -> str:
         return self.value

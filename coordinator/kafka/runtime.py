@@ -36,6 +36,7 @@ from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.log import LoadStats, encode_record, load_state, partition_for
 from coordinator.kafka.metrics import CheckpointMetricsCollector, MetricsServer
+from coordinator.kafka.requests import LeaderElection, RequestExecutor, RequestHandler
 from coordinator.kafka.topics import ChandyTopics, ensure_topics
 from coordinator.messages import (
     MESSAGE_TYPES,
@@ -296,6 +297,15 @@ class CoordinatorService:
             :mod:`coordinator.kafka.metrics`) on this port from :meth:`start` to :meth:`stop`;
             0 picks a free port (read :attr:`metrics_server`), None (default) serves none.
         metrics_address: the address the metrics server binds (default all interfaces).
+        standby: :meth:`start` first waits until this process leads the job's election group
+            (a standby that takes over when the active coordinator dies; see
+            :mod:`coordinator.kafka.requests`).
+        accept_requests: join the election group and apply control requests from
+            ``<prefix>.requests`` (default True).
+        request_executor: applies accepted requests (default: directly on the coordinator,
+            :func:`~coordinator.kafka.requests.default_executor`).
+        election: an election already joined (a pipeline that stood by before starting);
+            the service then closes it on :meth:`stop`.
     """
 
     def __init__(
@@ -321,6 +331,10 @@ class CoordinatorService:
         checkpoint_id_floor: int | None = None,
         metrics_port: int | None = None,
         metrics_address: str = "0.0.0.0",
+        standby: bool = False,
+        accept_requests: bool = True,
+        request_executor: RequestExecutor | None = None,
+        election: LeaderElection | None = None,
     ) -> None:
         if not options.checkpoint_dir:
             raise ChandyError("a checkpoint directory (state.checkpoints.dir) is required")
@@ -358,6 +372,11 @@ class CoordinatorService:
         self._metrics_port = metrics_port
         self._metrics_address = metrics_address
         self.metrics_server: MetricsServer | None = None
+        self._standby = standby
+        self._accept_requests = accept_requests
+        self._request_executor = request_executor
+        self.election: LeaderElection | None = election
+        self.requests: RequestHandler | None = None
 
     # -- CoordinatorEnvironment ------------------------------------------------------------------
     def now_ms(self) -> int:
@@ -396,6 +415,13 @@ class CoordinatorService:
         # the same principal as the log writer and the ack reader (security.protocol, sasl.*, ssl.*)
         admin = kafka_config.admin_client(self.bootstrap_servers, kafka_config.security_settings(self._consumer_overrides))
         ensure_topics(admin, self.topics)
+        if self.election is None and (self._accept_requests or self._standby):
+            self.election = LeaderElection(self.bootstrap_servers, self.topics, self.job_id,
+                                           consumer_overrides=self._consumer_overrides, codec=self.codec).join()
+        if self._standby and self.election is not None:
+            log.info("job %s: standing by until this process leads group %s", self.job_id, self.election.group_id)
+            if not self.election.wait_until_leader(stop=self.stopped):
+                raise CoordinatorStoppedError(f"the standby coordinator of job {self.job_id} stopped before leading")
         log_partitions = len(admin.list_topics(self.topics.coordinator_log, timeout=timeout_s)
                              .topics[self.topics.coordinator_log].partitions)
         self._writer = LogWriter(self.bootstrap_servers, self.topics, self.job_id, self.codec, self.transactional_id,
@@ -426,6 +452,12 @@ class CoordinatorService:
             checkpoint_id_floor=self._checkpoint_id_floor))
         started.result(timeout_s)
         self._acks.start()
+        if self.election is not None and self._accept_requests:
+            self.requests = RequestHandler(coordinator, self.mailbox.execute, self._request_executor)
+            self.election.attach(self.requests.submit)
+            if not self.election.joined.wait(timeout_s):
+                log.warning("job %s: not yet a member of group %s after %.0f s; control requests wait",
+                            self.job_id, self.election.group_id, timeout_s)
         if periodic:
             self.mailbox.execute(coordinator.start_periodic_scheduler)
         return self
@@ -504,6 +536,8 @@ class CoordinatorService:
                 self.mailbox.call(self.coordinator.shutdown).result(timeout_s)
         if self._acks is not None:
             self._acks.close()
+        if self.election is not None:
+            self.election.close()  # leave the group: a standby leads at once
         self.mailbox.close()
         if self._writer is not None:
             self._writer.close(timeout_s)

@@ -1,4 +1,4 @@
-"""Chandy's four topics: names, settings, creation and the start-up check.
+"""Chandy's five topics: names, settings, creation and the start-up check.
 
 | topic                          | cleanup | content                                          |
 | ------------------------------ | ------- | ------------------------------------------------ |
@@ -6,8 +6,9 @@
 | ``<prefix>.acks``              | delete  | workers → coordinator: ack, decline, events      |
 | ``<prefix>.coordinator-log``   | compact | the coordinator's event-sourced state            |
 | ``<prefix>.checkpoint-events`` | delete  | the public stream for external subscribers       |
+| ``<prefix>.requests``          | delete  | operators → coordinator: control requests (1 p.) |
 
-All four are keyed by job id (the log by job id, record kind and entity id), so one partition
+All five are keyed by job id (the log by job id, record kind and entity id), so one partition
 holds one job's messages in order while many jobs share the topics (see docs/design.md, "Topics").
 """
 
@@ -60,6 +61,12 @@ class ChandyTopics:
     def checkpoint_events(self) -> str:
         return f"{self.prefix}.checkpoint-events"
 
+    @property
+    def requests(self) -> str:
+        """Operators → coordinator: control requests; one partition, whose owner in the job's
+        election group is the leader coordinator (:mod:`coordinator.kafka.requests`)."""
+        return f"{self.prefix}.requests"
+
     def specs(
         self,
         *,
@@ -90,6 +97,8 @@ class ChandyTopics:
             TopicSpec(self.acks, partitions, delete),
             TopicSpec(self.coordinator_log, partitions, log),
             TopicSpec(self.checkpoint_events, partitions, delete),
+            # always one partition: the election gives it to exactly one coordinator per job
+            TopicSpec(self.requests, 1, delete),
         ]
 
 

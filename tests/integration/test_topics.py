@@ -17,16 +17,20 @@ def _configs(admin, name: str) -> dict[str, str]:
     return {k: v.value for k, v in admin.describe_configs([resource])[resource].result().items()}
 
 
-def test_ensure_creates_the_four_topics_with_explicit_settings(kafka_bootstrap_servers: str, topic_prefix: str) -> None:
+def test_ensure_creates_the_five_topics_with_explicit_settings(kafka_bootstrap_servers: str, topic_prefix: str) -> None:
     admin = kafka_config.admin_client(kafka_bootstrap_servers)
     topics = ChandyTopics(topic_prefix)
     created = ensure_topics(admin, topics, partitions=3)
-    assert sorted(created) == sorted([topics.control, topics.acks, topics.coordinator_log, topics.checkpoint_events])
+    assert sorted(created) == sorted([topics.control, topics.acks, topics.coordinator_log, topics.checkpoint_events,
+                                      topics.requests])
     log = _configs(admin, topics.coordinator_log)
     assert log["cleanup.policy"] == "compact"
     assert log["min.compaction.lag.ms"] == "60000"
     assert _configs(admin, topics.control)["cleanup.policy"] == "delete"
     assert len(admin.list_topics(timeout=10).topics[topics.acks].partitions) == 3
+    # the requests topic has one partition whatever the others have: its owner leads the job
+    assert len(admin.list_topics(timeout=10).topics[topics.requests].partitions) == 1
+    assert _configs(admin, topics.requests)["cleanup.policy"] == "delete"
     # a second call finds them all and creates nothing
     assert ensure_topics(admin, topics) == []
 

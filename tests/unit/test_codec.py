@@ -38,6 +38,7 @@ REQUIRED = {
     "NotifyCheckpointAborted", "OperatorEvent", "SubtaskAttemptReady", "SubtaskAttemptFailed",
     "CoordinatorLogKey", "CoordinatorEpochRecord", "CheckpointRecord", "CheckpointIdCounterRecord",
     "JobStatusRecord", "SplitAssignmentRecord", "OffsetCommitRecord", "CheckpointEvent",
+    "ControlRequest", "RequestRecord",
 }
 
 
