@@ -190,6 +190,8 @@ class PipelineOptions:
         if self.dead_letter_topic and self.errors_tolerance != "all":
             raise PipelineError("a dead-letter topic needs --errors-tolerance all (with none, the first bad record "
                                 "fails the micro-batch), as Kafka Connect's errors.deadletterqueue.topic.name")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise PipelineError(f"--metrics-port takes a port 0-65535, got {self.metrics_port}")
         if self.optimize_target_size is not None and self.optimize_target_size < 1:
             raise PipelineError(f"--optimize-target-size takes bytes >= 1, got {self.optimize_target_size}")
         object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
@@ -820,6 +822,12 @@ class Pipeline:
             if self._spark is None:
                 spark.stop()
             raise
+        metrics = None
+        if self.service.metrics_server is not None:
+            from connectors.spark.metrics import PipelineMetricsCollector
+
+            metrics = PipelineMetricsCollector(self.job_id, SOURCE_OPERATOR, SINK_OPERATOR)
+            self.service.metrics_server.register(metrics)
         consumer = kafka_config.consumer(opts.bootstrap_servers, overrides=dict(opts.consumer_overrides))
         completed = failed = consecutive = 0
         first_failure: str | None = None
@@ -886,13 +894,17 @@ class Pipeline:
                     log.warning("checkpoint %d failed: %s", checkpoint_id, message)
                 if fatal is not None:
                     raise PipelineError(f"checkpoint {checkpoint_id} failed: {fatal}")
-                if on_progress is not None:
+                if on_progress is not None or metrics is not None:
                     landed = self._committed_records() - landed_before
-                    on_progress(PipelineProgress(
+                    progress = PipelineProgress(
                         checkpoint_id, message is None, records, landed, completed, failed,
                         (time.monotonic() - batch_started) * 1000, time.monotonic() - started,
                         self.lag(consumer), message, spark_job_ms, self.bad_records, self.dead_lettered,
-                        counts.value[1]))
+                        counts.value[1])
+                    if metrics is not None:
+                        metrics.update(progress)
+                    if on_progress is not None:
+                        on_progress(progress)
                 pause = opts.checkpoint_interval_ms / 1000 - (time.monotonic() - batch_started)
                 if consecutive:
                     pause = max(pause, self._backoff_s(consecutive))

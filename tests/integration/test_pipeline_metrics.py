@@ -1,0 +1,45 @@
+"""The pipeline's metrics on its coordinator's Prometheus endpoint, scraped while it runs on a real
+broker, real Spark and a real Delta table (run under ``flock /tmp/chandy-spark.lock``)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from connectors.spark.pipeline import Pipeline, PipelineOptions, PipelineProgress
+from tests.fixtures.lake_pipeline import make_topic
+from tests.fixtures.ui import get
+
+pytestmark = pytest.mark.integration
+
+
+def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, kafka_bootstrap_servers, tmp_path: Path):
+    topic = make_topic(kafka_bootstrap_servers, [b"v%d" % i for i in range(300)], partitions=2)
+    pipeline = Pipeline(PipelineOptions(table_uri=str(tmp_path / "table"), bootstrap_servers=kafka_bootstrap_servers,
+                                        topics=(topic,), stop_when_drained=True, max_records_per_checkpoint=100,
+                                        prefix=f"pm{uuid.uuid4().hex[:6]}", metrics_port=0), spark=lake_spark)
+    scrapes: list[tuple[PipelineProgress, dict]] = []
+
+    def scrape(progress: PipelineProgress) -> None:
+        assert pipeline.service is not None and pipeline.service.metrics_server is not None
+        status, text = get(f"http://127.0.0.1:{pipeline.service.metrics_server.port}/metrics")
+        assert status == 200
+        scrapes.append((progress, {(s.name, tuple(sorted(s.labels.items()))): s.value
+                                   for f in text_string_to_metric_families(text) for s in f.samples}))
+
+    summary = pipeline.run(on_progress=scrape)
+    assert summary.records_landed == 300 and summary.checkpoints_completed == 2
+    job = pipeline.job_id
+    sink = (("job_id", job), ("operator", "lake-sink"))
+    first, last = scrapes[0][1], scrapes[-1][1]
+    assert first[("numRecordsOut", sink)] == scrapes[0][0].records_landed == 200  # 100 per partition
+    assert first[("pendingRecords", (("job_id", job), ("operator", "kafka-source"), ("partition", "0"), ("topic", topic)))] == 50
+    assert last[("numRecordsOut", sink)] == 300
+    assert last[("pendingRecords", (("job_id", job), ("operator", "kafka-source"), ("partition", "1"), ("topic", topic)))] == 0
+    assert last[("lastMicroBatchDuration", sink)] == pytest.approx(scrapes[-1][0].checkpoint_duration_ms)
+    assert last[("numRecordsOutPerSecond", sink)] > 0
+    assert last[("numberOfCompletedCheckpoints", (("job_id", job),))] == 2
+    assert last[("lastCompletedCheckpointId", (("job_id", job),))] == scrapes[-1][0].checkpoint_id
