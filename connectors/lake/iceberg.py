@@ -21,6 +21,7 @@ and is retried (or found done).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -107,8 +108,13 @@ def catalog_properties_for(catalog: str, given: Mapping[str, str] | None = None)
 
 def default_checkpoint_dir(table_uri: str, catalog_properties: Mapping[str, str] | None = None) -> str:
     """``state.checkpoints.dir`` of a pipeline into an Iceberg table: ``_chandy_checkpoints``
-    under the table's location."""
-    return f"{IcebergSink(table_uri, catalog_properties=catalog_properties).root_url}/_chandy_checkpoints"
+    under the table's location (looked up in the catalog once per process)."""
+    return _checkpoint_dir(table_uri, tuple(sorted((catalog_properties or {}).items())))
+
+
+@functools.lru_cache(maxsize=64)
+def _checkpoint_dir(table_uri: str, catalog_properties: tuple[tuple[str, str], ...]) -> str:
+    return f"{IcebergSink(table_uri, catalog_properties=dict(catalog_properties)).root_url}/_chandy_checkpoints"
 
 
 def _is_conflict(exc: BaseException) -> bool:
