@@ -41,5 +41,6 @@ def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, k
     assert last[("pendingRecords", (("job_id", job), ("operator", "kafka-source"), ("partition", "1"), ("topic", topic)))] == 0
     assert last[("lastMicroBatchDuration", sink)] == pytest.approx(scrapes[-1][0].checkpoint_duration_ms)
     assert last[("numRecordsOutPerSecond", sink)] > 0
+    assert 0 < last[("lastLakeCommitDuration", sink)] < last[("lastMicroBatchDuration", sink)]
     assert last[("numberOfCompletedCheckpoints", (("job_id", job),))] == 2
     assert last[("lastCompletedCheckpointId", (("job_id", job),))] == scrapes[-1][0].checkpoint_id
