@@ -508,6 +508,7 @@ class EmbeddedKafkaBroker:
             info = self.status()
             if info is None:
                 raise KafkaLauncherError(f"no embedded Kafka runs from {self.data_dir}; start it with up()")
+            self.nodes = len(info.nodes)  # the running cluster's layout, whatever this object was told
             info = self._start_node(info, node_id)
             self._wait_ready(info, timeout_s, processes={node_id: _Pid(info.node(node_id).pid)})
             return info

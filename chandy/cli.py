@@ -93,7 +93,7 @@ def main(verbose: int) -> None:
 # -- chandy kafka ----------------------------------------------------------------------------
 @main.group()
 def kafka() -> None:
-    """The embedded single-node Apache Kafka broker (KRaft, 127.0.0.1)."""
+    """The embedded Apache Kafka broker or cluster (KRaft, 127.0.0.1)."""
 
 
 @kafka.command()
@@ -103,12 +103,22 @@ def kafka() -> None:
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for the broker.")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Broker property under its standard name (repeatable), e.g. log.retention.hours=1.")
+@click.option("--nodes", type=click.IntRange(1, 9), default=1, show_default=True,
+              help="KRaft nodes (broker and controller each); 3 or more: internal and Chandy topics get 3 replicas, "
+                   "min.insync.replicas 2.")
+@click.option("--security", type=click.Choice(["none", "sasl-scram"]), default="none", show_default=True,
+              help="sasl-scram: SASL/SCRAM-SHA-512 over plaintext, StandardAuthorizer ACLs, super user 'admin'.")
+@click.option("--scram-user", "scram_users", multiple=True, metavar="NAME=PASSWORD",
+              help="SCRAM user to create (repeatable; with --security sasl-scram).")
 @_handle_errors
-def up(data_dir: Path | None, port: int | None, heap: str, timeout: float, overrides: tuple[str, ...]) -> None:
-    """Start the broker (idempotent) and print its bootstrap address."""
+def up(data_dir: Path | None, port: int | None, heap: str, timeout: float, overrides: tuple[str, ...], nodes: int,
+       security: str, scram_users: tuple[str, ...]) -> None:
+    """Start the broker or cluster (idempotent; restarts dead nodes) and print its bootstrap address."""
     from chandy.broker import KAFKA_VERSION, EmbeddedKafkaBroker
 
-    broker = EmbeddedKafkaBroker(data_dir, port=port, heap=heap, broker_overrides=_parse_settings(overrides, "--override"))
+    broker = EmbeddedKafkaBroker(data_dir, port=port, heap=heap, broker_overrides=_parse_settings(overrides, "--override"),
+                                 nodes=nodes, security=security,
+                                 scram_users=_parse_settings(scram_users, "--scram-user"))
     already = broker.status()
     start = time.monotonic()
     with err_console.status(f"starting Apache Kafka {KAFKA_VERSION} (first start fetches its jars from Maven Central)"):
@@ -117,7 +127,11 @@ def up(data_dir: Path | None, port: int | None, heap: str, timeout: float, overr
     if already is not None:
         err_console.print(f"already running (pid {info.pid}), data in {info.data_dir}")
     else:
-        err_console.print(f"Apache Kafka {info.kafka_version} up in {took:.1f} s (pid {info.pid}), data in {info.data_dir}")
+        err_console.print(f"Apache Kafka {info.kafka_version} up in {took:.1f} s ({len(info.nodes)} node(s), pids "
+                          f"{', '.join(str(n.pid) for n in info.nodes)}), data in {info.data_dir}")
+    if info.security != "none":
+        err_console.print(f"security {info.security}: the super user's settings are in {info.data_dir}/broker.json "
+                          "(client_settings); `chandy topics acls` uses them")
     click.echo(info.bootstrap_servers)
 
 
@@ -697,10 +711,11 @@ def topics() -> None:
 @data_dir_option
 @click.option("--prefix", default="chandy", show_default=True, help="Topic name prefix.")
 @click.option("--partitions", type=click.IntRange(1), default=1, show_default=True)
-@click.option("--replication-factor", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--replication-factor", type=click.IntRange(1), default=None,
+              help="Replicas (default: 3 on a cluster of three brokers or more, with min.insync.replicas 2; else 1).")
 @_handle_errors
 def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: str, partitions: int,
-                  replication_factor: int) -> None:
+                  replication_factor: int | None) -> None:
     """Create the missing topics with explicit settings, then check them all."""
     from coordinator.kafka import config as kafka_config
     from coordinator.kafka.topics import ChandyTopics, ensure_topics
@@ -708,6 +723,50 @@ def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: 
     admin = kafka_config.admin_client(_bootstrap(bootstrap_servers, data_dir))
     created = ensure_topics(admin, ChandyTopics(prefix), partitions=partitions, replication_factor=replication_factor)
     err_console.print(f"created: {', '.join(created) or 'none'}; all five checked")
+
+
+@topics.command("acls")
+@bootstrap_option
+@data_dir_option
+@click.option("--prefix", default="chandy", show_default=True, help="Topic name prefix.")
+@click.option("--coordinator", "coordinator_principal", default=None, metavar="PRINCIPAL",
+              help="The coordinator's principal (User:name or name): writes control, coordinator-log, checkpoint-events.")
+@click.option("--worker", "workers", multiple=True, metavar="PRINCIPAL", help="A worker's principal (repeatable): writes acks.")
+@click.option("--reader", "readers", multiple=True, metavar="PRINCIPAL",
+              help="A reader's principal (repeatable): reads checkpoint-events.")
+@click.option("--reader-group-prefix", default="chandy-events-", show_default=True,
+              help="Consumer groups readers may use (prefixed ACL).")
+@click.option("--dry-run", is_flag=True, help="Print the ACLs without creating them.")
+@click.option("-X", "settings", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka setting of the admin client (repeatable), e.g. sasl.username=admin "
+                   "(default: the embedded broker's super user).")
+@_handle_errors
+def topics_acls(bootstrap_servers: str | None, data_dir: Path | None, prefix: str, coordinator_principal: str | None,
+                workers: tuple[str, ...], readers: tuple[str, ...], reader_group_prefix: str, dry_run: bool,
+                settings: tuple[str, ...]) -> None:
+    """Print and create the minimal ACLs of Chandy's topics (Kafka's CreateAcls, as an administrator)."""
+    from chandy.broker import EmbeddedKafkaBroker
+    from coordinator.kafka import config as kafka_config
+    from coordinator.kafka.acls import apply_acls, chandy_acls
+    from coordinator.kafka.topics import ChandyTopics
+
+    acls = chandy_acls(ChandyTopics(prefix), coordinator=coordinator_principal, workers=workers, readers=readers,
+                       reader_group_prefix=reader_group_prefix)
+    if not acls:
+        raise click.UsageError("name at least one of --coordinator, --worker, --reader")
+    rows = [("role", "principal", "resource", "name", "pattern", "operation"), *(acl.row() for acl in acls)]
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    for row in rows:  # plain columns, never cut: the table is meant to be read and pasted (ALLOW, any host)
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if dry_run:
+        return
+    servers = _bootstrap(bootstrap_servers, data_dir)
+    admin_settings = _parse_settings(settings)
+    embedded = EmbeddedKafkaBroker(data_dir).status()
+    if not admin_settings and embedded is not None and embedded.bootstrap_servers == servers:
+        admin_settings = dict(embedded.client_settings)
+    created = apply_acls(kafka_config.admin_client(servers, admin_settings), acls)
+    err_console.print(f"{created} ACL(s) created on {servers}")
 
 
 @topics.command("check")
