@@ -128,17 +128,22 @@ class JobCheckpointsView:
         self._latest: dict[str, _Checkpoint | None] = {"completed": None, "savepoint": None, "failed": None}
         self.last_event_timestamp: int | None = None
         self.epoch = 0
+        self._status: tuple[int, str] | None = None  # (epoch, status) of the latest JOB_STATUS_CHANGED
 
     def apply(self, event: CheckpointEvent) -> None:
         """Fold one event: TRIGGERED adds an IN_PROGRESS checkpoint; COMPLETED and
         SAVEPOINT_COMPLETED complete it; ABORTED and SAVEPOINT_FAILED fail it. A completion or
         failure whose trigger was not seen (history read from the middle) is added as such.
-        Event types this version does not know (UNKNOWN) are ignored."""
+        JOB_STATUS_CHANGED (a job that finished, failed, was canceled or suspended) sets the
+        status. Other event types (UNKNOWN to this version) are ignored."""
         if event.job_id != self.job_id:
             raise ValueError(f"event of job {event.job_id} applied to the view of job {self.job_id}")
         self.last_event_timestamp = event.timestamp
         self.epoch = max(self.epoch, event.epoch)
         kind = event.event_type
+        if kind == "JOB_STATUS_CHANGED" and event.job_status:
+            self._status = (event.epoch, str(event.job_status))
+            return
         if kind not in ("TRIGGERED", "COMPLETED", "SAVEPOINT_COMPLETED", "ABORTED", "SAVEPOINT_FAILED"):
             return
         checkpoint = self.history.get(event.checkpoint_id)
@@ -205,11 +210,21 @@ class JobCheckpointsView:
         checkpoint = self.history.get(checkpoint_id)
         return None if checkpoint is None else checkpoint.to_json()
 
+    @property
+    def status(self) -> str:
+        """Flink's job status as far as the events tell: the latest ``JOB_STATUS_CHANGED`` of the
+        current coordinator epoch (FINISHED, FAILED, CANCELED, SUSPENDED, ...), else RUNNING (a
+        coordinator publishes only the statuses that end or suspend a job; one killed without a
+        word still reads RUNNING)."""
+        if self._status is not None and self._status[0] >= self.epoch:
+            return self._status[1]
+        return "RUNNING"
+
     def overview(self) -> dict[str, Any]:
-        """One row of ``GET /jobs``: ``{"id", "epoch", "last_event_timestamp", "counts"}`` (the
-        events carry no job status, so none is claimed)."""
-        return {"id": self.job_id, "epoch": self.epoch, "last_event_timestamp": self.last_event_timestamp,
-                "counts": self.checkpointing_statistics()["counts"]}
+        """One row of ``GET /jobs`` (Flink's ``{"id", "status"}`` and more):
+        ``{"id", "status", "epoch", "last_event_timestamp", "counts"}``."""
+        return {"id": self.job_id, "status": self.status, "epoch": self.epoch,
+                "last_event_timestamp": self.last_event_timestamp, "counts": self.checkpointing_statistics()["counts"]}
 
     @staticmethod
     def _json(checkpoint: _Checkpoint | None) -> dict[str, Any] | None:

@@ -5,8 +5,8 @@ Endpoints (JSON bodies in Flink's REST shapes, see :mod:`coordinator.checkpoint_
 =============================================== ==================================================
 ``GET /health``                                 ``{"status": "UP"|"STARTING", "topic", "events_read",
                                                 "skipped", "error"}``; 503 until the topic is read
-``GET /jobs``                                   ``{"jobs": [{"id", "epoch", "last_event_timestamp",
-                                                "counts"}]}``
+``GET /jobs``                                   ``{"jobs": [{"id", "status", "epoch",
+                                                "last_event_timestamp", "counts"}]}``
 ``GET /jobs/{job_id}/checkpoints``              Flink's ``CheckpointingStatistics``
 ``GET /jobs/{job_id}/checkpoints/details/{id}`` Flink's ``CheckpointStatistics``
 ``GET /``                                       the dashboard (HTML, polls the endpoints above)

@@ -72,7 +72,8 @@ class JobsViewReader:
 
     # -- queries (any thread) ---------------------------------------------------------------------
     def jobs(self) -> list[dict[str, Any]]:
-        """``GET /jobs``: one overview per job seen (see ``JobCheckpointsView.overview``), by job ID."""
+        """``GET /jobs``: one overview per job seen (``{"id", "status", "epoch",
+        "last_event_timestamp", "counts"}``, see ``JobCheckpointsView.overview``), by job ID."""
         with self._lock:
             return [self.views[job].overview() for job in sorted(self.views)]
 

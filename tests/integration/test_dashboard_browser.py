@@ -41,6 +41,7 @@ def test_a_checkpoint_completed_after_load_appears_without_reload(browser, kafka
         page.wait_for_selector(row, timeout=30_000)
         assert page.text_content(f'#jobs a[data-job-id="{service.job_id}"]') == service.job_id
         assert page.locator("#history tbody tr").count() == 1
+        assert page.text_content("#job-status") == "RUNNING"
 
         second = service.trigger_checkpoint().result(30)  # completes while the page is open
         row = f'#history tr[data-checkpoint-id="{second.checkpoint_id}"][data-status="COMPLETED"]'

@@ -101,7 +101,7 @@ def test_rest_endpoints_serve_flinks_shapes_from_the_events_topic(kafka_bootstra
         assert details["external_path"] == first.external_pointer and details["is_savepoint"] is False
 
         status, jobs = get_json(f"{url}jobs")
-        assert status == 200 and job in [j["id"] for j in jobs["jobs"]]
+        assert status == 200 and {"id": job, "status": "RUNNING"}.items() <= next(j for j in jobs["jobs"] if j["id"] == job).items()
         status, health = get_json(f"{url}health")
         assert status == 200 and health["status"] == "UP" and health["events_read"] >= 6
 

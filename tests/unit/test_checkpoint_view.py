@@ -98,6 +98,19 @@ def test_events_of_another_job_or_unknown_kind():
     assert view.checkpointing_statistics()["counts"]["total"] == 0
 
 
+def test_job_status_follows_job_status_events_of_the_current_epoch():
+    view = folded()
+    assert view.overview()["status"] == "RUNNING"
+    done = CheckpointEvent(job_id=JOB, checkpoint_id=3, event_type="JOB_STATUS_CHANGED", checkpoint_type="CHECKPOINT",
+                           epoch=1, timestamp=5000, trigger_timestamp=5000, job_status="FINISHED")
+    view.apply(done)
+    assert view.overview()["status"] == "FINISHED"
+    assert view.checkpointing_statistics()["counts"]["total"] == 4  # a status event is no checkpoint
+    restarted = event(5, "TRIGGERED", at=6000, trigger=6000)
+    view.apply(CheckpointEvent(**{**restarted.__dict__, "epoch": 2}))
+    assert view.overview()["status"] == "RUNNING" and view.overview()["epoch"] == 2
+
+
 def test_percentiles_by_nearest_rank():
     values = list(range(1, 1001))
     assert quantile(values, 0.5) == 500 and quantile(values, 0.99) == 990 and quantile(values, 0.999) == 999

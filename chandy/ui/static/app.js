@@ -45,7 +45,7 @@ function renderJobs(jobs) {
   for (const job of jobs) {
     const a = el("a", { href: "#job=" + encodeURIComponent(job.id), "data-job-id": job.id,
                         class: job.id === selectedJob ? "selected" : "" }, job.id);
-    a.title = `${job.counts.completed} completed, ${job.counts.failed} failed`;
+    a.title = `${job.status}: ${job.counts.completed} completed, ${job.counts.failed} failed`;
     a.addEventListener("click", () => { selectedJob = job.id; refresh(); });
     const li = el("li");
     li.append(a);
@@ -176,6 +176,10 @@ async function draw() {
     const section = document.getElementById("job");
     if (!selectedJob) { section.hidden = true; return; }
     const stats = await getJson("/jobs/" + encodeURIComponent(selectedJob) + "/checkpoints");
+    const status = (jobs.find((j) => j.id === selectedJob) || {}).status || "";
+    const badge = document.getElementById("job-status");
+    badge.textContent = status;
+    badge.className = "badge " + (status === "RUNNING" ? "up" : status === "FAILED" ? "down" : "");
     section.hidden = false;
     document.getElementById("job-id").textContent = selectedJob;
     renderCounts(stats.counts);
