@@ -97,7 +97,7 @@ class JobsViewReader:
     # -- reading ------------------------------------------------------------------------------
     def _assign(self) -> bool:
         try:
-            metadata = self.consumer.list_topics(self.topic, timeout=5)
+            metadata = self.consumer.list_topics(self.topic, timeout=2)
         except Exception as exc:  # noqa: BLE001 - brokers unreachable for now: retry
             self.error = f"cannot list {self.topic}: {exc}"
             return False
