@@ -215,10 +215,12 @@ def checkpoint() -> None:
 @click.option("--pause-ms", type=click.IntRange(0), default=0, show_default=True,
               help="Pause between checkpoints (to watch them in `chandy ui` or on the metrics endpoint).")
 @click.option("--prefix", default=None, help="Chandy topic prefix (default: one of its own, chandy-demo-<job>).")
+@click.option("--keep-topics", is_flag=True, help="Keep the topics of its own (default: deleted when the demo ends).")
 @metrics_port_option
 @_handle_errors
 def checkpoint_demo(bootstrap_servers: str | None, data_dir: Path | None, subtasks: int, count: int,
-                    checkpoint_dir: str | None, pause_ms: int, prefix: str | None, metrics_port: int | None) -> None:
+                    checkpoint_dir: str | None, pause_ms: int, prefix: str | None, keep_topics: bool,
+                    metrics_port: int | None) -> None:
     """Run a coordinator and SUBTASKS workers on this machine for COUNT checkpoints; show the statistics."""
     import tempfile
 
@@ -232,7 +234,7 @@ def checkpoint_demo(bootstrap_servers: str | None, data_dir: Path | None, subtas
         task = progress.add_task("", total=count)
         result = run_checkpoints(
             servers, checkpoint_dir or f"file://{tmp}", subtasks=subtasks, checkpoints=count,
-            pause_ms=pause_ms, prefix=prefix, metrics_port=metrics_port,
+            pause_ms=pause_ms, prefix=prefix, metrics_port=metrics_port, keep_topics=keep_topics,
             on_started=lambda service: service.metrics_server and err_console.print(
                 f"metrics: http://127.0.0.1:{service.metrics_server.port}/metrics (job {service.job_id})"),
             on_checkpoint=lambda r, ms: progress.update(task, advance=1, description=f"#{r.checkpoint_id} {ms:.0f} ms"),

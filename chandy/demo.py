@@ -14,8 +14,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
+
+from coordinator.kafka import config as kafka_config
 from coordinator.kafka.participant import CheckpointParticipant
 from coordinator.kafka.runtime import CoordinatorService
+from coordinator.kafka.topics import ChandyTopics
 from coordinator.messages import StateHandle
 from coordinator.options import CheckpointingOptions
 from coordinator.records import CheckpointRecord
@@ -44,12 +48,18 @@ def run_checkpoints(
     pause_ms: int = 0,
     metrics_port: int | None = None,
     on_started: Callable[[CoordinatorService], Any] | None = None,
+    keep_topics: bool = False,
 ) -> LocalRunResult:
     """Start a coordinator for a new job with ``subtasks`` participants, run ``warmup`` untimed
     and then ``checkpoints`` timed manual checkpoints one after the other (``pause_ms`` apart),
     and stop. ``metrics_port`` serves the coordinator's Prometheus metrics (see
-    :mod:`coordinator.kafka.metrics`); ``on_started(service)`` is called once it runs."""
+    :mod:`coordinator.kafka.metrics`); ``on_started(service)`` is called once it runs.
+
+    Without ``prefix`` the run uses topics of its own (``chandy-demo-<job id[:6]>.*``) and
+    deletes them when it ends (Kafka's DeleteTopics), unless ``keep_topics``; topics under a
+    given ``prefix`` are never deleted."""
     job_id = uuid.uuid4().hex
+    own_topics = prefix is None and not keep_topics
     prefix = prefix or f"chandy-demo-{job_id[:6]}"
     service = CoordinatorService(job_id, bootstrap_servers,
                                  CheckpointingOptions(interval_ms=0, checkpoint_dir=checkpoint_dir),
@@ -79,4 +89,23 @@ def run_checkpoints(
         for worker in workers:
             worker.close()
         service.stop()
+        if own_topics:
+            delete_topics(bootstrap_servers, ChandyTopics(prefix))
     return LocalRunResult(job_id, records, latencies, stats)
+
+
+def delete_topics(bootstrap_servers: str, topics: ChandyTopics, timeout_s: float = 30.0) -> list[str]:
+    """Delete Chandy's topics under ``topics.prefix`` that exist (Kafka's DeleteTopics); returns
+    the names deleted. A topic already gone is not an error."""
+    admin = kafka_config.admin_client(bootstrap_servers)
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    names = [spec.name for spec in topics.specs() if spec.name in existing]
+    deleted = []
+    for name, future in (admin.delete_topics(names, operation_timeout=timeout_s).items() if names else ()):
+        try:
+            future.result()
+            deleted.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+    return deleted

@@ -88,8 +88,8 @@ def test_a_cluster_id_starting_with_a_dash_formats(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(broker_module.base64, "urlsafe_b64encode", lambda raw: b"-" + real(raw)[1:])
     broker = EmbeddedKafkaBroker(tmp_path)
     tmp_path.mkdir(exist_ok=True)
-    properties = broker._write_server_properties(broker_module.free_port(), broker_module.free_port())
-    broker._format_storage(find_java(), broker_module.resolve_kafka_jars(), properties)
+    properties = broker._write_server_properties(1, {1: (broker_module.free_port(), broker_module.free_port())}, {})
+    broker._format_storage(find_java(), broker_module.resolve_kafka_jars(), 1, properties, broker._cluster_id(), {})
     assert "cluster.id=-" in (tmp_path / "kraft" / "meta.properties").read_text()
 
 
@@ -103,3 +103,14 @@ def test_checkpoint_demo_runs_checkpoints_through_the_broker(kafka_bootstrap_ser
     assert len(rows) == 1
     cells = rows[0]
     assert cells[1:4] == ["3", "4", "0"]  # subtasks, completed, failed
+    # the demo deleted the topics of its own (chandy-demo-<job>.*) when it ended
+    leftover = [t for t in kafka_config.admin_client(kafka_bootstrap_servers).list_topics(timeout=10).topics
+                if t.startswith(f"chandy-demo-{cells[0][:6]}")]
+    assert leftover == []
+    kept = _chandy("checkpoint", "demo", "--subtasks", "1", "--checkpoints", "1", "--keep-topics", env=env)
+    assert kept.returncode == 0, kept.stderr
+    job = [[c.strip() for c in line.split("│") if c.strip()] for line in kept.stdout.splitlines()
+           if line.startswith("│")][0][0]
+    remaining = [t for t in kafka_config.admin_client(kafka_bootstrap_servers).list_topics(timeout=10).topics
+                 if t.startswith(f"chandy-demo-{job[:6]}.")]
+    assert f"chandy-demo-{job[:6]}.control" in remaining
