@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pyarrow as pa
 from fsspec.core import url_to_fs
@@ -132,7 +132,10 @@ class IcebergSink:
 
     Args:
         table_uri: ``iceberg://<catalog>/<namespace>.<table>``.
-        partition_by: not supported yet (raises LakeCommitError when given).
+        partition_by: identity partition columns: a new table gets that partition spec, each
+            task writes one file per partition value under ``data/<col>=<value>/`` (keeping the
+            columns in the file, from whose statistics pyiceberg's ``add_files`` reads the
+            partition); an existing table keeps its own spec.
         catalog_properties: pyiceberg catalog properties (see :func:`catalog_properties_for`).
         storage_options: fsspec options for the table location.
         add_columns: schema evolution: columns the data has and the table lacks are added in the
@@ -149,9 +152,7 @@ class IcebergSink:
         self.table_uri = normalize_table_uri(table_uri)
         self.add_columns = add_columns
         self.catalog_name, self.namespace, self.name = parse_iceberg_uri(self.table_uri)
-        if partition_by:
-            raise LakeCommitError(f"{self.table_uri}: partitioned Iceberg tables (--partition-by) are not supported yet")
-        self.partition_by: list[str] = []
+        self.partition_by = list(partition_by)
         self.catalog_properties = catalog_properties_for(self.catalog_name, catalog_properties)
         self.storage_options = dict(storage_options or {})
         self._catalog: Any = None
@@ -195,27 +196,56 @@ class IcebergSink:
         from pyiceberg.exceptions import TableAlreadyExistsError
 
         self.catalog.create_namespace_if_not_exists(self.namespace)
+        missing = [c for c in self.partition_by if c not in schema.names]
+        if missing:
+            raise LakeCommitError(f"partition column(s) {missing} are not in the data: {schema.names}")
         try:
-            return self.catalog.create_table(self.identifier, schema=schema, location=self.root_url)
+            creation = self.catalog.create_table_transaction(self.identifier, schema=schema, location=self.root_url)
+            if self.partition_by:  # one commit: the table never exists without its spec
+                with creation.update_spec() as spec:
+                    for column in self.partition_by:
+                        spec.add_identity(column)
+            creation.commit_transaction()
         except TableAlreadyExistsError:
-            return self._load()
+            pass
+        return self._load()
 
     # -- task side ---------------------------------------------------------------------------------------
     def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int) -> list[DataFile]:
-        """Write ``table`` as one Parquet file under ``data/`` (named as the Delta sink names its
-        files), not yet visible. Returns it."""
+        """Write ``table`` as Parquet files under ``data/`` (one per partition value; named as
+        the Delta sink names its files), not yet visible. Returns them."""
         import pyarrow.parquet as pq
 
         if table.num_rows == 0:
             return []
         table = _delta_compatible(table)
-        relative = (f"{DATA_DIR}/part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-"
-                    f"{uuid.uuid4().hex[:12]}.parquet")
-        self.fs.makedirs(f"{self.root}/{DATA_DIR}", exist_ok=True)
-        with self.fs.open(f"{self.root}/{relative}", "wb") as handle:
-            pq.write_table(table, handle, compression="zstd")
-        size = self.fs.size(f"{self.root}/{relative}")
-        return [DataFile(relative, size, table.num_rows, {}, int(time.time() * 1000), _schema_to_b64(table.schema))]
+        schema = _schema_to_b64(table.schema)
+        stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        parts = [("", {}, table)]
+        if self.partition_by:
+            import pyarrow.compute as pc
+
+            missing = [c for c in self.partition_by if c not in table.column_names]
+            if missing:
+                raise LakeCommitError(f"partition column(s) {missing} are not in the data: {table.column_names}")
+            parts = []
+            for key in table.select(self.partition_by).group_by(self.partition_by).aggregate([]).to_pylist():
+                mask = None
+                for column, value in key.items():
+                    condition = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
+                    mask = condition if mask is None else pc.and_(mask, condition)
+                values = {c: None if v is None else str(v) for c, v in key.items()}
+                directory = "".join(f"{c}={quote(v if v is not None else 'null', safe='')}/" for c, v in values.items())
+                parts.append((directory, values, table.filter(mask)))
+        files = []
+        for directory, values, part in parts:
+            relative = f"{DATA_DIR}/{directory}{stem}"
+            self.fs.makedirs(f"{self.root}/{relative}".rsplit("/", 1)[0], exist_ok=True)
+            with self.fs.open(f"{self.root}/{relative}", "wb") as handle:
+                pq.write_table(part, handle, compression="zstd")
+            size = self.fs.size(f"{self.root}/{relative}")
+            files.append(DataFile(relative, size, part.num_rows, values, int(time.time() * 1000), schema))
+        return files
 
     # -- committer side ----------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -414,18 +444,24 @@ class IcebergSink:
         return {}  # not reached
 
     def _write_compacted(self, tasks: list[Any], schema: pa.Schema, target: int) -> list[str]:
-        """Read the files of ``tasks`` and write them again in files of about ``target`` bytes."""
+        """Read the files of ``tasks`` and write them again in files of about ``target`` bytes,
+        never mixing two partitions in one file."""
         import pyarrow.parquet as pq
 
         written: list[str] = []
-        groups: list[list[Any]] = [[]]
-        size = 0
+        by_partition: dict[str, list[Any]] = {}
         for task in tasks:
-            if size >= target:
-                groups.append([])
-                size = 0
-            groups[-1].append(task)
-            size += task.file.file_size_in_bytes
+            by_partition.setdefault(repr(task.file.partition), []).append(task)
+        groups: list[list[Any]] = []
+        for same_partition in by_partition.values():
+            groups.append([])
+            size = 0
+            for task in same_partition:
+                if size >= target:
+                    groups.append([])
+                    size = 0
+                groups[-1].append(task)
+                size += task.file.file_size_in_bytes
         for group in groups:
             data = pa.concat_tables([pq.read_table(self._open_file(t.file.file_path)) for t in group],
                                     promote_options="permissive").cast(schema)

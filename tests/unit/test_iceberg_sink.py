@@ -116,3 +116,21 @@ def test_compaction_racing_commits_keeps_every_row_once(tmp_path: Path) -> None:
     assert not any((Path(sink.root) / p).exists() for p in removed)
     assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(3, 78))
     assert sink.committed_checkpoint(JOB) == 25  # the record is in the properties, not in expired snapshots
+
+
+def test_a_partitioned_table_gets_one_file_per_partition_value(tmp_path: Path) -> None:
+    sink = open_sink(URI, partition_by=("topic",), catalog_properties={"warehouse": str(tmp_path / "wh")})
+    for checkpoint in (1, 2):
+        data = pa.table({"topic": ["a", "b", "a", None], "partition": pa.array([0] * 4, pa.int32()),
+                         "offset": pa.array([checkpoint * 4 + i for i in range(4)], pa.int64())})
+        files = sink.write_files(data, job_id=JOB, checkpoint_id=checkpoint, subtask=0, attempt=0)
+        assert sorted(f.path.split("/")[1] for f in files) == ["topic=a", "topic=b", "topic=null"]
+        assert sink.commit(JOB, checkpoint, files, offsets={("t", 0): checkpoint * 4 + 4})
+    table = load_catalog("local", type="sql", uri=f"sqlite:///{tmp_path}/wh/catalog.db",
+                         warehouse=f"file://{tmp_path}/wh").load_table("lake.orders")
+    assert [f.name for f in table.spec().fields] == ["topic"]
+    assert sorted(table.scan(row_filter="topic == 'a'").to_arrow().column("offset").to_pylist()) == [4, 6, 8, 10]
+    partitions = {r["partition"]["topic"]: r["record_count"] for r in table.inspect.partitions().to_pylist()}
+    assert partitions == {"a": 4, "b": 2, None: 2}
+    assert sink.optimize()["numFilesAdded"] == 3  # compaction keeps partitions apart
+    assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(4, 12))
