@@ -78,6 +78,8 @@ SECURITY_MODES = ("none", "sasl-scram")
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 #: The super user (``super.users``) the embedded broker creates for itself and its administrators.
 ADMIN_USER = "admin"
+#: The key in ``credentials.json`` of the TLS key and trust stores' password (not a user).
+_TLS_PASSWORD = "$tls-store"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +106,8 @@ class BrokerInfo:
     first node, both on 127.0.0.1; ``started_at`` is a Unix time in seconds. ``nodes`` lists
     every node (one for a single broker); ``security`` is one of :data:`SECURITY_MODES` and
     ``client_settings`` the librdkafka settings (``security.protocol``, ``sasl.mechanism``,
-    ``sasl.username``, ``sasl.password``) of the super user, empty without security.
+    ``sasl.username``, ``sasl.password``, ``ssl.ca.location``) of the super user, empty without
+    security; ``tls`` whether the client listener speaks TLS.
     """
 
     pid: int
@@ -117,6 +120,7 @@ class BrokerInfo:
     nodes: tuple[NodeInfo, ...] = ()
     security: str = "none"
     client_settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tls: bool = False
 
     @property
     def bootstrap_servers(self) -> str:
@@ -303,6 +307,10 @@ class EmbeddedKafkaBroker:
         scram_users: user name -> password of SCRAM users, created when the storage is
             formatted (``kafka-storage format --add-scram``); users added on a later start are
             created through the AdminClient (``AlterUserScramCredentials``).
+        tls: the client (and inter-broker) listener speaks TLS (``SSL``, or ``SASL_SSL`` with
+            SCRAM) with a self-signed certificate for 127.0.0.1 and localhost, generated with
+            the JDK's ``keytool`` at first start into ``tls/`` (``ca.pem`` is what clients
+            trust: ``ssl.ca.location``). The controller listener stays as without TLS.
         kafka_version: the Apache Kafka release to run (default :data:`KAFKA_VERSION`).
         cache_dir: jar cache root (default :func:`default_cache_dir`).
         heap: JVM heap size for ``-Xmx`` per node (default ``512m``).
@@ -325,6 +333,7 @@ class EmbeddedKafkaBroker:
         nodes: int = 1,
         security: str = "none",
         scram_users: Mapping[str, str] | None = None,
+        tls: bool = False,
         kafka_version: str = KAFKA_VERSION,
         cache_dir: Path | None = None,
         heap: str = "512m",
@@ -346,6 +355,7 @@ class EmbeddedKafkaBroker:
         self.port = port
         self.nodes = nodes
         self.security = security
+        self.tls = tls
         self.kafka_version = kafka_version
         self.cache_dir = cache_dir
         self.heap = heap
@@ -446,7 +456,7 @@ class EmbeddedKafkaBroker:
                 first = node_infos[0]
                 info = BrokerInfo(pid=first.pid, port=first.port, controller_port=first.controller_port,
                                   kafka_version=self.kafka_version, data_dir=str(self.data_dir), log_file=first.log_file,
-                                  started_at=time.time(), nodes=tuple(node_infos), security=self.security,
+                                  started_at=time.time(), nodes=tuple(node_infos), security=self.security, tls=self.tls,
                                   client_settings=self._client_settings(credentials))
                 self._write_info(info)
                 self._wait_ready(info, timeout_s, processes=processes)
@@ -534,22 +544,28 @@ class EmbeddedKafkaBroker:
 
     def _credentials(self) -> dict[str, str]:
         """User -> password of the admin and the SCRAM users (kept in ``credentials.json``, mode 0600)."""
-        if self.security == "none":
+        if self.security == "none" and not self.tls:
             return {}
         try:
             saved = json.loads(self.credentials_file.read_text())
         except (OSError, ValueError):
             saved = {}
-        credentials = {ADMIN_USER: saved.get(ADMIN_USER) or secrets.token_urlsafe(18), **saved, **self.scram_users}
+        credentials = {ADMIN_USER: saved.get(ADMIN_USER) or secrets.token_urlsafe(18),
+                       _TLS_PASSWORD: saved.get(_TLS_PASSWORD) or secrets.token_urlsafe(18), **saved, **self.scram_users}
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.credentials_file.write_text(json.dumps(credentials, indent=2))
         self.credentials_file.chmod(0o600)
         return credentials
 
     def _client_settings(self, credentials: Mapping[str, str]) -> dict[str, str]:
-        if self.security == "none":
-            return {}
-        return kafka_config.sasl_settings(ADMIN_USER, credentials[ADMIN_USER], mechanism=SCRAM_MECHANISM)
+        settings: dict[str, str] = {}
+        if self.security == "sasl-scram":
+            settings.update(kafka_config.sasl_settings(ADMIN_USER, credentials[ADMIN_USER], mechanism=SCRAM_MECHANISM,
+                                                       protocol=self._listener_protocol()))
+        if self.tls:
+            settings.update({"security.protocol": self._listener_protocol(),
+                             "ssl.ca.location": str(self.data_dir / "tls" / "ca.pem")})
+        return settings
 
     def _add_scram_users(self, info: BrokerInfo, credentials: Mapping[str, str]) -> None:
         """Create (or update) the SCRAM users given on this start, e.g. on a cluster formatted
@@ -619,7 +635,8 @@ class EmbeddedKafkaBroker:
         port, controller_port = ports[node_id]
         replicas = str(min(3, self.nodes))
         min_isr = str(min(2, self.nodes))
-        listener = "PLAINTEXT" if self.security == "none" else "SASL_PLAINTEXT"
+        listener = self._listener_protocol()
+        controller_protocol = "PLAINTEXT" if self.security == "none" else "SASL_PLAINTEXT"
         settings = {
             "process.roles": "broker,controller",
             "node.id": str(node_id),
@@ -628,7 +645,7 @@ class EmbeddedKafkaBroker:
             "advertised.listeners": f"{listener}://127.0.0.1:{port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": listener,
-            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:{listener}",
+            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:{controller_protocol}",
             "log.dirs": str(self.node_dir(node_id) / "kraft"),
             # one node: every internal topic has one replica; three or more: three, two in sync
             "offsets.topic.replication.factor": replicas,
@@ -668,14 +685,66 @@ class EmbeddedKafkaBroker:
                 "super.users": f"User:{ADMIN_USER}",
                 "allow.everyone.if.no.acl.found": "false",
             })
+        if self.tls:
+            tls = self._tls_files(credentials)
+            settings.update({
+                "ssl.keystore.type": "PKCS12",
+                "ssl.keystore.location": str(tls / "server.p12"),
+                "ssl.keystore.password": credentials[_TLS_PASSWORD],
+                "ssl.key.password": credentials[_TLS_PASSWORD],
+                "ssl.truststore.type": "PKCS12",
+                "ssl.truststore.location": str(tls / "truststore.p12"),
+                "ssl.truststore.password": credentials[_TLS_PASSWORD],
+                "ssl.client.auth": "none",
+            })
         settings.update(self.broker_overrides)
         node_dir = self.node_dir(node_id)
         node_dir.mkdir(parents=True, exist_ok=True)
         path = node_dir / "server.properties"
         path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
-        if self.security != "none":
+        if self.security != "none" or self.tls:
             path.chmod(0o600)
         return path
+
+    def _listener_protocol(self) -> str:
+        """The client listener's security protocol (also its listener name)."""
+        sasl = self.security == "sasl-scram"
+        if self.tls:
+            return "SASL_SSL" if sasl else "SSL"
+        return "SASL_PLAINTEXT" if sasl else "PLAINTEXT"
+
+    def _tls_files(self, credentials: Mapping[str, str]) -> Path:
+        """``tls/server.p12`` (key and self-signed certificate for 127.0.0.1 and localhost),
+        ``tls/truststore.p12`` and ``tls/ca.pem`` (that certificate), made once with keytool.
+
+        Raises:
+            KafkaLauncherError: keytool is missing or failed.
+        """
+        tls = self.data_dir / "tls"
+        if (tls / "ca.pem").exists() and (tls / "truststore.p12").exists():
+            return tls
+        tls.mkdir(parents=True, exist_ok=True)
+        java_home = Path(os.path.realpath(find_java())).parent
+        keytool = str(java_home / "keytool") if (java_home / "keytool").exists() else shutil.which("keytool")
+        if keytool is None:
+            raise KafkaLauncherError("--tls needs the JDK's keytool (next to java, or on the PATH)")
+        password = credentials[_TLS_PASSWORD]
+        for f in ("server.p12", "truststore.p12", "ca.pem"):
+            (tls / f).unlink(missing_ok=True)
+        steps = [
+            ["-genkeypair", "-keystore", str(tls / "server.p12"), "-storetype", "PKCS12", "-storepass", password,
+             "-keypass", password, "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048", "-validity", "365",
+             "-dname", "CN=localhost", "-ext", "SAN=ip:127.0.0.1,dns:localhost"],
+            ["-exportcert", "-rfc", "-keystore", str(tls / "server.p12"), "-storepass", password, "-alias", "broker",
+             "-file", str(tls / "ca.pem")],
+            ["-importcert", "-noprompt", "-keystore", str(tls / "truststore.p12"), "-storetype", "PKCS12",
+             "-storepass", password, "-alias", "chandy-ca", "-file", str(tls / "ca.pem")],
+        ]
+        for step in steps:
+            proc = subprocess.run([keytool, *step], capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise KafkaLauncherError(f"keytool {step[0]} failed: {proc.stdout}{proc.stderr}")
+        return tls
 
     def _format_storage(self, java: str, libs: Path, node_id: int, properties: Path, cluster_id: str,
                         credentials: Mapping[str, str]) -> None:
@@ -683,7 +752,7 @@ class EmbeddedKafkaBroker:
         if (kraft / "meta.properties").exists():
             return
         scram = [f"--add-scram={SCRAM_MECHANISM}=[name={name},password={password}]"
-                 for name, password in credentials.items()]
+                 for name, password in credentials.items() if name != _TLS_PASSWORD and self.security == "sasl-scram"]
         proc = subprocess.run(
             [java, "-cp", f"{libs}/*", *self._log_flags(node_id), _STORAGE_TOOL, "format",
              # "=" form: a base64 cluster id may start with "-", which would read as an option

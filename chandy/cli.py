@@ -110,14 +110,16 @@ def kafka() -> None:
               help="sasl-scram: SASL/SCRAM-SHA-512 over plaintext, StandardAuthorizer ACLs, super user 'admin'.")
 @click.option("--scram-user", "scram_users", multiple=True, metavar="NAME=PASSWORD",
               help="SCRAM user to create (repeatable; with --security sasl-scram).")
+@click.option("--tls", is_flag=True, help="TLS on the client listener (SSL / SASL_SSL), a self-signed certificate for "
+                                          "127.0.0.1 made with keytool; clients trust <data dir>/tls/ca.pem.")
 @_handle_errors
 def up(data_dir: Path | None, port: int | None, heap: str, timeout: float, overrides: tuple[str, ...], nodes: int,
-       security: str, scram_users: tuple[str, ...]) -> None:
+       security: str, scram_users: tuple[str, ...], tls: bool) -> None:
     """Start the broker or cluster (idempotent; restarts dead nodes) and print its bootstrap address."""
     from chandy.broker import KAFKA_VERSION, EmbeddedKafkaBroker
 
     broker = EmbeddedKafkaBroker(data_dir, port=port, heap=heap, broker_overrides=_parse_settings(overrides, "--override"),
-                                 nodes=nodes, security=security,
+                                 nodes=nodes, security=security, tls=tls,
                                  scram_users=_parse_settings(scram_users, "--scram-user"))
     already = broker.status()
     start = time.monotonic()
@@ -129,8 +131,9 @@ def up(data_dir: Path | None, port: int | None, heap: str, timeout: float, overr
     else:
         err_console.print(f"Apache Kafka {info.kafka_version} up in {took:.1f} s ({len(info.nodes)} node(s), pids "
                           f"{', '.join(str(n.pid) for n in info.nodes)}), data in {info.data_dir}")
-    if info.security != "none":
-        err_console.print(f"security {info.security}: the super user's settings are in {info.data_dir}/broker.json "
+    if info.security != "none" or info.tls:
+        err_console.print(f"security {info.security}{' over TLS' if info.tls else ''}: the super user's settings "
+                          f"are in {info.data_dir}/broker.json "
                           "(client_settings); `chandy topics acls` uses them")
     click.echo(info.bootstrap_servers)
 

@@ -4,7 +4,8 @@ ACLs of ``chandy topics acls`` a coordinator and its workers, each authenticated
 principal, complete checkpoints; a worker's principal cannot write a NotifyCheckpointComplete to
 the control topic, a record to the coordinator log, or use the coordinator's transactional.id
 (authorisation errors, and nothing changes on those topics); a reader reads checkpoint events
-only; an unknown password does not authenticate.
+only; an unknown password does not authenticate; over TLS (``--tls``) the same runs, and a
+client that does not trust the broker's certificate is refused at the handshake.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def acl_topics(secured: EmbeddedKafkaBroker, topic_prefix: str) -> ChandyTopics:
     topics = ChandyTopics(topic_prefix)
     ensure_topics(kafka_config.admin_client(info.bootstrap_servers, dict(info.client_settings)), topics)
     result = subprocess.run(
-        [*CHANDY, "topics", "acls", "--data-dir", info.data_dir, "--prefix", topic_prefix,
+        [*CHANDY, "topics", "acls", "--data-dir", info.data_dir, "-b", info.bootstrap_servers, "--prefix", topic_prefix,
          "--coordinator", "coordinator", "--worker", "worker", "--reader", "User:reader"],
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -189,3 +190,44 @@ def test_a_wrong_password_does_not_authenticate(secured: EmbeddedKafkaBroker) ->
     assert any(error.code() == KafkaError._AUTHENTICATION for error in errors), errors
     # the right password does
     assert kafka_config.admin_client(_servers(secured), _as("worker")).list_topics(timeout=10).brokers
+
+
+def test_tls_with_scram_runs_checkpoints_and_refuses_an_untrusted_client(
+        tmp_path_factory: pytest.TempPathFactory, topic_prefix: str, tmp_path: Path) -> None:
+    broker = EmbeddedKafkaBroker(tmp_path_factory.mktemp("tls"), security="sasl-scram", tls=True,
+                                 scram_users={"worker": USERS["worker"]})
+    info = broker.up()
+    try:
+        assert info.tls and info.client_settings["security.protocol"] == "SASL_SSL"
+        ca = info.client_settings["ssl.ca.location"]
+        assert Path(ca).read_text().startswith("-----BEGIN CERTIFICATE-----")
+        admin_settings = dict(info.client_settings)
+        job = uuid.uuid4().hex
+        service = CoordinatorService(job, info.bootstrap_servers, options(tmp_path), {"op": 1}, prefix=topic_prefix,
+                                     producer_overrides=admin_settings,
+                                     consumer_overrides=admin_settings).start(periodic=False)
+        worker_settings = {**kafka_config.sasl_settings("worker", USERS["worker"], protocol="SASL_SSL"),
+                           "ssl.ca.location": ca}
+        apply = subprocess.run(
+            [*CHANDY, "topics", "acls", "--data-dir", info.data_dir, "-b", info.bootstrap_servers, "--prefix",
+             topic_prefix, "--worker", "worker"],
+            capture_output=True, text=True, timeout=120)
+        assert apply.returncode == 0, apply.stderr
+        worker = Worker(info.bootstrap_servers, job, topic_prefix, "op", 0, overrides=worker_settings).start()
+        try:
+            assert service.trigger_checkpoint().result(30).checkpoint_id == 1
+            wait_for(lambda: worker.completed == [1], 30, "checkpoint 1 notified over TLS")
+        finally:
+            worker.close()
+            service.stop()
+        # a client that does not trust the broker's certificate gets no further than the handshake
+        errors: list[KafkaError] = []
+        untrusted = kafka_config.admin_client(info.bootstrap_servers, {
+            **kafka_config.sasl_settings("worker", USERS["worker"], protocol="SASL_SSL"), "log_level": 0,
+            "error_cb": errors.append})
+        with pytest.raises(KafkaException):
+            untrusted.list_topics(timeout=5)
+        untrusted.poll(1)
+        assert any(error.code() == KafkaError._SSL for error in errors), errors
+    finally:
+        broker.down()
