@@ -1,0 +1,104 @@
+"""Without a server: the minimal ACLs of ``chandy topics acls`` (who may do what on which topic),
+principal spelling, and the configuration the embedded broker writes for a three-node cluster,
+for SASL/SCRAM with StandardAuthorizer and for TLS; security settings pass under librdkafka's names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
+
+from chandy.broker import EmbeddedKafkaBroker, KafkaLauncherError
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.acls import AclError, chandy_acls, principal
+from coordinator.kafka.topics import ChandyTopics, default_replication_factor
+
+
+def _grants(acls, who: str) -> set[tuple[str, str, str]]:
+    return {(a.resource_type.name, a.name, a.operation.name) for a in acls if a.principal == who}
+
+
+def test_only_the_coordinator_writes_control_log_and_events() -> None:
+    topics = ChandyTopics("p")
+    acls = chandy_acls(topics, coordinator="coord", workers=["w1", "User:w2"], readers=["r"])
+    writers = {(a.name, a.principal) for a in acls if a.operation == AclOperation.WRITE}
+    for name in (topics.control, topics.coordinator_log, topics.checkpoint_events):
+        assert {who for n, who in writers if n == name} == {"User:coord"}, name
+    assert {who for n, who in writers if n == topics.acks} == {"User:w1", "User:w2"}
+    assert ("TRANSACTIONAL_ID", "p-coordinator-", "WRITE") in _grants(acls, "User:coord")
+    txn = [a for a in acls if a.resource_type == ResourceType.TRANSACTIONAL_ID]
+    assert [a.pattern for a in txn] == [ResourcePatternType.PREFIXED] and txn[0].principal == "User:coord"
+
+
+def test_workers_and_readers_get_exactly_what_they_use() -> None:
+    topics = ChandyTopics("p")
+    acls = chandy_acls(topics, workers=["w"], readers=["r"], reader_group_prefix="dash-")
+    assert _grants(acls, "User:w") == {("TOPIC", "p.acks", "WRITE"), ("TOPIC", "p.control", "READ")}
+    assert _grants(acls, "User:r") == {("TOPIC", "p.checkpoint-events", "READ"), ("GROUP", "dash-", "READ")}
+    assert all(a.binding().principal.startswith("User:") for a in acls)
+
+
+def test_principals() -> None:
+    assert principal("alice") == "User:alice"
+    assert principal("User:alice") == "User:alice"
+    for bad in ("", "  ", "User:", ":alice"):
+        with pytest.raises(AclError):
+            principal(bad)
+
+
+def test_security_settings_keep_librdkafka_names() -> None:
+    settings = {**kafka_config.sasl_settings("w", "pw"), "ssl.ca.location": "/ca.pem", "linger.ms": 5,
+                "isolation.level": "read_committed"}
+    assert kafka_config.security_settings(settings) == {
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "w",
+        "sasl.password": "pw", "ssl.ca.location": "/ca.pem"}
+    assert kafka_config.security_settings(None) == {}
+
+
+def test_replication_follows_the_cluster() -> None:
+    assert [default_replication_factor(n) for n in (1, 2, 3, 5)] == [1, 1, 3, 3]
+    specs = ChandyTopics("p").specs(replication_factor=3)
+    assert {s.config["min.insync.replicas"] for s in specs} == {"2"}
+
+
+def _properties(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
+
+
+def test_three_node_cluster_configuration(tmp_path: Path) -> None:
+    broker = EmbeddedKafkaBroker(tmp_path, nodes=3)
+    ports = {1: (9001, 9101), 2: (9002, 9102), 3: (9003, 9103)}
+    props = [_properties(broker._write_server_properties(n, ports, {})) for n in (1, 2, 3)]
+    assert [p["node.id"] for p in props] == ["1", "2", "3"]
+    assert {p["controller.quorum.voters"] for p in props} == {"1@127.0.0.1:9101,2@127.0.0.1:9102,3@127.0.0.1:9103"}
+    assert props[1]["listeners"] == "PLAINTEXT://127.0.0.1:9002,CONTROLLER://127.0.0.1:9102"
+    assert props[2]["log.dirs"] == str(tmp_path / "node-3" / "kraft")
+    for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor", "default.replication.factor"):
+        assert props[0][key] == "3"
+    assert props[0]["transaction.state.log.min.isr"] == props[0]["min.insync.replicas"] == "2"
+
+
+def test_sasl_scram_configuration(tmp_path: Path) -> None:
+    broker = EmbeddedKafkaBroker(tmp_path, security="sasl-scram", scram_users={"worker": "pw"})
+    credentials = broker._credentials()
+    props = _properties(broker._write_server_properties(1, {1: (9001, 9101)}, credentials))
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["super.users"] == "User:admin"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["listeners"].startswith("SASL_PLAINTEXT://127.0.0.1:9001")
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert credentials["worker"] == "pw" and len(credentials["admin"]) >= 16
+    assert (tmp_path / "credentials.json").stat().st_mode & 0o077 == 0
+    assert broker._client_settings(credentials)["sasl.username"] == "admin"
+
+
+def test_bad_arguments_are_typed_errors(tmp_path: Path) -> None:
+    with pytest.raises(KafkaLauncherError, match="at least one node"):
+        EmbeddedKafkaBroker(tmp_path, nodes=0)
+    with pytest.raises(KafkaLauncherError, match="unknown security"):
+        EmbeddedKafkaBroker(tmp_path, security="kerberos")
+    with pytest.raises(KafkaLauncherError, match="--add-scram"):
+        EmbeddedKafkaBroker(tmp_path, security="sasl-scram", scram_users={"w": "a,b"})
+    with pytest.raises(KafkaLauncherError, match="need --security sasl-scram"):
+        EmbeddedKafkaBroker(tmp_path, scram_users={"w": "pw"})
