@@ -168,15 +168,21 @@ def status(data_dir: Path | None, fmt: str) -> None:
         else:
             err_console.print("not running")
         sys.exit(1)
-    metadata = kafka_config.admin_client(info.bootstrap_servers).list_topics(timeout=10)
+    metadata = kafka_config.admin_client(info.bootstrap_servers, dict(info.client_settings)).list_topics(timeout=10)
     topics = {name: len(t.partitions) for name, t in sorted(metadata.topics.items()) if not name.startswith("__")}
+    alive = set(EmbeddedKafkaBroker(data_dir).alive_nodes())
+    nodes = [{"node_id": n.node_id, "pid": n.pid, "port": n.port, "alive": n.node_id in alive} for n in info.nodes]
     if fmt == "json":
         click.echo(json.dumps({"running": True, "kafka_version": info.kafka_version, "bootstrap_servers":
                                info.bootstrap_servers, "pid": info.pid, "data_dir": info.data_dir,
-                               "log_file": info.log_file, "topics": topics}))
+                               "log_file": info.log_file, "topics": topics, "nodes": nodes,
+                               "security": info.security, "tls": info.tls}))
         return
     console.print(f"Apache Kafka {info.kafka_version} at [bold]{info.bootstrap_servers}[/] "
                   f"(pid {info.pid}, up {time.time() - info.started_at:.0f} s)")
+    if len(nodes) > 1:
+        console.print("nodes: " + ", ".join(f"{n['node_id']} (pid {n['pid']}, {'up' if n['alive'] else 'DOWN'})"
+                                            for n in nodes))
     console.print(f"data {info.data_dir}, log {info.log_file}")
     table = Table("topic", "partitions")
     for name, partitions in topics.items():
