@@ -8,7 +8,9 @@ one process picked at random:
   and Python workers die with their driver);
 - ``python-worker``: one Spark Python worker process (a forked child of ``pyspark.daemon``)
   while it runs a task;
-- ``broker``: the Kafka broker (the campaign's own embedded broker), started again 1-3 s later.
+- ``broker``: the Kafka broker (the campaign's own embedded broker; with ``--nodes 3`` one node
+  of a three-node cluster picked at random, the source topic having three replicas), started
+  again 1-3 s later.
 
 Whatever died, the run then restarts what is needed (the broker, the pipeline, as often as the
 pipeline fails) until the topic is drained, and checks the table with
@@ -79,11 +81,11 @@ def _python_workers(driver_pid: int) -> list[int]:
     return [child for daemon in daemons for child in _children(daemon) if "pyspark.daemon" in _cmdline(child)]
 
 
-def _produce_source(servers: str, topic: str, partitions: int, per_partition: int) -> None:
+def _produce_source(servers: str, topic: str, partitions: int, per_partition: int, replicas: int) -> None:
     from confluent_kafka.admin import NewTopic
 
     admin = kafka_config.admin_client(servers)
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+    admin.create_topics([NewTopic(topic, partitions, replicas)])[topic].result()
     time.sleep(0.5)
     producer = kafka_config.producer(servers, overrides={"linger.ms": 5})
     for i in range(partitions * per_partition):
@@ -149,15 +151,15 @@ def one_run(run: int, rng: random.Random, broker: EmbeddedKafkaBroker, topic: st
                     break
                 time.sleep(0.05)
         else:
-            victim = broker.status().pid
-            broker.kill_node(1)
+            node = rng.choice(broker.alive_nodes())
+            victim = broker.kill_node(node)
             mid_run = process.poll() is None
             time.sleep(rng.uniform(1, 3))
-            broker.up()
+            broker.start_node(node)
     attempts = 1
     code = _end(process, 600)
     while code != 0 and attempts < 6:  # restart until it drains (a failed run exits 2, a killed one -9)
-        if broker.status() is None or not broker.alive_nodes():
+        if len(broker.alive_nodes()) < broker.nodes:
             broker.up()
         attempts += 1
         code = _end(_pipeline(servers, topic, table, prefix, cap, partitions), 600)
@@ -173,19 +175,22 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--per-partition", type=int, default=400, help="records per partition")
     parser.add_argument("--cap", type=int, default=20, help="--max-records-per-checkpoint")
+    parser.add_argument("--nodes", type=int, default=1, help="Kafka nodes (3: a cluster, one node killed at a time)")
     parser.add_argument("--kill-after", type=float, nargs=2, default=(8.0, 40.0), metavar=("MIN_S", "MAX_S"),
                         help="the kill's moment, uniform in this window after the start (s)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="chandy-kill-campaign-") as tmp:
         root = Path(tmp)
-        broker = EmbeddedKafkaBroker(root / "kafka", heap="512m")
+        broker = EmbeddedKafkaBroker(root / "kafka", nodes=args.nodes, heap="512m" if args.nodes == 1 else "384m")
         broker.up()
         try:
             topic = f"campaign-{uuid.uuid4().hex[:8]}"
-            _produce_source(broker.status().bootstrap_servers, topic, args.partitions, args.per_partition)
+            _produce_source(broker.status().bootstrap_servers, topic, args.partitions, args.per_partition,
+                            min(3, args.nodes))
             total = args.partitions * args.per_partition
-            print(f"source: {topic}, {args.partitions} partitions, {total} records; {args.runs} runs, seed {args.seed}")
+            print(f"source: {topic}, {args.partitions} partitions, {total} records; {args.nodes} Kafka node(s); "
+                  f"{args.runs} runs, seed {args.seed}")
             print(f"{'run':>4} {'target':<14} {'kill at':>8} {'mid-run':>7} {'starts':>6} {'rows':>6} "
                   f"{'dup':>4} {'miss':>4}")
             results = []
