@@ -140,6 +140,8 @@ class IcebergSink:
         storage_options: fsspec options for the table location.
         add_columns: schema evolution: columns the data has and the table lacks are added in the
             checkpoint's own commit (pyiceberg's ``union_by_name``); other types are refused.
+        location: the table's location, when known (the Spark tasks get it from the driver):
+            then the catalog is not contacted, which only :meth:`write_files` may rely on.
 
     Raises:
         TableUriError: a URI that names no table; LakeCommitError: partitioning, or a warehouse
@@ -148,16 +150,21 @@ class IcebergSink:
 
     def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
                  catalog_properties: Mapping[str, str] | None = None,
-                 storage_options: Mapping[str, str] | None = None, add_columns: bool = False) -> None:
+                 storage_options: Mapping[str, str] | None = None, add_columns: bool = False,
+                 location: str | None = None) -> None:
         self.table_uri = normalize_table_uri(table_uri)
         self.add_columns = add_columns
         self.catalog_name, self.namespace, self.name = parse_iceberg_uri(self.table_uri)
         self.partition_by = list(partition_by)
-        self.catalog_properties = catalog_properties_for(self.catalog_name, catalog_properties)
         self.storage_options = dict(storage_options or {})
         self._catalog: Any = None
-        table = self._load()
-        self.root_url = (table.location() if table is not None else self._default_location()).rstrip("/")
+        if location is not None:  # a task's writer: no catalog (nor pyiceberg) needed to write files
+            self.catalog_properties = dict(catalog_properties or {})
+            self.root_url = location.rstrip("/")
+        else:
+            self.catalog_properties = catalog_properties_for(self.catalog_name, catalog_properties)
+            table = self._load()
+            self.root_url = (table.location() if table is not None else self._default_location()).rstrip("/")
         self.fs, self.root = url_to_fs(self.root_url, **self.storage_options)
 
     # -- catalog ---------------------------------------------------------------------------------------

@@ -57,10 +57,12 @@ def is_iceberg(table_uri: str) -> bool:
 
 
 def open_sink(table_uri: str, *, partition_by: Sequence[str] = (), storage_options: Mapping[str, str] | None = None,
-              catalog_properties: Mapping[str, str] | None = None, add_columns: bool = False) -> LakeSink:
+              catalog_properties: Mapping[str, str] | None = None, add_columns: bool = False,
+              location: str | None = None) -> LakeSink:
     """The sink of ``table_uri``: an :class:`~connectors.lake.iceberg.IcebergSink` for
     ``iceberg://``, else a :class:`DeltaLakeSink`. ``add_columns``: schema evolution (new
-    columns are added to the table, see the sinks).
+    columns are added to the table, see the sinks). ``location``: the table's root URL, known
+    beforehand (Iceberg: the Spark tasks write files without contacting the catalog).
 
     Raises:
         TableUriError: a URI that names no table; LakeCommitError: an Iceberg URI or catalog
@@ -70,5 +72,5 @@ def open_sink(table_uri: str, *, partition_by: Sequence[str] = (), storage_optio
         from connectors.lake.iceberg import IcebergSink
 
         return IcebergSink(table_uri, partition_by=partition_by, catalog_properties=catalog_properties,
-                           storage_options=storage_options, add_columns=add_columns)
+                           storage_options=storage_options, add_columns=add_columns, location=location)
     return DeltaLakeSink(table_uri, partition_by=partition_by, storage_options=storage_options, add_columns=add_columns)

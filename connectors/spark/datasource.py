@@ -61,6 +61,7 @@ class TaskOptions:
     batch_size: int = 20_000
     catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
     add_columns: bool = False
+    table_location: str | None = None  # Iceberg: the table's root URL, so tasks need no catalog
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -141,7 +142,8 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
         where = f"checkpoint {o.checkpoint_id}: "
         table = concat_evolving(batches, where=where) if batches else None
         sink = open_sink(o.table_uri, partition_by=o.partition_by, storage_options=o.storage_options,
-                         catalog_properties=o.catalog_properties, add_columns=o.add_columns)
+                         catalog_properties=o.catalog_properties, add_columns=o.add_columns,
+                         location=o.table_location)
         if table is not None and o.table_fields is not None:
             sink.check_schema(table.schema, o.table_fields, where=f"checkpoint {o.checkpoint_id} ({offset_ranges(table)}): ")
         files = [] if table is None else sink.write_files(

@@ -29,7 +29,7 @@ import io
 import json
 import struct
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -74,6 +74,12 @@ class ValueDecoder:
         avro_schema: the Avro writer schema (JSON) for ``"avro"``.
         avro_framing: ``"single-object"``, ``"confluent"`` or ``"raw"``.
         avro_schema_id: with Confluent framing, the only schema ID accepted (None: any).
+        schema_registry: with Confluent framing, the Schema Registry client's settings (``url``
+            and the others under ``SchemaRegistryClient``'s names) as sorted pairs: each record's
+            writer schema is fetched by its ID (cached per process) and resolved against
+            ``avro_schema`` by Avro's schema resolution (fields the reader lacks are dropped,
+            fields the writer lacks take their defaults); an ID the registry does not know makes
+            a bad record, an unreachable registry fails the task (Spark retries it).
         unknown_fields: ``"ignore"`` (fields without a column are dropped, as Spark's
             ``from_json``), ``"error"`` (a bad record: the columns are fixed by the table) or
             ``"add"`` (schema evolution: a field without a column becomes a new column after
@@ -92,6 +98,7 @@ class ValueDecoder:
     avro_framing: str = "single-object"
     avro_schema_id: int | None = None
     unknown_fields: str = "ignore"
+    schema_registry: tuple[tuple[str, str], ...] = ()
     tombstones: str = "error"
     errors_tolerance: str = "none"
 
@@ -113,6 +120,24 @@ class ValueDecoder:
         parsed = fastavro.parse_schema(json.loads(self.avro_schema))
         codec = SingleObjectCodec(SchemaRepository([Schema.from_definition(self.avro_schema)]))
         framing, schema_id = self.avro_framing, self.avro_schema_id
+        registry = dict(self.schema_registry)
+        writers: dict[int, Any] = {}
+
+        def writer_schema(found: int) -> Any:
+            if found not in writers:
+                from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+                try:
+                    text = registry_client(registry).get_schema(found).schema_str
+                except SchemaRegistryError as exc:
+                    if exc.http_status_code == 404:
+                        raise _Bad("UnknownSchemaId", f"schema ID {found} is not in the Schema Registry") from exc
+                    raise
+                try:
+                    writers[found] = fastavro.parse_schema(json.loads(text))
+                except Exception as exc:  # not Avro (JSON Schema, Protobuf) or not JSON: a bad record
+                    raise _Bad("UnknownSchemaId", f"schema ID {found} is not an Avro schema: {exc}") from exc
+            return writers[found]
         from connectors.spark.avro import has_uuid
 
         plain = _uuids_as_strings if has_uuid(self.avro_schema) else (lambda value: value)
@@ -135,9 +160,12 @@ class ValueDecoder:
                 if schema_id is not None and found != schema_id:
                     raise _Bad("WireFormatError", f"schema ID {found}, expected {schema_id}")
                 body = raw[5:]
+                writer = writer_schema(found) if registry else parsed
+            else:
+                writer = parsed
             stream = io.BytesIO(body)
             try:
-                value = fastavro.schemaless_reader(stream, parsed, None)
+                value = fastavro.schemaless_reader(stream, writer, parsed if writer is not parsed else None)
             except Exception as exc:  # fastavro raises many types on bad bytes
                 raise _Bad(type(exc).__name__, f"not Avro of the value schema: {exc}") from exc
             if stream.tell() != len(body):
@@ -236,6 +264,20 @@ class ValueDecoder:
                                                                        f"{str(exc).splitlines()[0]}"))
                 arrays.append(pa.nulls(len(values), field.type))
         return arrays, bad
+
+
+_REGISTRY_CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
+
+
+def registry_client(settings: Mapping[str, str]) -> Any:
+    """One ``confluent_kafka.schema_registry.SchemaRegistryClient`` per process and settings
+    (``SchemaRegistryClient.new_client``: a ``mock://`` URL gives its in-process registry)."""
+    key = tuple(sorted(settings.items()))
+    if key not in _REGISTRY_CLIENTS:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        _REGISTRY_CLIENTS[key] = SchemaRegistryClient.new_client(dict(settings))
+    return _REGISTRY_CLIENTS[key]
 
 
 def _uuids_as_strings(value: Any) -> Any:

@@ -73,3 +73,53 @@ def test_types_without_a_column_type_are_refused_naming_the_field(field_type, me
     schema = {"type": "record", "name": "R", "fields": [{"name": "f", "type": field_type}]}
     with pytest.raises(AvroValueSchemaError, match=message):
         value_struct(json.dumps(schema))
+
+
+def test_each_record_is_read_with_its_writer_schema_from_the_registry() -> None:
+    """Confluent framing with a Schema Registry (confluent-kafka's in-process ``mock://`` one):
+    records written with an older schema (no email) take the reader's default, records written
+    with a newer one (an extra age) lose the field, an unknown ID is a bad record."""
+    import io
+    import struct
+
+    import fastavro
+    from confluent_kafka.schema_registry import Schema
+
+    from connectors.spark.decode import registry_client
+
+    settings = {"url": "mock://chandy-unit"}
+    v1 = {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}]}
+    reader = {**v1, "fields": [*v1["fields"], {"name": "email", "type": ["null", "string"], "default": None}]}
+    v3 = {**v1, "fields": [*reader["fields"], {"name": "age", "type": "int"}]}
+    client = registry_client(settings)
+    ids = [client.register_schema(f"users-value-{i}", Schema(json.dumps(s), "AVRO")) for i, s in enumerate((v1, reader, v3))]
+
+    def framed(schema_id: int, schema: dict, value: dict) -> bytes:
+        buffer = io.BytesIO()
+        fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), value)
+        return b"\x00" + struct.pack(">I", schema_id) + buffer.getvalue()
+
+    arrow = to_arrow_schema(value_struct(json.dumps(reader)), timezone="UTC")
+    decoder = ValueDecoder("avro", arrow, tuple(arrow.names), ("offset",), avro_schema=json.dumps(reader),
+                           avro_framing="confluent", schema_registry=tuple(sorted(settings.items())),
+                           errors_tolerance="all")
+    batch = to_record_batch([Message(0, framed(ids[0], v1, {"id": 1})),
+                             Message(1, framed(ids[1], reader, {"id": 2, "email": "b@x"})),
+                             Message(2, framed(ids[2], v3, {"id": 3, "email": "c@x", "age": 30})),
+                             Message(3, framed(999, v1, {"id": 4}))])
+    decoded, bad, _ = decoder.decode(batch)
+    assert decoded.to_pylist() == [{"offset": 0, "id": 1, "email": None}, {"offset": 1, "id": 2, "email": "b@x"},
+                                   {"offset": 2, "id": 3, "email": "c@x"}]
+    assert bad is not None and bad.column("error_class").to_pylist() == ["UnknownSchemaId"]
+
+
+def test_a_schema_registry_needs_confluent_framed_avro() -> None:
+    from connectors.spark.pipeline import PipelineError, PipelineOptions
+
+    schema = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]})
+    with pytest.raises(PipelineError, match="needs --value-format avro --avro-framing confluent"):
+        PipelineOptions(table_uri="t", bootstrap_servers="x:1", topics=("a",), value_format="avro", value_schema=schema,
+                        schema_registry={"url": "http://registry:8081"})
+    options = PipelineOptions(table_uri="t", bootstrap_servers="x:1", topics=("a",), value_format="avro",
+                              value_schema=schema, avro_framing="confluent", schema_registry={"url": "http://r:8081"})
+    assert dict(options.schema_registry) == {"url": "http://r:8081"}

@@ -134,3 +134,14 @@ def test_a_partitioned_table_gets_one_file_per_partition_value(tmp_path: Path) -
     assert partitions == {"a": 4, "b": 2, None: 2}
     assert sink.optimize()["numFilesAdded"] == 3  # compaction keeps partitions apart
     assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(4, 12))
+
+
+def test_a_task_writes_files_without_the_catalog(tmp_path: Path) -> None:
+    """Spark tasks get the table location from the driver: they write without contacting the
+    catalog (here an unreachable REST catalog), and the driver's commit adds what they wrote."""
+    unreachable = {"type": "rest", "uri": "http://127.0.0.1:9"}
+    driver = make_sink(tmp_path)
+    task = open_sink(URI, catalog_properties=unreachable, location=driver.root_url)
+    files = task.write_files(rows(1), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+    assert driver.commit(JOB, 1, files, offsets={("t", 0): 8})
+    assert sorted(driver.read_table().column("offset").to_pylist()) == [4, 5, 6, 7]
