@@ -381,6 +381,11 @@ def pipeline() -> None:
               help="With --value-format: a null value is a bad record, skipped, or a row of null columns.")
 @click.option("--avro-schema-id", type=click.IntRange(0), default=None,
               help="With --avro-framing confluent: the only schema ID accepted.")
+@click.option("--schema-registry-url", default=None, metavar="URL",
+              help="With --avro-framing confluent: read each record with its writer schema from this Schema "
+                   "Registry, resolved against --value-schema.")
+@click.option("--schema-registry-property", "registry_conf", multiple=True, metavar="KEY=VALUE",
+              help="Schema Registry client setting, e.g. basic.auth.user.info (repeatable).")
 @click.option("--resume-from-table/--no-resume-from-table", default=True, show_default=True,
               help="When the coordinator log is missing or behind the table, resume from the table's offsets "
                    "(or refuse).")
@@ -404,7 +409,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  until_drained: bool, max_checkpoints: int | None, verify: bool, errors_tolerance: str,
                  dead_letter_topic: str | None, tombstones: str, avro_schema_id: int | None,
                  resume_from_table: bool, optimize_every: int | None, optimize_target_size: int | None,
-                 schema_evolution: bool,
+                 schema_evolution: bool, schema_registry_url: str | None, registry_conf: tuple[str, ...],
                  metrics_port: int | None, catalog_conf: tuple[str, ...]) -> None:
     """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
 
@@ -431,6 +436,8 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
         dead_letter_topic=dead_letter_topic, tombstones=tombstones, avro_schema_id=avro_schema_id,
         resume_from_table=resume_from_table, optimize_every=optimize_every, optimize_target_size=optimize_target_size,
         schema_evolution=schema_evolution,
+        schema_registry={**_parse_settings(registry_conf, "--schema-registry-property"),
+                         **({"url": schema_registry_url} if schema_registry_url else {})},
         catalog_properties=_parse_settings(catalog_conf, "--catalog-property"), metrics_port=metrics_port,
     )
     run_pipeline_with_progress(options, verify=verify)

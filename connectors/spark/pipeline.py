@@ -113,6 +113,8 @@ class PipelineOptions:
     or ``all``) and ``errors.deadletterqueue.topic.name`` (``dead_letter_topic``); ``tombstones``
     is ``error``, ``skip`` or ``null`` (see :mod:`connectors.spark.decode`).
 
+    ``schema_registry`` (Confluent-framed Avro): ``SchemaRegistryClient`` settings; each
+    record's writer schema is fetched by ID and resolved against ``value_schema``.
     ``schema_evolution`` (with a value format): a decoded field the table lacks becomes a new
     column (Delta: ADD COLUMN; Iceberg: ``union_by_name``); a field whose type changes fails the
     micro-batch naming the field, both types and the offset range, and lands nothing of it.
@@ -159,6 +161,7 @@ class PipelineOptions:
     optimize_target_size: int | None = None
     catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
     schema_evolution: bool = True
+    schema_registry: Mapping[str, str] = dataclasses.field(default_factory=dict)
     metrics_port: int | None = None  # the coordinator's Prometheus metrics (coordinator/kafka/metrics.py)
 
     def __post_init__(self) -> None:
@@ -177,6 +180,11 @@ class PipelineOptions:
             raise PipelineError("Avro values need a value schema (--value-schema)")
         if self.avro_framing not in ("single-object", "confluent", "raw"):
             raise PipelineError(f"Avro framing must be single-object, confluent or raw, got {self.avro_framing!r}")
+        if self.schema_registry and (self.value_format != "avro" or self.avro_framing != "confluent"):
+            raise PipelineError("a Schema Registry (--schema-registry-url) needs --value-format avro --avro-framing "
+                                "confluent: the registry resolves each record's writer schema by its ID")
+        if self.schema_registry and "url" not in self.schema_registry:
+            raise PipelineError("Schema Registry settings need a url (--schema-registry-url)")
         if self.transform and ":" not in self.transform:
             raise PipelineError(f"--transform takes module:function, got {self.transform!r}")
         if self.errors_tolerance not in ("none", "all"):
@@ -423,7 +431,8 @@ class Pipeline:
         return ValueDecoder(opts.value_format or "json", columns, names, keep, avro_schema=opts.value_schema
                             if opts.value_format == "avro" else None, avro_framing=opts.avro_framing,
                             avro_schema_id=opts.avro_schema_id, unknown_fields=unknown_fields,
-                            tombstones=opts.tombstones, errors_tolerance=opts.errors_tolerance)
+                            tombstones=opts.tombstones, errors_tolerance=opts.errors_tolerance,
+                            schema_registry=tuple(sorted(opts.schema_registry.items())))
 
     def _decoder_from_known_schema(self) -> ValueDecoder | None:
         """The decoder when the value's columns are known before reading: a DDL, an Avro schema,
@@ -700,7 +709,7 @@ class Pipeline:
             consumer_overrides=dict(opts.consumer_overrides),
             max_task_failures=int(spark.conf.get("spark.task.maxFailures", "1")),
             table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties),
-            add_columns=self.add_columns)
+            add_columns=self.add_columns, table_location=getattr(self.sink, "root_url", None))
 
     def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, counts: Any) -> None:
         from connectors.spark.datasource import LAKE_FILES_FORMAT, RANGES_FORMAT, TASK_OPTION, read_write_and_acknowledge
