@@ -383,7 +383,8 @@ class Pipeline:
                 raise PipelineError(f"{what} setting refused by librdkafka: {exc}") from exc
             if hasattr(client, "close"):
                 client.close()
-        admin = kafka_config.admin_client(opts.bootstrap_servers, {"socket.connection.setup.timeout.ms": 10_000})
+        admin = kafka_config.admin_client(opts.bootstrap_servers, {"socket.connection.setup.timeout.ms": 10_000,
+                                                                   **kafka_config.security_settings(opts.consumer_overrides)})
         try:
             metadata = admin.list_topics(timeout=15)
             self.cluster_id = metadata.cluster_id
@@ -496,7 +497,7 @@ class Pipeline:
                 f"but {opts.bootstrap_servers} is cluster {self.cluster_id}: offsets do not carry over between "
                 "clusters; land this cluster's topics with a new --job-id (or into a new table)")
         topics = ChandyTopics(opts.prefix)
-        ensure_topics(kafka_config.admin_client(opts.bootstrap_servers), topics)
+        ensure_topics(kafka_config.admin_client(opts.bootstrap_servers, kafka_config.security_settings(opts.consumer_overrides)), topics)
         state, _ = load_state(opts.bootstrap_servers, topics.coordinator_log, self.job_id,
                               consumer_overrides=dict(opts.consumer_overrides), timeout_s=60)
         completed = state.completed(savepoints=False)
@@ -974,7 +975,7 @@ def verify_table(sink: LakeSink, bootstrap_servers: str, topics: list[str],
         seen.extend(zip(*(table.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
     reader = KafkaRangeReader(bootstrap_servers, consumer_overrides)
     consumer = kafka_config.consumer(bootstrap_servers, overrides=consumer_overrides)
-    admin = kafka_config.admin_client(bootstrap_servers)
+    admin = kafka_config.admin_client(bootstrap_servers, kafka_config.security_settings(consumer_overrides))
     metadata = admin.list_topics(timeout=30)
     try:
         if dead_letter_topic:
