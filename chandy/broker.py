@@ -512,12 +512,12 @@ class EmbeddedKafkaBroker:
         ports and data; returns once the cluster's metadata lists it again.
 
         Raises:
-            KafkaLauncherError: no cluster runs from ``data_dir``; BrokerStartError: it did not come back.
+            KafkaLauncherError: none was started from ``data_dir``; BrokerStartError: it did not come back.
         """
         with self._lock():
-            info = self.status()
+            info = self._read_info()  # every node may be down (a single broker that was killed)
             if info is None:
-                raise KafkaLauncherError(f"no embedded Kafka runs from {self.data_dir}; start it with up()")
+                raise KafkaLauncherError(f"no embedded Kafka was started from {self.data_dir}; start it with up()")
             self.nodes = len(info.nodes)  # the running cluster's layout, whatever this object was told
             info = self._start_node(info, node_id)
             self._wait_ready(info, timeout_s, processes={node_id: _Pid(info.node(node_id).pid)})
