@@ -398,6 +398,11 @@ def pipeline() -> None:
                    "a field whose type changes always fails the micro-batch.")
 @metrics_port_option
 @catalog_property_option
+@click.option("--from-savepoint", default=None, metavar="URL",
+              help="Start the job from this savepoint (Flink's `flink run -s`) when its coordinator log has none: "
+                   "offsets come from it, checkpoint IDs continue above it.")
+@click.option("--standby", is_flag=True,
+              help="Wait as a standby until the running coordinator of this job dies or stops, then take over.")
 @_handle_errors
 def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | None, bootstrap_servers: str | None,
                  data_dir: Path | None, job_id: str | None, group_id: str | None, starting_offsets: str,
@@ -410,7 +415,8 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  dead_letter_topic: str | None, tombstones: str, avro_schema_id: int | None,
                  resume_from_table: bool, optimize_every: int | None, optimize_target_size: int | None,
                  schema_evolution: bool, schema_registry_url: str | None, registry_conf: tuple[str, ...],
-                 metrics_port: int | None, catalog_conf: tuple[str, ...]) -> None:
+                 metrics_port: int | None, catalog_conf: tuple[str, ...], from_savepoint: str | None,
+                 standby: bool) -> None:
     """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
 
     Exit codes: 0 done, 2 an error (the last line says why), 3 fenced by a newer run of the
@@ -439,6 +445,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
         schema_registry={**_parse_settings(registry_conf, "--schema-registry-property"),
                          **({"url": schema_registry_url} if schema_registry_url else {})},
         catalog_properties=_parse_settings(catalog_conf, "--catalog-property"), metrics_port=metrics_port,
+        from_savepoint=from_savepoint, standby=standby,
     )
     run_pipeline_with_progress(options, verify=verify)
 

@@ -164,7 +164,7 @@ class CheckpointCoordinator:
             parallelism = getattr(provider, "parallelism", None) or self.operators.get(provider.operator_id, 1)
             self.holders[provider.operator_id] = OperatorCoordinatorHolder(
                 provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job,
-                lambda record: self._commit(Batch(records=[record])),
+                lambda record: self._commit(Batch(records=[record])), self.checkpoint_pointer,
             )
         self.decider = CheckpointRequestDecider(options.max_concurrent, options.min_pause_ms)
         self.failure_manager = CheckpointFailureManager(options.tolerable_failed)
@@ -173,6 +173,7 @@ class CheckpointCoordinator:
         self._periodic_running = False
         self._last_completion_ms: int | None = None
         self._shutdown = False
+        self._restoring: tuple[int, str] | None = None
 
     # -- registration --------------------------------------------------------------------------
     def add_master_hook(self, hook: MasterTriggerRestoreHook[Any]) -> bool:
@@ -208,6 +209,17 @@ class CheckpointCoordinator:
                     epoch=record.epoch, timestamp=now, trigger_timestamp=record.timestamp,
                     failure_message=record.reason, job_status=record.status.value))
         self.env.append(batch, on_committed)
+
+    def checkpoint_pointer(self, checkpoint_id: int) -> str | None:
+        """The directory URL of checkpoint or savepoint ``checkpoint_id``: of the one being
+        restored, of a pending one (its storage location), or of one in the log; None if unknown."""
+        if self._restoring is not None and self._restoring[0] == checkpoint_id:
+            return self._restoring[1]
+        pending = self.pending.get(checkpoint_id)
+        if pending is not None and pending.location is not None:
+            return pending.location.directory
+        record = self.state.checkpoints.get(checkpoint_id)
+        return record.external_pointer if record is not None else None
 
     def commit_batch(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
         """Apply ``batch``'s log records to the state and append the batch (records, control
@@ -350,9 +362,13 @@ class CheckpointCoordinator:
                 "(allow non-restored state to skip it)"
             )
         self.hooks.restore(metadata.checkpoint_id, metadata.master_states, allow_non_restored_state=allow_non_restored_state)
-        for operator_id, holder in self.holders.items():
-            op = metadata.operator(operator_id)
-            holder.coordinator.reset_to_checkpoint(metadata.checkpoint_id, op.coordinator_state if op else None)
+        self._restoring = (metadata.checkpoint_id, directory)
+        try:
+            for operator_id, holder in self.holders.items():
+                op = metadata.operator(operator_id)
+                holder.coordinator.reset_to_checkpoint(metadata.checkpoint_id, op.coordinator_state if op else None)
+        finally:
+            self._restoring = None
         now = self.env.now_ms()
         batch = Batch(control=[NotifyCheckpointComplete(
             self.job_id, self.state.epoch, metadata.checkpoint_id, metadata.checkpoint_type, now)])

@@ -102,6 +102,11 @@ class OperatorCoordinatorContext(Protocol):
         """Append a record (e.g. a split assignment) to the coordinator's event-sourced log."""
         ...
 
+    def checkpoint_pointer(self, checkpoint_id: int) -> str | None:
+        """The directory URL of checkpoint or savepoint ``checkpoint_id`` (completed, pending, or
+        being restored), or None when unknown: where its ``_metadata`` is."""
+        ...
+
 
 @runtime_checkable
 class OperatorCoordinator(Protocol):

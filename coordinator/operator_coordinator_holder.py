@@ -69,6 +69,7 @@ class OperatorCoordinatorHolder:
         epoch_of: Callable[[], int],
         fail_job: Callable[[BaseException], None],
         append_record: Callable[[Any], None] | None = None,
+        pointer_of: Callable[[int], str | None] | None = None,
     ) -> None:
         self.operator_id = provider.operator_id
         self._parallelism = parallelism
@@ -77,6 +78,7 @@ class OperatorCoordinatorHolder:
         self._epoch_of = epoch_of
         self._fail_job = fail_job
         self._append_record = append_record or (lambda record: None)
+        self._pointer_of = pointer_of or (lambda checkpoint_id: None)
         self._closed = False
         self.current_attempts: dict[int, int] = {}
         self._valve_closed = False
@@ -135,6 +137,10 @@ class OperatorCoordinatorHolder:
         """Append a record to the coordinator log (applied to the coordinator state at once),
         e.g. a split assignment or an offset commit, so a log replay shows it."""
         self._append_record(record)
+
+    def checkpoint_pointer(self, checkpoint_id: int) -> str | None:
+        """The directory URL of checkpoint or savepoint ``checkpoint_id`` (see the Context)."""
+        return self._pointer_of(checkpoint_id)
 
     # -- events ----------------------------------------------------------------------------------
     def _send(self, subtask: int, attempt: int, event: OperatorEvent, future: concurrent.futures.Future[None]) -> None:

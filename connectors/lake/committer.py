@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -70,6 +71,7 @@ class LakeCommitter:
         self.context = context
         self.sink = sink
         self.storage = storage
+        self._foreign_checkpoint: int | None = None  # restored from another table's savepoint
         self.offsets_of = offsets_of
         self.cluster_id = cluster_id
         self.optimize_every = optimize_every
@@ -109,11 +111,15 @@ class LakeCommitter:
         self._optimizing = self._optimizer.submit(optimize)
 
     def checkpoint_coordinator(self, checkpoint_id: int, result_future: concurrent.futures.Future) -> None:
-        result_future.set_result(b"")  # no state of its own: the files are the subtasks' state
+        # the files are the subtasks' state; the committer's own is the table they belong to, so a
+        # job restored from this checkpoint or savepoint into another table knows they are not its
+        result_future.set_result(json.dumps({"table_uri": self.sink.table_uri}).encode())
 
     def _metadata(self, checkpoint_id: int) -> CheckpointMetadata:
-        _, metadata = resolve_checkpoint_pointer(self.storage.checkpoint_directory(checkpoint_id),
-                                                 self.storage.storage_options)
+        """The ``_metadata`` of checkpoint or savepoint ``checkpoint_id``: where the coordinator
+        says it is (a savepoint lives in the savepoint directory), else the checkpoint directory."""
+        pointer = self.context.checkpoint_pointer(checkpoint_id) or self.storage.checkpoint_directory(checkpoint_id)
+        _, metadata = resolve_checkpoint_pointer(pointer, self.storage.storage_options)
         return metadata
 
     def files_of(self, checkpoint_id: int, metadata: CheckpointMetadata | None = None) -> list[DataFile]:
@@ -179,6 +185,8 @@ class LakeCommitter:
         """Commit the checkpoint (steps 2 to 4). An exception fails the job and stops the
         notification of the coordinators after this one (the offset commit); the checkpoint
         stays complete, and a restart commits it."""
+        if checkpoint_id == self._foreign_checkpoint:
+            return
         started = time.monotonic()
         self._commit(checkpoint_id)
         self.last_commit_ms = (time.monotonic() - started) * 1000
@@ -197,7 +205,18 @@ class LakeCommitter:
                 its ``_metadata`` is unreadable while the table does not hold it.
         """
         self.table_offsets = dict(self.sink.progress(self.context.job_id).offsets)
-        if checkpoint_id != NO_CHECKPOINT:
+        source_table = _table_of(checkpoint_data)
+        if checkpoint_id != NO_CHECKPOINT and source_table not in (None, self.sink.table_uri):
+            # a savepoint of another table (Flink's `flink run -s` into a new sink): its files stay
+            # there; this table starts at the savepoint's offsets, recorded with an empty commit
+            ranges = self.offsets_of(self._metadata(checkpoint_id)) if self.offsets_of is not None else {}
+            offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
+            self.sink.commit(self.context.job_id, checkpoint_id, [], offsets=offsets or None, cluster_id=self.cluster_id)
+            self.table_offsets = offsets  # the next commit records them (a new table gets no empty commit)
+            self._foreign_checkpoint = checkpoint_id  # its completion notice (restoring implies it) lands nothing
+            log.warning("restored checkpoint %d of table %s: its records stay in that table; %s starts at its "
+                        "offsets", checkpoint_id, source_table, self.sink.table_uri)
+        elif checkpoint_id != NO_CHECKPOINT:
             try:
                 self._commit(checkpoint_id)
             except CheckpointStorageError as exc:
@@ -237,3 +256,14 @@ class LakeCommitterProvider:
     def create(self, context: Any) -> LakeCommitter:
         return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id,
                              optimize_every=self.optimize_every, optimize_target_size=self.optimize_target_size)
+
+
+def _table_of(checkpoint_data: bytes | None) -> str | None:
+    """The table URI a lake committer's checkpoint state names (None: older, empty state)."""
+    if not checkpoint_data:
+        return None
+    try:
+        value = json.loads(checkpoint_data)
+    except ValueError:
+        return None
+    return value.get("table_uri") if isinstance(value, dict) else None

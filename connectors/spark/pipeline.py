@@ -36,11 +36,13 @@ the brokers, the Kafka settings, the table's location and schema, and reconciles
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import importlib
 import json
 import logging
 import os
+import queue
 import random
 import re
 import signal
@@ -73,6 +75,7 @@ from coordinator.environment import OutboundMessage
 from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.kafka import config as kafka_config
+from coordinator.kafka.requests import ControlRequest, ControlRequestType, LeaderElection, RequestOutcome
 from coordinator.kafka.runtime import CoordinatorFencedError, CoordinatorService
 from coordinator.kafka.topics import ChandyTopics, ensure_topics
 from coordinator.options import CheckpointingOptions
@@ -112,6 +115,11 @@ class PipelineOptions:
     when the options are made. Bad records follow Kafka Connect's ``errors.tolerance`` (``none``
     or ``all``) and ``errors.deadletterqueue.topic.name`` (``dead_letter_topic``); ``tombstones``
     is ``error``, ``skip`` or ``null`` (see :mod:`connectors.spark.decode`).
+
+    ``from_savepoint`` starts the job from a savepoint (Flink's ``flink run -s``) when its
+    coordinator log has no checkpoint: offsets and the enumerator's state come from it, IDs
+    continue above it. ``standby`` waits, before anything else, until this process leads the job's
+    election group: a second process for the same job that takes over when the active one dies.
 
     ``schema_registry`` (Confluent-framed Avro): ``SchemaRegistryClient`` settings; each
     record's writer schema is fetched by ID and resolved against ``value_schema``.
@@ -163,6 +171,8 @@ class PipelineOptions:
     schema_evolution: bool = True
     schema_registry: Mapping[str, str] = dataclasses.field(default_factory=dict)
     metrics_port: int | None = None  # the coordinator's Prometheus metrics (coordinator/kafka/metrics.py)
+    from_savepoint: str | None = None  # Flink's `flink run -s`: start from this savepoint when the log has none
+    standby: bool = False  # wait until this process leads the job's election group (coordinator/kafka/requests.py)
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
@@ -315,6 +325,7 @@ class Pipeline:
         self.job_id = options.resolved_job_id
         self._spark = spark
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self.stop_signal: int | None = None
         # schema evolution: decoded value fields the table lacks become columns (never the raw
         # Kafka columns of a table landed otherwise)
@@ -336,6 +347,10 @@ class Pipeline:
         self.dead_lettered = 0
         self._checkpoint_id_floor: int | None = None
         self._preflight_done = False
+        self._requests: queue.Queue[tuple[ControlRequest, concurrent.futures.Future]] = queue.Queue()
+        self._draining: tuple[ControlRequest, concurrent.futures.Future] | None = None
+        self.election: LeaderElection | None = None
+        self.takeover_s: float | None = None
         self._last_committed = 0
 
     def request_stop(self, signum: int | None = None) -> None:
@@ -596,12 +611,14 @@ class Pipeline:
             group_id=opts.resolved_group_id, starting_offsets=initializer,
             max_records_per_checkpoint=opts.max_records_per_checkpoint, consumer_overrides=dict(opts.consumer_overrides),
             offset_floor=floor)
-        storage = CheckpointStorage(opts.resolved_checkpoint_dir, self.job_id, storage_options=dict(opts.storage_options))
+        savepoint_dir = f"{opts.resolved_checkpoint_dir.rstrip('/')}/savepoints"
+        storage = CheckpointStorage(opts.resolved_checkpoint_dir, self.job_id, savepoint_dir=savepoint_dir,
+                                    storage_options=dict(opts.storage_options))
         service = CoordinatorService(
             self.job_id, opts.bootstrap_servers,
             CheckpointingOptions(interval_ms=0, timeout_ms=opts.checkpoint_timeout_ms, max_concurrent=1,
                                  tolerable_failed=opts.tolerable_failed_checkpoints, num_retained=2,
-                                 checkpoint_dir=opts.resolved_checkpoint_dir),
+                                 checkpoint_dir=opts.resolved_checkpoint_dir, savepoint_dir=savepoint_dir),
             {SINK_OPERATOR: self.parallelism},
             # order matters: the lake commit happens before the offset commit (notification order)
             coordinator_providers=[LakeCommitterProvider(SINK_OPERATOR, self.sink, storage, offsets_of=self.offsets_of,
@@ -611,6 +628,7 @@ class Pipeline:
             prefix=opts.prefix, producer_overrides=dict(opts.producer_overrides),
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
             completion_outputs=self.completion_outputs, checkpoint_id_floor=self._checkpoint_id_floor,
+            restore_from=opts.from_savepoint, request_executor=self._execute_request, election=self.election,
             metrics_port=opts.metrics_port,
         )
         try:
@@ -807,6 +825,14 @@ class Pipeline:
         """
         opts = self.options
         started = time.monotonic()
+        if opts.standby:
+            self.parallelism = opts.parallelism or 1
+            warm = self._spark_session()  # a warm standby: Spark is up before it leads
+            if not self._stand_by():
+                if self._spark is None:
+                    warm.stop()
+                return PipelineSummary(opts.table_uri, self.job_id, 0, 0, 0, time.monotonic() - started,
+                                       stopped_because="stopped while standing by", signal=self.stop_signal)
         self.preflight()
         self.parallelism = opts.parallelism or max(1, len(self.partitions))
         spark = self._spark_session()
@@ -844,7 +870,12 @@ class Pipeline:
         completed = failed = consecutive = 0
         first_failure: str | None = None
         landed_before = self._committed_records()
+        if self.election is not None and self.election.became_leader_at is not None:
+            self.takeover_s = time.monotonic() - self.election.became_leader_at
+            self._notice(f"standby of job {self.job_id} leads: coordinator started {self.takeover_s:.1f} s after "
+                         "the election")
         stopped_because = "stopped"
+        request: tuple[ControlRequest, concurrent.futures.Future] | None = None
         try:
             deadline = time.monotonic() + 60
             while not self._enumerator_call(lambda e: len(e.splits)):
@@ -865,15 +896,23 @@ class Pipeline:
                 if opts.max_checkpoints is not None and completed >= opts.max_checkpoints:
                     stopped_because = f"{opts.max_checkpoints} checkpoints done"
                     break
+                request = self._next_request()
+                if request is not None and request[0].request_type is ControlRequestType.CANCEL:
+                    self._cancel(request)
+                    stopped_because = f"canceled by request {request[0].request_id}"
+                    break
                 lag = self.lag(consumer)
-                if sum(lag.values()) == 0:
+                if (request is not None and request[0].request_type is ControlRequestType.STOP_WITH_SAVEPOINT
+                        and request[0].drain and sum(lag.values()) > 0):
+                    self._draining, request = request, None  # land what is available first (Flink's --drain)
+                if request is None and sum(lag.values()) == 0:
                     if opts.stop_when_drained:
                         stopped_because = "drained"
                         break
-                    self._stop.wait(max(0.2, opts.checkpoint_interval_ms / 1000))
+                    self._idle(max(0.2, opts.checkpoint_interval_ms / 1000))
                     continue
                 batch_started = time.monotonic()
-                trigger = self.service.trigger_checkpoint()
+                trigger = self._trigger_for(request)
                 checkpoint_id = trigger.checkpoint_id or -1  # None: refused before it got an ID
                 message = None
                 fatal = None
@@ -892,13 +931,23 @@ class Pipeline:
                         self.service.abort_checkpoint(checkpoint_id, CheckpointFailureReason.CHECKPOINT_DECLINED,
                                                       f"Spark job failed: {message}"[:1000])
                     spark_job_ms = (time.monotonic() - job_started) * 1000
-                    trigger.result(opts.checkpoint_timeout_ms / 1000 + 10)
+                    result = trigger.result(opts.checkpoint_timeout_ms / 1000 + 10)
                     completed += 1
                     consecutive = 0
                     first_failure = None
+                    if request is not None and request[0].request_type is ControlRequestType.TRIGGER_SAVEPOINT:
+                        self._enumerator_call(lambda e, c=checkpoint_id: e.release_ranges(c))
+                    if request is not None:
+                        request[1].set_result(RequestOutcome(checkpoint_id, result if isinstance(result, str)
+                                                             else getattr(result, "external_pointer", None)))
+                        if request[0].request_type is ControlRequestType.STOP_WITH_SAVEPOINT:
+                            stopped_because = f"stopped with savepoint {result}"
+                            self._stop.set()
                 except CoordinatorFencedError as exc:
+                    self._fail_request(request, exc)
                     raise PipelineFencedError(self._fenced_message()) from exc
                 except CheckpointException as exc:
+                    self._fail_request(request, exc)
                     failed += 1
                     consecutive += 1
                     message = message or root_cause(exc)
@@ -920,14 +969,19 @@ class Pipeline:
                 pause = opts.checkpoint_interval_ms / 1000 - (time.monotonic() - batch_started)
                 if consecutive:
                     pause = max(pause, self._backoff_s(consecutive))
+                if self._stop.is_set() and stopped_because.startswith("stopped with savepoint"):
+                    break
                 if pause > 0:
-                    self._stop.wait(pause)
+                    self._idle(pause)
         except ChandyError as exc:
             if self.service.fenced.is_set() and not isinstance(exc, PipelineFencedError):
                 raise PipelineFencedError(self._fenced_message()) from exc
             raise
         finally:
             landed_total = self._safe_committed_records() - landed_before
+            self._fail_request(request, PipelineError("the pipeline stopped before the request was applied"))
+            while (queued := self._next_request()) is not None:
+                self._fail_request(queued, PipelineError("the pipeline stopped before the request was applied"))
             consumer.close()
             self.service.stop()
             if self._spark is None:
@@ -938,6 +992,72 @@ class Pipeline:
                                bad_records=self.bad_records, dead_lettered=self.dead_lettered,
                                tombstones_skipped=counts.value[1], signal=self.stop_signal,
                                notices=tuple(self.notices))
+
+    # -- control requests (coordinator/kafka/requests.py), applied by the driver loop ------------------
+    def _stand_by(self) -> bool:
+        """Join the job's election group and wait until this process leads (True) or is stopped
+        (False). Nothing of the table or the log is read before: the active process changes them."""
+        opts = self.options
+        topics = ChandyTopics(opts.prefix)
+        ensure_topics(kafka_config.admin_client(opts.bootstrap_servers, kafka_config.security_settings(opts.consumer_overrides)), topics)
+        self.election = LeaderElection(opts.bootstrap_servers, topics, self.job_id,
+                                       consumer_overrides=dict(opts.consumer_overrides)).join()
+        log.warning("standby for job %s: waiting until the active coordinator stops (group %s)", self.job_id,
+                    self.election.group_id)
+        if self.election.wait_until_leader(stop=self._stop):
+            return True
+        self.election.close()
+        return False
+
+    def _execute_request(self, request: ControlRequest) -> concurrent.futures.Future:
+        """The coordinator's request executor (mailbox thread): queue the request for the driver
+        loop, which runs the micro-batch of the checkpoint or savepoint it asks for."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._requests.put((request, future))
+        self._wake.set()
+        return future
+
+    def _next_request(self) -> tuple[ControlRequest, concurrent.futures.Future] | None:
+        if self._draining is not None:
+            request, self._draining = self._draining, None
+            return request
+        try:
+            return self._requests.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _idle(self, seconds: float) -> None:
+        """Wait up to ``seconds``, less when a stop or a control request arrives."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set() and not self._wake.is_set() and time.monotonic() < deadline:
+            self._wake.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+        self._wake.clear()
+
+    def _trigger_for(self, request: tuple[ControlRequest, concurrent.futures.Future] | None) -> Any:
+        """The trigger of this round: a checkpoint, or what a control request asks for."""
+        assert self.service is not None
+        if request is None:
+            return self.service.trigger_checkpoint()
+        kind, target = request[0].request_type, request[0].target_directory
+        if kind is ControlRequestType.TRIGGER_SAVEPOINT:
+            return self.service.trigger_savepoint(target)
+        if kind is ControlRequestType.STOP_WITH_SAVEPOINT:
+            return self.service.trigger_savepoint(target, terminate=True)
+        return self.service.trigger_checkpoint(forced=True)
+
+    def _cancel(self, request: tuple[ControlRequest, concurrent.futures.Future]) -> None:
+        """Cancel the job (Flink's ``JobMaster.cancel``): no savepoint, nothing more lands."""
+        assert self.service is not None
+        try:
+            self.service.cancel_job(f"canceled by request {request[0].request_id}").result(30)
+            request[1].set_result(RequestOutcome())
+        except Exception as exc:  # noqa: BLE001 - the request's answer says why
+            request[1].set_exception(exc)
+
+    @staticmethod
+    def _fail_request(request: tuple[ControlRequest, concurrent.futures.Future] | None, exc: BaseException) -> None:
+        if request is not None and not request[1].done():
+            request[1].set_exception(exc)
 
     def _safe_committed_records(self) -> int:
         try:

@@ -573,6 +573,11 @@ class CoordinatorService:
         :meth:`CheckpointCoordinator.abort_checkpoint`."""
         return self._call(lambda cc: cc.abort_checkpoint(checkpoint_id, reason, message))
 
+    def cancel_job(self, reason: str) -> concurrent.futures.Future:
+        """Cancel the job (see :meth:`CheckpointCoordinator.cancel_job`); the future is done once
+        the CANCELED status is durable."""
+        return self._call(lambda cc: cc.cancel_job(reason))
+
     @property
     def epoch(self) -> int:
         """This coordinator's epoch (control messages carry it; workers drop older ones)."""

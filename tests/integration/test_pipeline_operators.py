@@ -17,75 +17,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import NewTopic
 from deltalake import DeltaTable, write_deltalake
 
 from connectors.kafka.source.reader import KafkaRangeReader
 from connectors.kafka.source.split import KafkaPartitionSplit
 from connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, default_job_id, verify_table
 from coordinator.kafka import config as kafka_config
+from tests.fixtures.pipeline import all_offsets, group_offsets, landed, make_topic, options, produce
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("chandy-operator-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
-def make_topic(servers: str, values: list[bytes | None], partitions: int = 2, topic: str | None = None) -> str:
-    topic = topic or f"op-{uuid.uuid4().hex[:8]}"
-    admin = kafka_config.admin_client(servers)
-    if topic not in admin.list_topics(timeout=10).topics:
-        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
-        time.sleep(0.3)
-    produce(servers, topic, values, partitions)
-    return topic
-
-
-def produce(servers: str, topic: str, values: list[bytes | None], partitions: int = 2) -> None:
-    producer = kafka_config.producer(servers)
-    for i, value in enumerate(values):
-        producer.produce(topic, value, f"k{i}".encode(), partition=i % partitions)
-    producer.flush(30)
-
-
-def options(servers: str, topic: str, table: str, prefix: str, **extra) -> PipelineOptions:
-    return PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,), stop_when_drained=True,
-                           prefix=prefix, restart_backoff_initial_ms=100, **extra)
-
-
-def landed(table: str) -> list[tuple[str, int, int]]:
-    rows = DeltaTable(table).to_pyarrow_table().select(["topic", "partition", "offset"]).to_pylist()
-    return [(r["topic"], r["partition"], r["offset"]) for r in rows]
-
-
-def all_offsets(servers: str, topic: str, partitions: int = 2) -> set[tuple[str, int, int]]:
-    consumer = kafka_config.consumer(servers)
-    reader = KafkaRangeReader(servers)
-    found = set()
-    for p in range(partitions):
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-        found |= {(topic, p, m.offset()) for m in reader.read(KafkaPartitionSplit(topic, p, low, high))}
-    consumer.close()
-    reader.close()
-    return found
-
-
-def group_offsets(servers: str, group: str, topic: str, partitions: int = 2) -> dict[int, int]:
-    consumer = kafka_config.consumer(servers, group_id=group)
-    committed = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
-    consumer.close()
-    return {tp.partition: tp.offset for tp in committed}
 
 
 def test_one_table_spelled_four_ways_is_one_job(spark, kafka_bootstrap_servers, tmp_path, monkeypatch) -> None:

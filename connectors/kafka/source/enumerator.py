@@ -363,6 +363,12 @@ class KafkaSourceEnumerator:
         for c in [c for c in self.in_flight if c <= checkpoint_id]:
             del self.in_flight[c]
 
+    def release_ranges(self, checkpoint_id: int) -> None:
+        """Forget the ranges of a completed intermediate savepoint. Nobody is notified of it
+        (Flink 1.15+), so nothing commits its offsets: the next checkpoint reads its ranges again
+        and lands them, exactly once. Called by the driver that ran the savepoint's micro-batch."""
+        self.in_flight.pop(checkpoint_id, None)
+
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         # never commit an aborted checkpoint's offsets; the next checkpoint re-reads its ranges
         self.in_flight.pop(checkpoint_id, None)

@@ -1,0 +1,141 @@
+"""Operating a running pipeline over Kafka, on a real broker, real Spark and real Delta tables:
+an intermediate savepoint lands nothing by itself, stop-with-savepoint leaves the table and the
+consumer group exactly at the savepoint, and a new job restored from it into a new table lands
+exactly the rest."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from connectors.spark.pipeline import Pipeline
+from coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
+from tests.fixtures.pipeline import all_offsets, group_offsets, landed, make_topic, options
+from tests.fixtures.workers import wait_for
+
+pytestmark = pytest.mark.integration
+
+T = ControlRequestType
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _checkpoint_ids(table: str) -> list[int]:
+    """The chandy.checkpoint_id of every commit of ``table``, oldest first."""
+    return [int(h["chandy.checkpoint_id"]) for h in reversed(DeltaTable(table).history()) if "chandy.checkpoint_id" in h]
+
+
+def test_savepoint_then_stop_with_savepoint_then_restore_into_a_new_table(spark, kafka_bootstrap_servers,
+                                                                          tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(4000)])
+    table, new_table = str(tmp_path / "t"), str(tmp_path / "t2")
+    prefix = f"rq{uuid.uuid4().hex[:6]}"
+    opts = options(kafka_bootstrap_servers, topic, table, prefix, stop_when_drained=False,
+                   max_records_per_checkpoint=100, checkpoint_interval_ms=200)
+    pipeline = Pipeline(opts, spark=spark)
+    summaries = []
+    runner = threading.Thread(target=lambda: summaries.append(pipeline.run()), daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1, timeout_s=180,
+                 what="the first commit")
+        savepoint = send_request(kafka_bootstrap_servers, pipeline.job_id, T.TRIGGER_SAVEPOINT, prefix=prefix,
+                                 timeout_s=120)
+        assert savepoint.status is RequestStatus.COMPLETED, savepoint.failure_message
+        assert savepoint.external_pointer and "/savepoints/" in savepoint.external_pointer
+        wait_for(lambda: max(_checkpoint_ids(table)) > savepoint.checkpoint_id, timeout_s=120,
+                 what="a checkpoint after the savepoint")
+        # an intermediate savepoint commits nothing by itself; its records land with the next checkpoint
+        assert savepoint.checkpoint_id not in _checkpoint_ids(table)
+        stop = send_request(kafka_bootstrap_servers, pipeline.job_id, T.STOP_WITH_SAVEPOINT, prefix=prefix,
+                            timeout_s=180)
+        assert stop.status is RequestStatus.COMPLETED, stop.failure_message
+        runner.join(120)
+    finally:
+        if runner.is_alive():
+            pipeline.request_stop()
+            runner.join(120)
+    (summary,) = summaries
+    assert summary.stopped_because.startswith("stopped with savepoint") and stop.external_pointer in summary.stopped_because
+    first = landed(table)
+    assert len(first) == len(set(first)) and 0 < len(first) < 4000
+    # the table, the consumer group and the savepoint agree: the stop-with-savepoint is the table's last commit
+    assert _checkpoint_ids(table)[-1] == stop.checkpoint_id
+    ends = {p: max(o for (_, q, o) in first if q == p) + 1 for p in (0, 1)}
+    assert group_offsets(kafka_bootstrap_servers, opts.resolved_group_id, topic) == ends
+
+    restored = Pipeline(options(kafka_bootstrap_servers, topic, new_table, prefix, job_id=uuid.uuid4().hex,
+                                from_savepoint=stop.external_pointer), spark=spark).run()
+    assert restored.stopped_because == "drained"
+    second = landed(new_table)
+    assert len(second) == len(set(second))
+    assert set(first).isdisjoint(second) and set(first) | set(second) == all_offsets(kafka_bootstrap_servers, topic)
+    assert min(_checkpoint_ids(new_table)) > stop.checkpoint_id  # IDs continue above the savepoint's
+
+
+def test_cancel_stops_the_pipeline_and_nothing_more_lands(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(3000)])
+    table = str(tmp_path / "t")
+    prefix = f"rq{uuid.uuid4().hex[:6]}"
+    pipeline = Pipeline(options(kafka_bootstrap_servers, topic, table, prefix, stop_when_drained=False,
+                                max_records_per_checkpoint=100, checkpoint_interval_ms=200), spark=spark)
+    summaries = []
+    runner = threading.Thread(target=lambda: summaries.append(pipeline.run()), daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1, timeout_s=180,
+                 what="the first commit")
+        answer = send_request(kafka_bootstrap_servers, pipeline.job_id, T.CANCEL, prefix=prefix, timeout_s=120)
+        assert answer.status is RequestStatus.COMPLETED, answer.failure_message
+        runner.join(120)
+    finally:
+        if runner.is_alive():
+            pipeline.request_stop()
+            runner.join(120)
+    (summary,) = summaries
+    assert summary.stopped_because == f"canceled by request {answer.request_id}"
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) < 3000
+    assert pipeline.service is not None and pipeline.service.job_status == "CANCELED"
+
+
+def test_a_standby_pipeline_takes_over_after_a_sigkill_and_lands_every_record_once(kafka_bootstrap_servers,
+                                                                                   tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(3000)])
+    table = str(tmp_path / "t")
+    prefix = f"rq{uuid.uuid4().hex[:6]}"
+    args = [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic,
+            "-b", kafka_bootstrap_servers, "--prefix", prefix, "--max-records-per-checkpoint", "50",
+            "--until-drained", "--master", "local[1]"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    standby = None
+    try:
+        wait_for(lambda: DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1, timeout_s=180,
+                 what="the active pipeline's first commit")
+        standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(5)  # the standby joins the election group and waits
+        assert standby.poll() is None and active.poll() is None
+        killed = time.monotonic()
+        os.killpg(active.pid, signal.SIGKILL)  # the driver and its Spark JVM, mid-run
+        before = len(landed(table))
+        out, err = standby.communicate(timeout=300)
+        assert standby.returncode == 0, err[-3000:]
+        print(f"standby finished {time.monotonic() - killed:.1f} s after the SIGKILL; {err.count('leads')} take-over")
+        assert "leads" in err  # it says it took over
+    finally:
+        for process in (active, standby):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    rows = landed(table)
+    assert before < 3000 and len(rows) == len(set(rows)) == 3000
