@@ -297,8 +297,9 @@ class EmbeddedKafkaBroker:
             (default :func:`default_data_dir`); a cluster keeps node ``i`` in ``node-<i>/``.
         port: client port of the first node; default: the port of the last start if still
             free, else a free one.
-        nodes: number of KRaft nodes (default 1).
-        security: ``none`` (PLAINTEXT) or ``sasl-scram``: clients authenticate with
+        nodes: number of KRaft nodes (default: what ``data_dir`` was made with, else 1).
+        security: ``none`` (PLAINTEXT) or ``sasl-scram`` (default: what ``data_dir`` was made
+            with, kept in ``layout.json``, else ``none``): clients authenticate with
             SASL/SCRAM-SHA-512 over plaintext, ``StandardAuthorizer`` enforces ACLs and
             :data:`ADMIN_USER` (password generated at first start, kept in
             ``credentials.json``, mode 0600) is the only super user. The controller listener
@@ -310,7 +311,8 @@ class EmbeddedKafkaBroker:
         tls: the client (and inter-broker) listener speaks TLS (``SSL``, or ``SASL_SSL`` with
             SCRAM) with a self-signed certificate for 127.0.0.1 and localhost, generated with
             the JDK's ``keytool`` at first start into ``tls/`` (``ca.pem`` is what clients
-            trust: ``ssl.ca.location``). The controller listener stays as without TLS.
+            trust: ``ssl.ca.location``). The controller listener stays as without TLS. Default:
+            what ``data_dir`` was made with, else off.
         kafka_version: the Apache Kafka release to run (default :data:`KAFKA_VERSION`).
         cache_dir: jar cache root (default :func:`default_cache_dir`).
         heap: JVM heap size for ``-Xmx`` per node (default ``512m``).
@@ -319,6 +321,9 @@ class EmbeddedKafkaBroker:
 
     ``up()`` is idempotent and guarded by a file lock, so two concurrent callers share one
     cluster; on a cluster whose nodes partly died it restarts the dead ones.
+
+    ``up()`` refuses to start ``data_dir`` with other ``nodes``, ``security`` or ``tls`` than
+    it was made with (:class:`BrokerStartError`).
 
     Raises:
         KafkaLauncherError: ``nodes`` below 1, an unknown ``security``, or a SCRAM user name or
@@ -330,15 +335,22 @@ class EmbeddedKafkaBroker:
         data_dir: Path | str | None = None,
         *,
         port: int | None = None,
-        nodes: int = 1,
-        security: str = "none",
+        nodes: int | None = None,
+        security: str | None = None,
         scram_users: Mapping[str, str] | None = None,
-        tls: bool = False,
+        tls: bool | None = None,
         kafka_version: str = KAFKA_VERSION,
         cache_dir: Path | None = None,
         heap: str = "512m",
         broker_overrides: Mapping[str, str] | None = None,
     ) -> None:
+        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        # what the data directory was made with (nodes, security, tls) is kept: a restart without
+        # arguments brings back the same cluster, never one without the authentication it had
+        self.saved_layout = self._read_layout()
+        nodes = nodes if nodes is not None else self.saved_layout.get("nodes", 1)
+        security = security if security is not None else self.saved_layout.get("security", "none")
+        tls = tls if tls is not None else self.saved_layout.get("tls", False)
         if nodes < 1:
             raise KafkaLauncherError(f"a Kafka cluster needs at least one node, got nodes={nodes}")
         if security not in SECURITY_MODES:
@@ -351,7 +363,6 @@ class EmbeddedKafkaBroker:
                                              "or a space, which kafka-storage --add-scram cannot take")
         if self.scram_users and security != "sasl-scram":
             raise KafkaLauncherError("SCRAM users need --security sasl-scram")
-        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         self.port = port
         self.nodes = nodes
         self.security = security
@@ -365,6 +376,19 @@ class EmbeddedKafkaBroker:
     @property
     def info_file(self) -> Path:
         return self.data_dir / "broker.json"
+
+    @property
+    def layout_file(self) -> Path:
+        return self.data_dir / "layout.json"
+
+    def _read_layout(self) -> dict:
+        try:
+            return dict(json.loads(self.layout_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    def _layout(self) -> dict:
+        return {"nodes": self.nodes, "security": self.security, "tls": self.tls}
 
     @property
     def credentials_file(self) -> Path:
@@ -436,6 +460,10 @@ class EmbeddedKafkaBroker:
                     running = self._start_node(running, node_id)
                 self._wait_ready(running, timeout_s, processes={i: _Pid(running.node(i).pid) for i in dead})
                 return running
+            if self.saved_layout and self.saved_layout != self._layout():
+                raise BrokerStartError(
+                    f"{self.data_dir} holds a cluster made with " + ", ".join(f"{k}={v}" for k, v in self.saved_layout.items())
+                    + "; start it with those settings (or none), or use another --data-dir")
             java = find_java()
             libs = resolve_kafka_jars(self.kafka_version, self.cache_dir)
             credentials = self._credentials()
@@ -446,6 +474,8 @@ class EmbeddedKafkaBroker:
             for node_id in ports:
                 properties = self._write_server_properties(node_id, ports, credentials)
                 self._format_storage(java, libs, node_id, properties, cluster_id, credentials)
+            self.layout_file.write_text(json.dumps(self._layout()))
+            self.saved_layout = self._layout()
             try:
                 for node_id, (port, controller_port) in ports.items():
                     properties = self.node_dir(node_id) / "server.properties"

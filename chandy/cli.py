@@ -103,18 +103,19 @@ def kafka() -> None:
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for the broker.")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Broker property under its standard name (repeatable), e.g. log.retention.hours=1.")
-@click.option("--nodes", type=click.IntRange(1, 9), default=1, show_default=True,
-              help="KRaft nodes (broker and controller each); 3 or more: internal and Chandy topics get 3 replicas, "
-                   "min.insync.replicas 2.")
-@click.option("--security", type=click.Choice(["none", "sasl-scram"]), default="none", show_default=True,
-              help="sasl-scram: SASL/SCRAM-SHA-512 over plaintext, StandardAuthorizer ACLs, super user 'admin'.")
+@click.option("--nodes", type=click.IntRange(1, 9), default=None,
+              help="KRaft nodes (broker and controller each; default: as the data dir was made, else 1); 3 or more: "
+                   "internal and Chandy topics get 3 replicas, min.insync.replicas 2.")
+@click.option("--security", type=click.Choice(["none", "sasl-scram"]), default=None,
+              help="sasl-scram: SASL/SCRAM-SHA-512, StandardAuthorizer ACLs, super user 'admin' (default: as the data "
+                   "dir was made, else none).")
 @click.option("--scram-user", "scram_users", multiple=True, metavar="NAME=PASSWORD",
               help="SCRAM user to create (repeatable; with --security sasl-scram).")
-@click.option("--tls", is_flag=True, help="TLS on the client listener (SSL / SASL_SSL), a self-signed certificate for "
+@click.option("--tls/--no-tls", default=None, help="TLS on the client listener (SSL / SASL_SSL), a self-signed certificate for "
                                           "127.0.0.1 made with keytool; clients trust <data dir>/tls/ca.pem.")
 @_handle_errors
-def up(data_dir: Path | None, port: int | None, heap: str, timeout: float, overrides: tuple[str, ...], nodes: int,
-       security: str, scram_users: tuple[str, ...], tls: bool) -> None:
+def up(data_dir: Path | None, port: int | None, heap: str, timeout: float, overrides: tuple[str, ...],
+       nodes: int | None, security: str | None, scram_users: tuple[str, ...], tls: bool | None) -> None:
     """Start the broker or cluster (idempotent; restarts dead nodes) and print its bootstrap address."""
     from chandy.broker import KAFKA_VERSION, EmbeddedKafkaBroker
 

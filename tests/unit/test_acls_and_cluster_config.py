@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
 
-from chandy.broker import EmbeddedKafkaBroker, KafkaLauncherError
+from chandy.broker import BrokerStartError, EmbeddedKafkaBroker, KafkaLauncherError
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.acls import AclError, chandy_acls, principal
 from coordinator.kafka.topics import ChandyTopics, default_replication_factor
@@ -102,3 +102,14 @@ def test_bad_arguments_are_typed_errors(tmp_path: Path) -> None:
         EmbeddedKafkaBroker(tmp_path, security="sasl-scram", scram_users={"w": "a,b"})
     with pytest.raises(KafkaLauncherError, match="need --security sasl-scram"):
         EmbeddedKafkaBroker(tmp_path, scram_users={"w": "pw"})
+
+
+def test_a_data_directory_keeps_what_it_was_made_with(tmp_path: Path) -> None:
+    (tmp_path / "layout.json").write_text('{"nodes": 3, "security": "sasl-scram", "tls": true}')
+    again = EmbeddedKafkaBroker(tmp_path)  # `chandy kafka up` without arguments
+    assert (again.nodes, again.security, again.tls) == (3, "sasl-scram", True)
+    # restarting it without authentication is refused before anything starts
+    with pytest.raises(BrokerStartError, match="security=sasl-scram"):
+        EmbeddedKafkaBroker(tmp_path, security="none").up()
+    with pytest.raises(BrokerStartError, match="nodes=3"):
+        EmbeddedKafkaBroker(tmp_path, nodes=1).up()
