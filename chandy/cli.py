@@ -244,7 +244,7 @@ def checkpoint_demo(bootstrap_servers: str | None, data_dir: Path | None, subtas
         task = progress.add_task("", total=count)
         result = run_checkpoints(
             servers, checkpoint_dir or f"file://{tmp}", subtasks=subtasks, checkpoints=count,
-            pause_ms=pause_ms, prefix=prefix, metrics_port=metrics_port, keep_topics=keep_topics,
+            pause_ms=pause_ms, prefix=prefix, metrics_port=metrics_port, keep_topics=keep_topics, keep_records=False,
             on_started=lambda service: service.metrics_server and err_console.print(
                 f"metrics: http://127.0.0.1:{service.metrics_server.port}/metrics (job {service.job_id})"),
             on_checkpoint=lambda r, ms: progress.update(task, advance=1, description=f"#{r.checkpoint_id} {ms:.0f} ms"),

@@ -92,6 +92,10 @@ class CoordinatorEnvironment(Protocol):
         ...
 
 
+#: Timers in the heap before cancelled ones are first swept out (see ``Mailbox.schedule``).
+_MIN_REBUILD = 64
+
+
 class _Timer:
     def __init__(self) -> None:
         self.cancelled = False
@@ -111,6 +115,10 @@ class Mailbox:
     def __init__(self, name: str = "chandy-mailbox", on_error: Callable[[BaseException], None] | None = None) -> None:
         self._queue: queue.Queue[Action | None] = queue.Queue()
         self._timers: list[tuple[float, int, Action, _Timer]] = []
+        # cancelled timers stay in the heap until popped; it is rebuilt without them once it has
+        # doubled since the last rebuild, so a timeout cancelled per checkpoint (every checkpoint
+        # completes long before its 10 min timeout) cannot pile up (amortised O(1) per schedule)
+        self._rebuild_at = _MIN_REBUILD
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
@@ -158,6 +166,10 @@ class Mailbox:
     def schedule(self, delay_ms: int, action: Action) -> Cancellable:
         timer = _Timer()
         with self._lock:
+            if len(self._timers) >= self._rebuild_at:
+                self._timers = [entry for entry in self._timers if not entry[3].cancelled]
+                heapq.heapify(self._timers)
+                self._rebuild_at = max(_MIN_REBUILD, 2 * len(self._timers))
             heapq.heappush(self._timers, (time.monotonic() + max(0, delay_ms) / 1000.0, next(self._seq), action, timer))
         self._queue.put(lambda: None)  # wake the thread so it recomputes its wait
         return timer
