@@ -273,7 +273,10 @@ class LeaderElection:
             self.is_leader.set()
 
     def _revoked(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        if partitions and self.is_leader.is_set():
+        if partitions and self.is_leader.is_set() and self._stop.is_set():
+            self.is_leader.clear()  # leaving the group on close: a standby leads next
+            log.info("job %s: left group %s", self.job_id, self.group_id)
+        elif partitions and self.is_leader.is_set():
             log.warning("job %s: leadership lost (group %s); a newer coordinator fences this one", self.job_id,
                         self.group_id)
             self.is_leader.clear()
