@@ -931,7 +931,7 @@ class Pipeline:
                         self.service.abort_checkpoint(checkpoint_id, CheckpointFailureReason.CHECKPOINT_DECLINED,
                                                       f"Spark job failed: {message}"[:1000])
                     spark_job_ms = (time.monotonic() - job_started) * 1000
-                    result = trigger.result(opts.checkpoint_timeout_ms / 1000 + 10)
+                    result = self._await(trigger, opts.checkpoint_timeout_ms / 1000 + 10)
                     completed += 1
                     consecutive = 0
                     first_failure = None
@@ -992,6 +992,30 @@ class Pipeline:
                                bad_records=self.bad_records, dead_lettered=self.dead_lettered,
                                tombstones_skipped=counts.value[1], signal=self.stop_signal,
                                notices=tuple(self.notices))
+
+    def _await(self, trigger: Any, timeout_s: float) -> Any:
+        """The trigger's result, waited for in short steps: a fenced or stopped coordinator ends
+        the wait at once (its log writer may die with the checkpoint's commit in flight, and
+        then nothing would ever complete the future), not at the checkpoint timeout.
+
+        Raises:
+            CoordinatorFencedError: a newer coordinator of the job took over.
+            PipelineError: the coordinator stopped.
+            CheckpointException, concurrent.futures.TimeoutError: as ``trigger.result``.
+        """
+        assert self.service is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return trigger.result(max(0.0, min(0.25, deadline - time.monotonic())))
+            except concurrent.futures.TimeoutError:
+                if self.service.fenced.is_set():
+                    raise CoordinatorFencedError(self._fenced_message()) from None
+                if self.service.stopped.is_set():
+                    raise PipelineError(f"job {self.job_id}: the coordinator stopped "
+                                        f"({self.service.failure_reason() or 'no reason given'})") from None
+                if time.monotonic() >= deadline:
+                    raise
 
     # -- control requests (coordinator/kafka/requests.py), applied by the driver loop ------------------
     def _stand_by(self) -> bool:
