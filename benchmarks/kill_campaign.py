@@ -96,11 +96,14 @@ def _produce_source(servers: str, topic: str, partitions: int, per_partition: in
 def _pipeline(servers: str, topic: str, table: Path, prefix: str, cap: int, partitions: int) -> subprocess.Popen:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     env.pop("CHANDY_CRASH_AT", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", str(table), "--topic", topic, "-b", servers,
-         "--prefix", prefix, "--until-drained", "--max-records-per-checkpoint", str(cap),
-         "--parallelism", str(partitions), "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # stderr to a file, never an unread pipe: a broker outage makes librdkafka log enough to
+    # fill a pipe's buffer, and the pipeline would block on its next write
+    with open(table.parent / f"{table.name}.stderr", "ab") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", str(table), "--topic", topic, "-b", servers,
+             "--prefix", prefix, "--until-drained", "--max-records-per-checkpoint", str(cap),
+             "--parallelism", str(partitions), "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
 
 
 def _end(process: subprocess.Popen, timeout_s: float) -> int:
@@ -157,12 +160,12 @@ def one_run(run: int, rng: random.Random, broker: EmbeddedKafkaBroker, topic: st
             time.sleep(rng.uniform(1, 3))
             broker.start_node(node)
     attempts = 1
-    code = _end(process, 600)
+    code = _end(process, 300)
     while code != 0 and attempts < 6:  # restart until it drains (a failed run exits 2, a killed one -9)
         if len(broker.alive_nodes()) < broker.nodes:
             broker.up()
         attempts += 1
-        code = _end(_pipeline(servers, topic, table, prefix, cap, partitions), 600)
+        code = _end(_pipeline(servers, topic, table, prefix, cap, partitions), 300)
     rows, duplicates, missing = verify_table(open_sink(str(table)), servers, [topic])
     return {"run": run, "target": target, "delay_s": delay, "victim": victim, "mid_run": mid_run,
             "starts": attempts, "exit": code, "rows": rows, "duplicates": duplicates, "missing": missing}
