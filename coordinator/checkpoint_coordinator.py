@@ -174,6 +174,9 @@ class CheckpointCoordinator:
         self._last_completion_ms: int | None = None
         self._shutdown = False
         self._restoring: tuple[int, str] | None = None
+        #: futures of checkpoints whose completion or abort is being committed (a log writer that
+        #: dies meanwhile never runs their commit callback; the runtime fails them instead)
+        self.deciding: set[concurrent.futures.Future] = set()
 
     # -- registration --------------------------------------------------------------------------
     def add_master_hook(self, hook: MasterTriggerRestoreHook[Any]) -> bool:
@@ -769,6 +772,10 @@ class CheckpointCoordinator:
 
     def _remove_pending(self, pending: PendingCheckpoint) -> None:
         self.pending.pop(pending.checkpoint_id, None)
+        if not pending.result.done():
+            # its completion or abort is being committed: until then the future is in flight
+            self.deciding.add(pending.result)
+            pending.result.add_done_callback(self.deciding.discard)
         if pending.timeout is not None:
             pending.timeout.cancel()
         if not pending.trigger_sent and pending.logged:

@@ -497,6 +497,7 @@ class CoordinatorService:
             return
         futures = [p.result for p in list(coordinator.pending.values())]
         futures += [request.future for request in coordinator.decider.queued]
+        futures += list(coordinator.deciding)
         for future in futures:
             if not future.done():
                 try:
