@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
@@ -114,7 +114,7 @@ def raw_messages(
             partitions = [partition_for(job_id, len(partitions))]
         ends: dict[int, int] = {}
         for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
+            low, high = _watermarks(consumer, TopicPartition(topic, p), timeout_s)
             if high > low:
                 ends[p] = high
         stats.end_offset = sum(ends.values())
@@ -147,6 +147,29 @@ def raw_messages(
                     remaining.discard(partition)
     finally:
         consumer.close()
+
+
+_RETRIABLE = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
+
+
+def _watermarks(consumer: Any, partition: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """(low, high) watermarks of ``partition``, retried while its leader is not known yet (a
+    topic created a moment ago answers NOT_LEADER_FOR_PARTITION for a while).
+
+    Raises:
+        LogLoadError: still failing after ``timeout_s`` seconds, or a non-retriable error.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s, cached=False)
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() not in _RETRIABLE or time.monotonic() > deadline:
+                raise LogLoadError(f"end offsets of {partition.topic}-{partition.partition}: {error}") from exc
+            time.sleep(0.1)
 
 
 def read_log(
