@@ -1,9 +1,10 @@
 """Checkpoints end to end on one machine: a coordinator and N worker participants over Kafka.
 
 Used by ``chandy checkpoint demo`` (part of ``make demo``) and by
-``benchmarks/checkpoint_latency.py``. Each worker is a real
-:class:`~coordinator.kafka.participant.CheckpointParticipant` with its own Kafka clients, acknowledging
-every checkpoint with one small inline state handle.
+``benchmarks/checkpoint_latency.py``. Each worker is a real subtask attempt registered with one
+:class:`~coordinator.kafka.host.ParticipantHost` (one control consumer and one acks producer for
+all of them, as a Flink TaskExecutor hosts its tasks), acknowledging every checkpoint with one
+small inline state handle.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from coordinator.kafka import config as kafka_config
-from coordinator.kafka.participant import CheckpointParticipant
+from coordinator.kafka.host import ParticipantHost
 from coordinator.kafka.runtime import CoordinatorService
 from coordinator.kafka.topics import ChandyTopics
 from coordinator.messages import StateHandle
@@ -69,8 +70,12 @@ def run_checkpoints(
     if on_started is not None:
         on_started(service)
     handle = StateHandle("inline", None, b"x" * 64, 64)
-    workers = [CheckpointParticipant(bootstrap_servers, job_id, "worker", i, snapshot=lambda cid, t: [handle],
-                                     prefix=prefix).start() for i in range(subtasks)]
+    # one process hosts every subtask over one consumer and one producer (a Flink TaskExecutor)
+    host = ParticipantHost(bootstrap_servers, prefix=prefix).start()
+    now = host.control_end_offsets()
+    for i in range(subtasks):
+        host.register(job_id, "worker", i, snapshot=lambda cid, t: [handle], report_ready=False, start_offsets=now)
+    host.flush()
     records: list[CheckpointRecord] = []
     latencies: list[float] = []
     try:
@@ -89,8 +94,7 @@ def run_checkpoints(
                 on_checkpoint(record, latency)
         stats = service.stats()
     finally:
-        for worker in workers:
-            worker.close()
+        host.close()
         service.stop()
         if own_topics:
             delete_topics(bootstrap_servers, ChandyTopics(prefix))
