@@ -1,5 +1,7 @@
 """Many subtask attempts in one process over one consumer and one producer (a Flink TaskExecutor).
 
+(A third client, a consumer that is never polled, answers end-offset queries.)
+
 A :class:`CheckpointParticipant` owns two Kafka clients; a process hosting hundreds of subtasks
 cannot afford that (librdkafka starts several threads per client: at 2,000 clients a process runs
 out of thread-local storage). A :class:`ParticipantHost` reads ``<prefix>.control``
@@ -129,6 +131,9 @@ class ParticipantHost:
         self.producer = kafka_config.producer(bootstrap_servers, overrides={"linger.ms": 1, **(producer_overrides or {})})
         self.consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 10,
                                                                              **(consumer_overrides or {})})
+        # watermark queries on the polling consumer from another thread wait behind its poll
+        # (observed: minutes); a second, never-polled consumer answers them
+        self._offsets = kafka_config.consumer(bootstrap_servers, overrides=consumer_overrides)
         self._slots: dict[tuple[str, str, int], SubtaskSlot] = {}
         self._by_job: dict[bytes, list[SubtaskSlot]] = {}
         self._lock = threading.Lock()
@@ -153,13 +158,12 @@ class ParticipantHost:
         return self
 
     def control_end_offsets(self, timeout_s: float = 30.0) -> dict[int, int]:
-        """Control partition → its current end offset (one broker query per partition, which waits
-        behind the host thread's poll): pass it as ``start_offsets`` to :meth:`register` many
+        """Control partition → its current end offset (one broker query per partition): pass it as ``start_offsets`` to :meth:`register` many
         subtasks without a query each."""
         return self._ends(timeout_s)
 
     def _ends(self, timeout_s: float) -> dict[int, int]:
-        return {p: self.consumer.get_watermark_offsets(TopicPartition(self.topics.control, p), timeout=timeout_s,
+        return {p: self._offsets.get_watermark_offsets(TopicPartition(self.topics.control, p), timeout=timeout_s,
                                                        cached=False)[1] for p in self._partitions}
 
     def register(self, job_id: str, operator_id: str, subtask_index: int, attempt_number: int = 0, *,
@@ -223,6 +227,7 @@ class ParticipantHost:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(10)
         self.consumer.close()
+        self._offsets.close()
         self.producer.flush(10)
 
     # -- sending -----------------------------------------------------------------------------------
