@@ -287,8 +287,9 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
     from connectors.spark.pipeline import Pipeline, PipelineFencedError, verify_table
 
     pipeline = Pipeline(options)
-    with err_console.status("checking Kafka, the table and the coordinator log"):
-        pipeline.preflight()
+    if not options.standby:  # a standby checks once it leads: the active run changes the table and the log
+        with err_console.status("checking Kafka, the table and the coordinator log"):
+            pipeline.preflight()
     try:
         with Live(Table(title="starting Spark and the coordinator ..."), console=err_console,
                   refresh_per_second=4, transient=False) as live:

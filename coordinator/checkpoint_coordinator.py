@@ -388,7 +388,10 @@ class CheckpointCoordinator:
             ))
         self.stats.report_restored(metadata.checkpoint_id, directory, now)
         checkpoint_id = metadata.checkpoint_id
-        self._commit(batch, lambda: self._notify_complete(checkpoint_id))
+        def notify() -> None:
+            self._notify_complete(checkpoint_id)  # a failed notification already failed the job
+
+        self._commit(batch, notify)
         self._last_completion_ms = now
 
     # -- triggering ------------------------------------------------------------------------------
@@ -721,8 +724,14 @@ class CheckpointCoordinator:
         self._last_completion_ms = now
 
         def after_commit() -> None:
-            if notifies:
-                self._notify_complete(checkpoint_id)
+            if notifies and not self._notify_complete(checkpoint_id) and finished:
+                # stop-with-savepoint whose commit (the lake's) failed: the job did not stop cleanly
+                # at the savepoint; say so rather than report a clean stop
+                if not pending.result.done():
+                    pending.result.set_exception(CheckpointException(
+                        R.FINALIZE_CHECKPOINT_FAILURE,
+                        f"stop-with-savepoint {checkpoint_id} completed, but committing it failed: the job failed",
+                        checkpoint_id))
             for other in subsumed:
                 self._after_abort(other, R.CHECKPOINT_SUBSUMED, f"subsumed by checkpoint {checkpoint_id}")
             for directory in discarded:
@@ -742,17 +751,22 @@ class CheckpointCoordinator:
             batch.records.append(Tombstone(LogKey(self.job_id, "checkpoint", str(checkpoint_id))))
         return decision.directories_to_delete
 
-    def _notify_complete(self, checkpoint_id: int) -> None:
+    def _notify_complete(self, checkpoint_id: int) -> bool:
+        """Notify the coordinators, then the listeners; False when a coordinator's notification
+        failed (it failed the job)."""
         # in registration order; a coordinator whose notification failed (and failed the job)
         # stops the later ones: the pipeline's offset commit must never follow a failed lake commit
+        notified = True
         for holder in self.holders.values():
             if not holder.call("notify_checkpoint_complete", checkpoint_id):
+                notified = False
                 break
         for listener in self.listeners:
             try:
                 listener.notify_checkpoint_complete(checkpoint_id)
             except Exception:  # does not revoke the checkpoint (Flink's CheckpointListener javadoc)
                 log.exception("listener failed on notify_checkpoint_complete(%d)", checkpoint_id)
+        return notified
 
     # -- aborts ----------------------------------------------------------------------------------------
     def abort_checkpoint(self, checkpoint_id: int, reason: CheckpointFailureReason, message: str) -> bool:
@@ -949,7 +963,8 @@ class CheckpointCoordinator:
 
     # -- job status ------------------------------------------------------------------------------------------
     def _fail_job(self, cause: BaseException) -> None:
-        if self.state.job_status != JobStatus.RUNNING:
+        # FINISHED too: a stop-with-savepoint whose notification (the lake commit) fails has not finished
+        if self.state.job_status not in (JobStatus.RUNNING, JobStatus.FINISHED):
             return
         now = self.env.now_ms()
         reason = f"{type(cause).__name__}: {cause}"

@@ -300,9 +300,12 @@ class LeaderElection:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("election consumer: %s", error)
                 continue
-            if message.key() == key:
-                self._deliver(message)
-            self.consumer.store_offsets(message)
+            try:
+                if message.key() == key:
+                    self._deliver(message)
+                self.consumer.store_offsets(message)
+            except Exception as exc:  # noqa: BLE001 - the election thread must outlive one bad message or a closed mailbox
+                log.warning("election consumer: a request at %s was not handed over: %s", location_of(message), exc)
 
     def _deliver(self, message: Message) -> None:
         try:

@@ -433,6 +433,12 @@ class CoordinatorService:
         self.load_stats = load_stats
         log.info("job %s: replayed %d log records in %.2f s (epoch %d, next checkpoint %d)", self.job_id,
                  load_stats.applied, load_stats.seconds, state.epoch, state.next_checkpoint_id)
+        if self._standby and state.job_status.is_terminal:
+            # the job was canceled, stopped with a savepoint or failed: nothing to take over (Flink's
+            # HA does not restart a globally terminated job)
+            why = f"job {self.job_id} ended ({state.job_status.value}: {state.job_status_reason}); the standby does not restart it"
+            self.stop()
+            raise CoordinatorStoppedError(why)
         coordinator = self.coordinator = CheckpointCoordinator(
             self.job_id, self.options, self, self.storage, self.operators,
             coordinator_providers=self._providers, state=state, transactional_id=self.transactional_id,
@@ -517,6 +523,8 @@ class CoordinatorService:
         """Stop everything without writing (fenced or broken)."""
         if self._acks is not None:
             self._acks.close()
+        if self.election is not None:
+            self.election.close()  # a fenced coordinator must not keep the requests partition
         self.mailbox.close(discard=True)
         self.io_executor.shutdown(wait=False, cancel_futures=True)
         self._close_metrics()

@@ -258,3 +258,33 @@ def test_the_cli_triggers_a_savepoint_and_lists_the_job(kafka_bootstrap_servers,
     missing = subprocess.run([*cli, "job", "cancel", "--job", "0" * 32, "--prefix", topic_prefix], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "is not running" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_standby_does_not_restart_a_canceled_job(kafka_bootstrap_servers, topic_prefix, job, tmp_path) -> None:
+    from coordinator.kafka.runtime import CoordinatorStoppedError
+
+    active = CoordinatorService(job, kafka_bootstrap_servers, options(tmp_path), {"src": 1},
+                                prefix=topic_prefix).start(periodic=False)
+    standby = CoordinatorService(job, kafka_bootstrap_servers, options(tmp_path), {"src": 1}, prefix=topic_prefix,
+                                 standby=True)
+    outcome: list[BaseException | str] = []
+
+    def run_standby() -> None:
+        try:
+            standby.start(periodic=False)
+            outcome.append("started")
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run_standby, daemon=True)
+    thread.start()
+    try:
+        answer = _send(kafka_bootstrap_servers, topic_prefix, job, T.CANCEL)
+        assert answer.status is RequestStatus.COMPLETED, answer.failure_message
+        active.stop()  # leaves the election group: the standby leads at once
+        thread.join(60)
+        (result,) = outcome
+        assert isinstance(result, CoordinatorStoppedError) and "ended (CANCELED" in str(result)
+    finally:
+        active.stop()
+        standby.stop()
