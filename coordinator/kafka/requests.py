@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from confluent_kafka import OFFSET_END, KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from coordinator.environment import Batch
 from coordinator.errors import ChandyError
@@ -551,11 +551,13 @@ def send_request(
         if topics.checkpoint_events not in metadata.topics or metadata.topics[topics.checkpoint_events].error:
             raise RequestError(f"topic {topics.checkpoint_events} does not exist (is --prefix right?)")
         partitions = sorted(metadata.topics[topics.checkpoint_events].partitions)
-        consumer.assign([TopicPartition(topics.checkpoint_events, p, OFFSET_END) for p in partitions])
-        # position the consumer at the end before sending: resolve OFFSET_END now
-        for p in partitions:
-            high = consumer.get_watermark_offsets(TopicPartition(topics.checkpoint_events, p), timeout=timeout_s)[1]
-            consumer.seek(TopicPartition(topics.checkpoint_events, p, high))
+        # position the consumer at the current end, as concrete offsets: a logical OFFSET_END is
+        # resolved only at the first fetch, which under load can come after the answer
+        ends = [TopicPartition(topics.checkpoint_events, p,
+                               consumer.get_watermark_offsets(TopicPartition(topics.checkpoint_events, p),
+                                                              timeout=timeout_s, cached=False)[1])
+                for p in partitions]
+        consumer.assign(ends)
         sent = time.monotonic()
         producer.produce(topics.requests, codec.encode(ControlRequest.SCHEMA, request.to_avro()), job_id.encode())
         if producer.flush(timeout_s) != 0:
