@@ -33,7 +33,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -41,6 +41,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.kafka import config as kafka_config
+from coordinator.kafka.participant import Snapshot
 from coordinator.kafka.topics import ChandyTopics, TopicError
 from coordinator.messages import (
     MESSAGE_TYPES,
@@ -50,7 +51,6 @@ from coordinator.messages import (
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
     OperatorEventMessage,
-    StateHandle,
     SubtaskAttemptFailed,
     SubtaskAttemptReady,
     TriggerCheckpoint,
@@ -60,7 +60,6 @@ from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
 
 log = logging.getLogger(__name__)
 
-Snapshot = Callable[[int, TriggerCheckpoint], Iterable[StateHandle]]
 
 
 class HostError(ChandyError):
