@@ -37,13 +37,14 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chandy.broker import EmbeddedKafkaBroker  # noqa: E402
-from connectors.lake.sinks import open_sink  # noqa: E402
-from connectors.spark.pipeline import verify_table  # noqa: E402
-from coordinator.kafka import config as kafka_config  # noqa: E402
+from chandy.broker import EmbeddedKafkaBroker
+from connectors.lake.sinks import open_sink
+from connectors.spark.pipeline import verify_table
+from coordinator.kafka import config as kafka_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGETS = ("driver", "python-worker", "broker")
 

@@ -24,11 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chandy.broker import EmbeddedKafkaBroker  # noqa: E402
-from coordinator.kafka import config as kafka_config  # noqa: E402
+from chandy.broker import EmbeddedKafkaBroker
+from coordinator.kafka import config as kafka_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _status(pid: int) -> dict[str, int]:
