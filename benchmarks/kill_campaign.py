@@ -18,15 +18,18 @@ pipeline fails) until the topic is drained, and checks the table with
 (topic, partition, offset) landed more than once, missing are records of the topic not in the
 table. A kill "landed mid-run" when its target was alive and the pipeline had not finished.
 
-    flock /tmp/chandy-spark.lock .venv/bin/python benchmarks/kill_campaign.py --runs 5
+    .venv/bin/python benchmarks/kill_campaign.py --runs 5 --lock /tmp/chandy-spark.lock
 
-prints one line per run and the total; the bar is every run with 0 duplicates and 0 missing.
+(``--lock`` holds that file's flock for each run, not for the whole campaign, so other Spark work
+can take turns between runs) prints one line per run and the total; the bar is every run with 0 duplicates and 0 missing.
 Exit code 1 when any run has a duplicate or a missing record.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import random
 import signal
@@ -172,6 +175,21 @@ def one_run(run: int, rng: random.Random, broker: EmbeddedKafkaBroker, topic: st
             "starts": attempts, "exit": code, "rows": rows, "duplicates": duplicates, "missing": missing}
 
 
+@contextlib.contextmanager
+def _run_lock(path: Path | None):
+    """Hold ``path``'s exclusive flock (as ``flock(1)`` does) for one run; nothing when ``path`` is None."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    time.sleep(2)  # let a waiting holder take its turn before the next run asks again
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100, help="pipeline runs (default 100)")
@@ -180,6 +198,7 @@ def main() -> int:
     parser.add_argument("--per-partition", type=int, default=400, help="records per partition")
     parser.add_argument("--cap", type=int, default=20, help="--max-records-per-checkpoint")
     parser.add_argument("--nodes", type=int, default=1, help="Kafka nodes (3: a cluster, one node killed at a time)")
+    parser.add_argument("--lock", type=Path, help="a file whose flock each run holds (shared with other Spark work)")
     parser.add_argument("--kill-after", type=float, nargs=2, default=(8.0, 40.0), metavar=("MIN_S", "MAX_S"),
                         help="the kill's moment, uniform in this window after the start (s)")
     args = parser.parse_args()
@@ -196,13 +215,17 @@ def main() -> int:
             print(f"source: {topic}, {args.partitions} partitions, {total} records; {args.nodes} Kafka node(s); "
                   f"{args.runs} runs, seed {args.seed}")
             print(f"{'run':>4} {'target':<14} {'kill at':>8} {'mid-run':>7} {'starts':>6} {'rows':>6} "
-                  f"{'dup':>4} {'miss':>4}")
+                  f"{'dup':>4} {'miss':>4} {'took':>7}")
             results = []
             for run in range(1, args.runs + 1):
-                r = one_run(run, rng, broker, topic, root, args.cap, args.partitions, tuple(args.kill_after))
+                with _run_lock(args.lock):
+                    began = time.monotonic()
+                    r = one_run(run, rng, broker, topic, root, args.cap, args.partitions, tuple(args.kill_after))
+                    r["elapsed_s"] = time.monotonic() - began
                 results.append(r)
                 print(f"{r['run']:>4} {r['target']:<14} {r['delay_s']:>7.1f}s {'yes' if r['mid_run'] else 'no':>7} "
                       f"{r['starts']:>6} {r['rows']:>6} {r['duplicates']:>4} {r['missing']:>4}"
+                      + f" {r['elapsed_s']:>6.0f}s"
                       + ("" if r["exit"] == 0 else f"  (last exit {r['exit']})"), flush=True)
             clean = sum(1 for r in results if r["duplicates"] == 0 and r["missing"] == 0 and r["exit"] == 0)
             print(f"total: {len(results)} runs, {sum(r['mid_run'] for r in results)} kills mid-run "
