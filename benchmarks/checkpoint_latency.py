@@ -3,14 +3,18 @@
 Run: ``.venv/bin/python benchmarks/checkpoint_latency.py`` (or ``make bench``); uses
 ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker in a temporary directory.
 
-1. The floor: produce → consume round trips of single messages (p50/p99, ms).
+1. The floors, with raw confluent-kafka (no Chandy code): produce → consume round trips of single
+   messages; and the *checkpoint floor*, the Kafka operations a checkpoint cannot avoid, in order:
+   the trigger transaction (begin, produce to the control topic and the log, commit), the worker's
+   consume of the trigger, the ack's produce and the coordinator's consume of it, the completion
+   transaction, and the worker's consume of the completion (p50/p99, ms).
 2. Checkpoint end-to-end latency with 1, 16, 64, 256 and 1,000 subtasks: a manual trigger until its
    future completes (trigger transaction, workers' acks, ``_metadata`` write, completion
    transaction), every subtask a real subtask attempt registered with one
    :class:`~coordinator.kafka.host.ParticipantHost` (one control consumer and one acks producer
-   for all, as a Flink TaskExecutor hosts its tasks). Target: 1,000-subtask p50 ≤ 250 ms.
-   A checkpoint costs at least two transactions and two produce→consume hops, so the ratio to
-   the floor is the figure to watch.
+   for all, as a Flink TaskExecutor hosts its tasks) in a worker process of its own
+   (``--workers thread``: in the coordinator's process). Targets: 1,000-subtask p50 ≤ 250 ms;
+   16-subtask p50 ≤ 1.5 × the checkpoint floor.
 3. Replay: a coordinator log of N records (default 1,000,000) replayed with the coordinator's own
    ``load_state`` (decode + fold), next to a plain consume of the same topic (no decoding), in
    records/s.
@@ -48,8 +52,67 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
 
 
-def checkpoint_latency(servers: str, subtasks: int, checkpoints: int, tmp: Path) -> dict:
-    result = run_checkpoints(servers, f"file://{tmp}/chk", subtasks=subtasks, checkpoints=checkpoints, warmup=3)
+def checkpoint_floor(servers: str, samples: int) -> dict:
+    """The Kafka operations of one checkpoint with raw confluent-kafka clients (see the module
+    docstring), ``samples`` times; per sample the ms from the trigger transaction's begin to the
+    worker's consume of the completion."""
+    from confluent_kafka import Consumer, Producer
+
+    run = uuid.uuid4().hex[:8]
+    control, acks, log_topic = f"floor-{run}-control", f"floor-{run}-acks", f"floor-{run}-log"
+    admin = kafka_config.admin_client(servers)
+    for future in admin.create_topics([NewTopic(t, 1, 1) for t in (control, acks, log_topic)]).values():
+        future.result()
+    base = {"bootstrap.servers": servers}
+    coordinator = Producer({**base, "transactional.id": f"floor-{run}", "linger.ms": 0, "enable.idempotence": True})
+    coordinator.init_transactions(30)
+    worker_producer = Producer({**base, "linger.ms": 0, "acks": "all"})
+
+    def reader(topic: str) -> Consumer:
+        consumer = Consumer({**base, "group.id": f"floor-{run}-{topic}", "enable.auto.commit": False,
+                             "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        return consumer
+
+    worker, coordinator_acks = reader(control), reader(acks)
+
+    def consume_one(consumer: Consumer) -> None:
+        while True:
+            message = consumer.poll(10)
+            if message is None:
+                raise TimeoutError("checkpoint floor: a message did not arrive within 10 s")
+            if message.error() is None:
+                return
+
+    def transaction(value: bytes) -> None:
+        coordinator.begin_transaction()
+        coordinator.produce(control, value)
+        coordinator.produce(log_topic, value, b"checkpoint")
+        coordinator.commit_transaction(30)
+
+    latencies = []
+    try:
+        for i in range(samples + 3):
+            start = time.perf_counter()
+            transaction(b"trigger %d" % i)
+            consume_one(worker)
+            worker_producer.produce(acks, b"ack %d" % i)
+            worker_producer.flush(30)
+            consume_one(coordinator_acks)
+            transaction(b"complete %d" % i)
+            consume_one(worker)
+            if i >= 3:  # warm-up
+                latencies.append((time.perf_counter() - start) * 1000)
+    finally:
+        worker.close()
+        coordinator_acks.close()
+        admin.delete_topics([control, acks, log_topic])
+    return {"samples": samples, "p50_ms": round(pct(latencies, 0.5), 2), "p99_ms": round(pct(latencies, 0.99), 2)}
+
+
+def checkpoint_latency(servers: str, subtasks: int, checkpoints: int, tmp: Path, worker_process: bool) -> dict:
+    result = run_checkpoints(servers, f"file://{tmp}/chk", subtasks=subtasks, checkpoints=checkpoints, warmup=3,
+                             worker_process=worker_process)
     assert all(r.status == "COMPLETED" and r.num_acknowledged == subtasks for r in result.records)
     latencies = result.latencies_ms
     return {"subtasks": subtasks, "checkpoints": checkpoints, "p50_ms": round(pct(latencies, 0.5), 2),
@@ -127,6 +190,9 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=int, default=100, help="timed checkpoints per count (default 100)")
     parser.add_argument("--round-trips", type=int, default=1000, help="floor round trips (default 1000)")
     parser.add_argument("--log-records", type=int, default=1_000_000, help="log size for replay (default 1,000,000)")
+    parser.add_argument("--workers", choices=("process", "thread"), default="process",
+                        help="host the subtasks in a worker process of their own (default) or in the coordinator's")
+    parser.add_argument("--floor-samples", type=int, default=50, help="checkpoint floor samples (default 50)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -142,9 +208,12 @@ def main() -> None:
         try:
             floor = round_trip(servers, messages=args.round_trips)
             results = {"floor": {"round_trips": floor.count, "p50_ms": round(floor.p50_ms, 2),
-                                 "p99_ms": round(floor.p99_ms, 2)}, "checkpoints": []}
+                                 "p99_ms": round(floor.p99_ms, 2)},
+                       "checkpoint_floor": checkpoint_floor(servers, args.floor_samples),
+                       "workers": args.workers, "checkpoints": []}
             for n in (int(x) for x in args.subtasks.split(",") if x.strip()):
-                results["checkpoints"].append(checkpoint_latency(servers, n, args.checkpoints, Path(tmp)))
+                results["checkpoints"].append(checkpoint_latency(servers, n, args.checkpoints, Path(tmp),
+                                                                 args.workers == "process"))
             if args.log_records > 0:
                 results["replay"] = replay_speed(servers, args.log_records)
         finally:
@@ -154,11 +223,15 @@ def main() -> None:
         print(json.dumps(results))
         return
     f = results["floor"]
+    cf = results["checkpoint_floor"]
     print(f"produce→consume floor ({f['round_trips']} msgs): p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms")
-    print(f"{'subtasks':>8} {'checkpoints':>11} {'p50 ms':>8} {'p99 ms':>8} {'p50/floor':>9}")
+    print(f"checkpoint floor, raw confluent-kafka ({cf['samples']} samples: trigger transaction, consume, ack "
+          f"produce+consume, completion transaction, consume): p50 {cf['p50_ms']} ms, p99 {cf['p99_ms']} ms")
+    print(f"subtasks hosted in: {'a worker process' if results['workers'] == 'process' else 'the coordinator process'}")
+    print(f"{'subtasks':>8} {'checkpoints':>11} {'p50 ms':>8} {'p99 ms':>8} {'p50/checkpoint floor':>20}")
     for c in results["checkpoints"]:
         print(f"{c['subtasks']:>8} {c['checkpoints']:>11} {c['p50_ms']:>8} {c['p99_ms']:>8} "
-              f"{c['p50_ms'] / f['p50_ms']:>9.1f}")
+              f"{c['p50_ms'] / cf['p50_ms']:>20.2f}")
     if "replay" in results:
         r = results["replay"]
         print(f"log of {r['records']:,} records: replay {r['replay_records_per_s']:,} records/s ({r['replay_s']} s), "

@@ -10,6 +10,7 @@ small inline state handle.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from coordinator.kafka.topics import ChandyTopics
 from coordinator.messages import StateHandle
 from coordinator.options import CheckpointingOptions
 from coordinator.records import CheckpointRecord
+from schemas.errors import ChandyError
 
 
 @dataclasses.dataclass
@@ -51,6 +53,7 @@ def run_checkpoints(
     on_started: Callable[[CoordinatorService], Any] | None = None,
     keep_topics: bool = False,
     keep_records: bool = True,
+    worker_process: bool = False,
 ) -> LocalRunResult:
     """Start a coordinator for a new job with ``subtasks`` participants, run ``warmup`` untimed
     and then ``checkpoints`` timed manual checkpoints one after the other (``pause_ms`` apart),
@@ -60,7 +63,14 @@ def run_checkpoints(
     Without ``prefix`` the run uses topics of its own (``chandy-demo-<job id[:6]>.*``) and
     deletes them when it ends (Kafka's DeleteTopics), unless ``keep_topics``; topics under a
     given ``prefix`` are never deleted. ``keep_records=False`` returns no records or latencies
-    (``on_checkpoint`` still sees each), so a long run holds nothing per checkpoint."""
+    (``on_checkpoint`` still sees each), so a long run holds nothing per checkpoint.
+
+    ``worker_process=True`` hosts the subtasks in a separate worker process (as Flink's
+    TaskExecutors are processes of their own), so the coordinator and the workers do not share one
+    interpreter's GIL; by default they share this process.
+
+    Raises:
+        ChandyError: the worker process did not register its subtasks within 120 s."""
     job_id = uuid.uuid4().hex
     own_topics = prefix is None and not keep_topics
     prefix = prefix or f"chandy-demo-{job_id[:6]}"
@@ -69,13 +79,20 @@ def run_checkpoints(
                                  {"worker": subtasks}, prefix=prefix, metrics_port=metrics_port).start(periodic=False)
     if on_started is not None:
         on_started(service)
-    handle = StateHandle("inline", None, b"x" * 64, 64)
     # one process hosts every subtask over one consumer and one producer (a Flink TaskExecutor)
-    host = ParticipantHost(bootstrap_servers, prefix=prefix).start()
-    now = host.control_end_offsets()
-    for i in range(subtasks):
-        host.register(job_id, "worker", i, snapshot=lambda cid, t: [handle], report_ready=False, start_offsets=now)
-    host.flush()
+    if worker_process:
+        context = multiprocessing.get_context("spawn")
+        ready, stop = context.Event(), context.Event()
+        worker = context.Process(target=_host_subtasks, args=(bootstrap_servers, prefix, job_id, subtasks, ready, stop),
+                                 name="chandy-demo-worker", daemon=True)
+        worker.start()
+        if not ready.wait(120):
+            worker.kill()
+            service.stop()
+            raise ChandyError(f"the demo's worker process did not register {subtasks} subtasks within 120 s")
+        host: ParticipantHost | None = None
+    else:
+        host = _register_subtasks(bootstrap_servers, prefix, job_id, subtasks)
     records: list[CheckpointRecord] = []
     latencies: list[float] = []
     try:
@@ -94,11 +111,37 @@ def run_checkpoints(
                 on_checkpoint(record, latency)
         stats = service.stats()
     finally:
-        host.close()
+        if host is not None:
+            host.close()
+        else:
+            stop.set()
+            worker.join(30)
         service.stop()
         if own_topics:
             delete_topics(bootstrap_servers, ChandyTopics(prefix))
     return LocalRunResult(job_id, records, latencies, stats)
+
+
+def _register_subtasks(bootstrap_servers: str, prefix: str, job_id: str, subtasks: int) -> ParticipantHost:
+    """A started host with ``subtasks`` subtask attempts of operator ``worker`` registered, each
+    acknowledging with one 64-byte inline state handle; they see control messages from now on."""
+    handle = StateHandle("inline", None, b"x" * 64, 64)
+    host = ParticipantHost(bootstrap_servers, prefix=prefix).start()
+    now = host.control_end_offsets()
+    for i in range(subtasks):
+        host.register(job_id, "worker", i, snapshot=lambda cid, t: [handle], report_ready=False, start_offsets=now)
+    host.flush()
+    return host
+
+
+def _host_subtasks(bootstrap_servers: str, prefix: str, job_id: str, subtasks: int, ready: Any, stop: Any) -> None:
+    """The worker process of ``run_checkpoints(worker_process=True)``: host the subtasks until ``stop``."""
+    host = _register_subtasks(bootstrap_servers, prefix, job_id, subtasks)
+    ready.set()
+    try:
+        stop.wait()
+    finally:
+        host.close()
 
 
 def delete_topics(bootstrap_servers: str, topics: ChandyTopics, timeout_s: float = 30.0) -> list[str]:

@@ -19,11 +19,26 @@ from typing import Any, ClassVar, TypeVar
 T = TypeVar("T")
 
 
+_SCALARS = (str, int, float, bytes, bool, type(None))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The Avro-mapped field names of dataclass ``cls`` (those not ending in ``_``), computed once."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls) if not f.name.endswith("_"))
+    return names
+
+
 def to_avro(obj: Any) -> Any:
     """The Avro value (dicts, lists, scalars) of a dataclass instance, recursively."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        value = {f.name: to_avro(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.name.endswith("_")}
-        version = getattr(type(obj), "RECORD_VERSION", None)
+    if isinstance(obj, _SCALARS) and not isinstance(obj, enum.Enum):
+        return obj
+    cls = type(obj)
+    if dataclasses.is_dataclass(cls):
+        value = {name: to_avro(getattr(obj, name)) for name in _field_names(cls)}
+        version = getattr(cls, "RECORD_VERSION", None)
         if version is not None:
             value["record_version"] = version
         return value

@@ -56,6 +56,8 @@ from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+#: acks-topic messages drained per mailbox action (already fetched ones only; nothing waits for them)
+_ACK_BATCH = 1000
 
 
 class CoordinatorFencedError(ChandyError):
@@ -201,12 +203,12 @@ class LogWriter:
 
 
 class AckReader:
-    """Reads ``<prefix>.acks`` from its end at start, decodes, and posts each message of the job
-    to the mailbox. A message that does not decode is counted, logged and skipped (and copied to
+    """Reads ``<prefix>.acks`` from its end at start, decodes, and hands the job's messages to
+    ``dispatch`` a poll batch at a time (a list, in offset order). A message that does not decode is counted, logged and skipped (and copied to
     ``dead_letter_topic`` if set); it never stops the reader."""
 
     def __init__(self, bootstrap_servers: str, topics: ChandyTopics, job_id: str, codec: Codec,
-                 dispatch: Callable[[Any], None], consumer_overrides: Mapping[str, Any] | None = None,
+                 dispatch: Callable[[list[Any]], None], consumer_overrides: Mapping[str, Any] | None = None,
                  dead_letter_topic: str | None = None) -> None:
         self.topic = topics.acks
         self.job_id = job_id
@@ -246,8 +248,15 @@ class AckReader:
         key = self.job_id.encode()
         while not self._stop.is_set():
             polled = self.consumer.poll(0.2)
-            # poll, not consume(n): consume waits for its whole timeout unless n messages arrive
-            for message in () if polled is None else (polled,):
+            if polled is None:
+                continue
+            # poll waits for the first message; what is already fetched is drained without waiting
+            # (consume(n, timeout) would wait for its whole timeout unless n messages arrive), and
+            # the whole batch goes to the mailbox as one action: 1,000 subtasks' acks are a few
+            # mailbox turns, not 1,000
+            batch = [polled, *self.consumer.consume(_ACK_BATCH, 0)]
+            decoded_batch = []
+            for message in batch:
                 error = message.error()
                 if error is not None:
                     if error.code() != KafkaError._PARTITION_EOF:
@@ -261,7 +270,7 @@ class AckReader:
                     if cls is None:
                         raise WireFormatError(f"{decoded.name} is not a message the coordinator reads",
                                               location_of(message))
-                    self.dispatch(cls.from_avro(decoded.value))
+                    decoded_batch.append(cls.from_avro(decoded.value))
                 except Exception as exc:  # noqa: BLE001 - one bad message must not stop the reader
                     self.bad_messages += 1
                     log.warning("skipping a bad message on %s: %s", self.topic, exc)
@@ -269,6 +278,8 @@ class AckReader:
                         self._dlq.produce(self.dead_letter_topic, message.value(), message.key(),
                                           headers={"chandy.error": str(exc)})
                         self._dlq.poll(0)
+            if decoded_batch:
+                self.dispatch(decoded_batch)
 
 
 class CoordinatorService:
@@ -468,7 +479,10 @@ class CoordinatorService:
             self.mailbox.execute(coordinator.start_periodic_scheduler)
         return self
 
-    def _dispatch(self, message: Any) -> None:
+    def _dispatch(self, messages: list[Any]) -> None:
+        """Post a batch of decoded acks-topic messages to the mailbox as one action; each is
+        handled in order as Flink's ``receiveAcknowledgeMessage`` / ``receiveDeclineMessage`` /
+        ... would be, and an unknown type is logged and skipped."""
         cc = self.coordinator
         if cc is None:  # the ack reader starts after the coordinator exists
             return
@@ -479,12 +493,14 @@ class CoordinatorService:
             SubtaskAttemptFailed: cc.attempt_failed,
             OperatorEventMessage: cc.receive_operator_event,
         }
-        handler = handlers.get(type(message))
-        if handler is None:
-            log.warning("ignoring %s on the acks topic", type(message).__name__)
-            return
+
         def handle() -> None:
-            handler(message)
+            for message in messages:
+                handler = handlers.get(type(message))
+                if handler is None:
+                    log.warning("ignoring %s on the acks topic", type(message).__name__)
+                    continue
+                handler(message)
 
         self.mailbox.execute(handle)
 
