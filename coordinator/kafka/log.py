@@ -64,9 +64,10 @@ def encode_record(codec: Codec, record: LogRecord, topic: str | None = None) -> 
 
 @dataclasses.dataclass
 class LoadStats:
-    """What a load read: records applied, records skipped (other jobs, unknown kinds, bad
+    """What a load read: messages read, records applied, records skipped (other jobs, unknown kinds, bad
     bytes), offsets read up to, and the time taken in seconds."""
 
+    read: int = 0
     applied: int = 0
     skipped_other_jobs: int = 0
     skipped_unknown: int = 0
@@ -268,17 +269,37 @@ def load_state(
 ) -> tuple[CoordinatorState, LoadStats]:
     """Replay the job's log to its current end: the state a restarted coordinator starts from.
 
+    The fold only needs the newest record of each key (the log is compacted, and the state is
+    what compaction leaves: :func:`coordinator.state.apply` is compaction-invariant), so the
+    messages are read undecoded, the newest per key is kept (in the order of its offset), and only
+    those are decoded and applied, as a log compacted at this moment would be. ``stats.read``
+    counts the messages read, ``stats.applied`` the records applied.
+
     Strict, as Kafka's ``CoordinatorLoaderImpl``: unknown record kinds are skipped with a warning,
-    unreadable records fail the load.
+    unreadable records fail the load (a record superseded by a newer one of its key is not read,
+    as compaction would have removed it).
 
     Raises:
         LogLoadError: the log cannot be read to its end.
         LogRecordCorruptError: a record of this job cannot be read.
     """
+    codec = codec or SingleObjectCodec()
     stats = LoadStats()
     state = CoordinatorState(job_id)
-    for logged in read_log(bootstrap_servers, topic, job_id=job_id, codec=codec,
-                           consumer_overrides=consumer_overrides, stats=stats, timeout_s=timeout_s, strict=True):
-        apply(state, logged.record)
-        stats.applied += 1
+    started = time.monotonic()
+    newest: dict[bytes | None, Any] = {}
+    try:
+        for message in raw_messages(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides,
+                                    stats=stats, timeout_s=timeout_s):
+            stats.read += 1
+            key = message.key()
+            newest.pop(key, None)  # re-inserted last: the dict keeps the newest records in offset order
+            newest[key] = message
+        for message in newest.values():
+            logged = decode_message(codec, message, job_id, stats, strict=True)
+            if logged is not None:
+                apply(state, logged.record)
+                stats.applied += 1
+    finally:
+        stats.seconds = time.monotonic() - started
     return state, stats

@@ -52,8 +52,10 @@ def test_checkpoints_complete_over_kafka_and_workers_are_notified(kafka_bootstra
         assert (tmp_path / "chk" / job / "chk-3" / "_metadata").exists()
         # the live state equals a replay of the log written so far
         live = service.snapshot_state()
-        replayed, _ = load_state(kafka_bootstrap_servers, ChandyTopics(topic_prefix).coordinator_log, job)
-        assert replayed == live
+        replayed, load_stats = load_state(kafka_bootstrap_servers, ChandyTopics(topic_prefix).coordinator_log, job)
+        # the load reads every record and applies only the newest of each key (as compaction would)
+        assert replayed.equals_ignoring_counters(live)
+        assert load_stats.read == live.records_applied and load_stats.applied < load_stats.read
         stats = service.stats()
         assert stats["counts"]["completed"] == 3
         assert stats["latest"]["completed"]["num_acknowledged_subtasks"] == 3
@@ -229,3 +231,44 @@ def test_loading_an_empty_or_marker_ended_log_does_not_hang(kafka_bootstrap_serv
     state, stats = load_state(kafka_bootstrap_servers, topics.coordinator_log, job, timeout_s=10)
     assert stats.applied == 0 and stats.end_offset >= 2
     assert time.monotonic() - started < 10
+
+
+def test_loading_decodes_only_the_newest_record_of_each_key(kafka_bootstrap_servers, topic_prefix, job):
+    """load_state reads as compaction would leave the log: a superseded record is never decoded
+    (even unreadable bytes), and the newest one of each key is (an unreadable newest one fails)."""
+    from coordinator.kafka.log import LogRecordCorruptError, encode_record, partition_for
+    from coordinator.kafka.topics import ensure_topics
+    from coordinator.records import Tombstone
+
+    topics = ChandyTopics(topic_prefix)
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    ensure_topics(admin, topics)
+    partitions = len(admin.list_topics(topics.coordinator_log, timeout=10).topics[topics.coordinator_log].partitions)
+    partition = partition_for(job, partitions)
+    codec = SingleObjectCodec()
+    producer = kafka_config.producer(kafka_bootstrap_servers)
+
+    def checkpoint(checkpoint_id: int, status: str) -> CheckpointRecord:
+        return CheckpointRecord(job, checkpoint_id, "CHECKPOINT", status, 1, 1_000, 2_000, 2,
+                                2 if status == "COMPLETED" else 0, 10,
+                                f"file:///chk/chk-{checkpoint_id}" if status == "COMPLETED" else None)
+
+    def send(key: bytes, value: bytes | None) -> None:
+        producer.produce(topics.coordinator_log, value, key, partition=partition)
+
+    key_1, _ = encode_record(codec, checkpoint(1, "PENDING"))
+    send(key_1, b"\x00 not an Avro record")          # superseded below: never decoded
+    send(*encode_record(codec, checkpoint(1, "COMPLETED")))
+    send(*encode_record(codec, checkpoint(2, "PENDING")))
+    send(*encode_record(codec, Tombstone(checkpoint(2, "PENDING").key())))  # checkpoint 2 deleted
+    send(*encode_record(codec, CoordinatorEpochRecord(job, 3, "coordinator-x", "host-a", 5_000)))
+    producer.flush(10)
+    state, stats = load_state(kafka_bootstrap_servers, topics.coordinator_log, job, timeout_s=10)
+    assert (stats.read, stats.applied) == (5, 3)
+    assert sorted(state.checkpoints) == [1] and state.checkpoints[1].status == "COMPLETED"
+    assert state.epoch == 3 and state.next_checkpoint_id == 2
+
+    send(*encode_record(codec, checkpoint(3, "PENDING"))[:1], b"\x00 unreadable newest")
+    producer.flush(10)
+    with pytest.raises(LogRecordCorruptError, match="cannot be read"):
+        load_state(kafka_bootstrap_servers, topics.coordinator_log, job, timeout_s=10)
