@@ -29,8 +29,9 @@ def history(job: str, records: int, *, epoch: int = 1, subsume_last: bool = Fals
         if checkpoint_id > 1:
             out.append(Tombstone(LogKey(job, "checkpoint", str(checkpoint_id - 1))))
     out = out[:records]
-    if subsume_last and isinstance(out[-1], CheckpointRecord):
-        out.append(Tombstone(out[-1].key()))
+    if subsume_last:
+        newest = max(r.checkpoint_id for r in out if isinstance(r, CheckpointRecord))
+        out[-1] = Tombstone(LogKey(job, "checkpoint", str(newest)))  # the log keeps its length
     return out
 
 

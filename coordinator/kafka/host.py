@@ -42,7 +42,7 @@ from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.participant import Snapshot
-from coordinator.kafka.topics import ChandyTopics, TopicError
+from coordinator.kafka.topics import ChandyTopics, TopicError, watermark_offsets
 from coordinator.messages import (
     MESSAGE_TYPES,
     AcknowledgeCheckpoint,
@@ -162,8 +162,7 @@ class ParticipantHost:
         return self._ends(timeout_s)
 
     def _ends(self, timeout_s: float) -> dict[int, int]:
-        return {p: self._offsets.get_watermark_offsets(TopicPartition(self.topics.control, p), timeout=timeout_s,
-                                                       cached=False)[1] for p in self._partitions}
+        return {p: watermark_offsets(self._offsets, TopicPartition(self.topics.control, p), timeout_s)[1] for p in self._partitions}
 
     def register(self, job_id: str, operator_id: str, subtask_index: int, attempt_number: int = 0, *,
                  snapshot: Snapshot | None = None, on_complete: Callable[[int], None] | None = None,

@@ -27,10 +27,11 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
+from coordinator.kafka.topics import OffsetsUnavailableError, watermark_offsets
 from coordinator.records import LogKey, LogRecord, Tombstone, known_kinds, record_type_for
 from coordinator.state import CoordinatorState, apply
 from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
@@ -64,11 +65,13 @@ def encode_record(codec: Codec, record: LogRecord, topic: str | None = None) -> 
 
 @dataclasses.dataclass
 class LoadStats:
-    """What a load read: messages read, records applied, records skipped (other jobs, unknown kinds, bad
+    """What a load read: messages read, records applied, newest-of-their-key tombstones (nothing
+    to delete), records skipped (other jobs, unknown kinds, bad
     bytes), offsets read up to, and the time taken in seconds."""
 
     read: int = 0
     applied: int = 0
+    tombstones: int = 0
     skipped_other_jobs: int = 0
     skipped_unknown: int = 0
     skipped_bad: int = 0
@@ -150,27 +153,16 @@ def raw_messages(
         consumer.close()
 
 
-_RETRIABLE = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
-
-
 def _watermarks(consumer: Any, partition: TopicPartition, timeout_s: float) -> tuple[int, int]:
-    """(low, high) watermarks of ``partition``, retried while its leader is not known yet (a
-    topic created a moment ago answers NOT_LEADER_FOR_PARTITION for a while).
+    """:func:`~coordinator.kafka.topics.watermark_offsets`, failing as a load does.
 
     Raises:
-        LogLoadError: still failing after ``timeout_s`` seconds, or a non-retriable error.
+        LogLoadError: the offsets cannot be read within ``timeout_s`` seconds.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s, cached=False)
-            return int(low), int(high)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.code() not in _RETRIABLE or time.monotonic() > deadline:
-                raise LogLoadError(f"end offsets of {partition.topic}-{partition.partition}: {error}") from exc
-            time.sleep(0.1)
+    try:
+        return watermark_offsets(consumer, partition, timeout_s)
+    except OffsetsUnavailableError as exc:
+        raise LogLoadError(f"end offsets of the coordinator log: {exc}") from exc
 
 
 def read_log(
@@ -272,8 +264,10 @@ def load_state(
     The fold only needs the newest record of each key (the log is compacted, and the state is
     what compaction leaves: :func:`coordinator.state.apply` is compaction-invariant), so the
     messages are read undecoded, the newest per key is kept (in the order of its offset), and only
-    those are decoded and applied, as a log compacted at this moment would be. ``stats.read``
-    counts the messages read, ``stats.applied`` the records applied.
+    those are decoded and applied, as a log compacted at this moment would be; a key whose newest
+    record is a tombstone has nothing left to delete and is not decoded at all. ``stats.read``
+    counts the messages read, ``stats.applied`` the records applied, ``stats.tombstones`` the
+    tombstones passed over.
 
     Strict, as Kafka's ``CoordinatorLoaderImpl``: unknown record kinds are skipped with a warning,
     unreadable records fail the load (a record superseded by a newer one of its key is not read,
@@ -296,6 +290,12 @@ def load_state(
             newest.pop(key, None)  # re-inserted last: the dict keeps the newest records in offset order
             newest[key] = message
         for message in newest.values():
+            if message.value() is None:
+                # the newest record of its key is a tombstone: nothing older of that key is
+                # applied, so the tombstone would delete nothing (a long job's log holds one per
+                # subsumed checkpoint until compaction drops them after delete.retention.ms)
+                stats.tombstones += 1
+                continue
             logged = decode_message(codec, message, job_id, stats, strict=True)
             if logged is not None:
                 apply(state, logged.record)

@@ -29,7 +29,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.kafka import config as kafka_config
-from coordinator.kafka.topics import ChandyTopics, TopicError
+from coordinator.kafka.topics import ChandyTopics, TopicError, watermark_offsets
 from coordinator.messages import (
     MESSAGE_TYPES,
     AcknowledgeCheckpoint,
@@ -158,8 +158,7 @@ class CheckpointParticipant:
                              "or create the topics with `chandy topics ensure`)")
         assignment = []
         for p in sorted(metadata.topics[self.topics.control].partitions):
-            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topics.control, p),
-                                                          timeout=timeout_s, cached=False)
+            _, high = watermark_offsets(self.consumer, TopicPartition(self.topics.control, p), timeout_s)
             assignment.append(TopicPartition(self.topics.control, p, high))
         self.consumer.assign(assignment)
         self._thread.start()

@@ -46,7 +46,7 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from coordinator.environment import Batch
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
-from coordinator.kafka.topics import ChandyTopics
+from coordinator.kafka.topics import ChandyTopics, watermark_offsets
 from coordinator.messages import CheckpointEvent
 from coordinator.records import CheckpointRecord, CheckpointType, JobStatus, LogRecordBase, register_record_kind
 from coordinator.serde import AvroMapped
@@ -554,8 +554,7 @@ def send_request(
         # position the consumer at the current end, as concrete offsets: a logical OFFSET_END is
         # resolved only at the first fetch, which under load can come after the answer
         ends = [TopicPartition(topics.checkpoint_events, p,
-                               consumer.get_watermark_offsets(TopicPartition(topics.checkpoint_events, p),
-                                                              timeout=timeout_s, cached=False)[1])
+                               watermark_offsets(consumer, TopicPartition(topics.checkpoint_events, p), timeout_s)[1])
                 for p in partitions]
         consumer.assign(ends)
         sent = time.monotonic()

@@ -37,7 +37,7 @@ from coordinator.kafka import config as kafka_config
 from coordinator.kafka.log import LoadStats, encode_record, load_state, partition_for
 from coordinator.kafka.metrics import CheckpointMetricsCollector, MetricsServer
 from coordinator.kafka.requests import LeaderElection, RequestExecutor, RequestHandler
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
+from coordinator.kafka.topics import ChandyTopics, ensure_topics, watermark_offsets
 from coordinator.messages import (
     MESSAGE_TYPES,
     AcknowledgeCheckpoint,
@@ -234,7 +234,7 @@ class AckReader:
         # start at the end captured now: acks sent to an older coordinator are not ours
         assignment = []
         for p in partitions:
-            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout_s, cached=False)
+            _, high = watermark_offsets(self.consumer, TopicPartition(self.topic, p), timeout_s)
             assignment.append(TopicPartition(self.topic, p, high if high >= 0 else OFFSET_END))
         self.consumer.assign(assignment)
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
+from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from coordinator.errors import ChandyError
@@ -145,6 +146,38 @@ def ensure_topics(
         _wait_for_metadata(admin, [spec.name for spec in specs], timeout_s)
     check_topics(admin, topics, timeout_s=timeout_s)
     return created
+
+
+_RETRIABLE = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
+
+
+class OffsetsUnavailableError(TopicError):
+    """A partition's watermark offsets could not be read (no leader in time, or an error)."""
+
+
+def watermark_offsets(consumer: Any, partition: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
+    """(low, high) watermark offsets of ``partition`` asked of its leader (``cached=False``; high
+    is the last stable offset for a read_committed consumer), retried while the leader is not
+    known yet: a topic created a moment ago, or one whose leader just moved (a broker restart),
+    answers NOT_LEADER_FOR_PARTITION / LEADER_NOT_AVAILABLE for a while. ``consumer`` is a
+    confluent-kafka ``Consumer``; the wait is at most about ``timeout_s`` seconds.
+
+    Raises:
+        OffsetsUnavailableError: still failing after ``timeout_s`` seconds, or a non-retriable error.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=max(0.1, deadline - time.monotonic()),
+                                                       cached=False)
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() not in _RETRIABLE or time.monotonic() > deadline:
+                raise OffsetsUnavailableError(
+                    f"watermark offsets of {partition.topic}-{partition.partition}: {error.str()}") from exc
+            time.sleep(0.1)
 
 
 def default_replication_factor(brokers: int) -> int:

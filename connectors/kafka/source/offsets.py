@@ -15,6 +15,7 @@ from typing import Protocol
 from confluent_kafka import OFFSET_INVALID, TopicPartition
 
 from coordinator.errors import ChandyError
+from coordinator.kafka.topics import watermark_offsets
 
 TP = tuple[str, int]
 
@@ -39,11 +40,11 @@ class ConsumerOffsetsRetriever:
         self.timeout_s = timeout_s
 
     def earliest(self, partitions: Iterable[TP]) -> dict[TP, int]:
-        return {tp: self.consumer.get_watermark_offsets(TopicPartition(*tp), timeout=self.timeout_s, cached=False)[0]
+        return {tp: watermark_offsets(self.consumer, TopicPartition(*tp), self.timeout_s)[0]
                 for tp in partitions}
 
     def latest(self, partitions: Iterable[TP]) -> dict[TP, int]:
-        return {tp: self.consumer.get_watermark_offsets(TopicPartition(*tp), timeout=self.timeout_s, cached=False)[1]
+        return {tp: watermark_offsets(self.consumer, TopicPartition(*tp), self.timeout_s)[1]
                 for tp in partitions}
 
     def committed(self, partitions: Iterable[TP]) -> dict[TP, int | None]:
