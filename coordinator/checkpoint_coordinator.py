@@ -843,7 +843,8 @@ class CheckpointCoordinator:
                 # Flink's StopWithSavepointTerminationHandlerImpl restarts the checkpoint scheduler
                 self.start_periodic_scheduler()
 
-        self.env.append(batch, after_commit)
+        # through _commit: a FAILED job status also publishes its JOB_STATUS_CHANGED event
+        self._commit(batch, after_commit)
 
     def _after_abort(self, pending: PendingCheckpoint, reason: CheckpointFailureReason, message: str) -> None:
         for holder in self.holders.values():

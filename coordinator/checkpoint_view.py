@@ -63,6 +63,17 @@ def summary(values: list[int]) -> dict[str, float]:
     return result
 
 
+def job_status(latest_status_change: tuple[int, str] | None, epoch: int) -> str:
+    """A job's status from its public events: the latest ``JOB_STATUS_CHANGED`` as ``(epoch,
+    status)`` and the newest coordinator epoch seen in any event. The status holds while no
+    later epoch has spoken; an event of a later epoch means a coordinator started since (a restart
+    after SUSPENDED, a new run): RUNNING, as Flink reports a recovered job. With no status change
+    at all, RUNNING (a coordinator publishes only the statuses that end or suspend a job)."""
+    if latest_status_change is not None and latest_status_change[0] >= epoch:
+        return latest_status_change[1]
+    return "RUNNING"
+
+
 @dataclasses.dataclass
 class _Checkpoint:
     checkpoint_id: int
@@ -216,9 +227,7 @@ class JobCheckpointsView:
         current coordinator epoch (FINISHED, FAILED, CANCELED, SUSPENDED, ...), else RUNNING (a
         coordinator publishes only the statuses that end or suspend a job; one killed without a
         word still reads RUNNING)."""
-        if self._status is not None and self._status[0] >= self.epoch:
-            return self._status[1]
-        return "RUNNING"
+        return job_status(self._status, self.epoch)
 
     def overview(self) -> dict[str, Any]:
         """One row of ``GET /jobs`` (Flink's ``{"id", "status"}`` and more):

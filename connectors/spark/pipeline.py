@@ -36,6 +36,7 @@ the brokers, the Kafka settings, the table's location and schema, and reconciles
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import importlib
@@ -349,6 +350,8 @@ class Pipeline:
         self._preflight_done = False
         self._requests: queue.Queue[tuple[ControlRequest, concurrent.futures.Future]] = queue.Queue()
         self._draining: tuple[ControlRequest, concurrent.futures.Future] | None = None
+        # requests taken off the queue by the driver loop, in arrival order (driver thread only)
+        self._backlog: collections.deque[tuple[ControlRequest, concurrent.futures.Future]] = collections.deque()
         self.election: LeaderElection | None = None
         self.takeover_s: float | None = None
         self._last_committed = 0
@@ -1042,13 +1045,37 @@ class Pipeline:
         return future
 
     def _next_request(self) -> tuple[ControlRequest, concurrent.futures.Future] | None:
+        """The next control request for the driver loop (driver thread only).
+
+        A queued CANCEL overtakes everything, a stop-with-savepoint that is draining included
+        (its request fails: the job is canceled instead, as Flink's cancel ends a draining job).
+        Then the draining request, then the queue in order; a queued request whose deadline
+        passed before the loop got to it fails unapplied (its sender has given up waiting)."""
+        while True:
+            try:
+                self._backlog.append(self._requests.get_nowait())
+            except queue.Empty:
+                break
+        cancel = next((r for r in self._backlog if r[0].request_type is ControlRequestType.CANCEL), None)
+        if cancel is not None:
+            self._backlog.remove(cancel)
+            if self._draining is not None:
+                self._fail_request(self._draining, PipelineError(
+                    f"canceled by request {cancel[0].request_id} while draining; no savepoint was taken"))
+                self._draining = None
+            return cancel
         if self._draining is not None:
             request, self._draining = self._draining, None
             return request
-        try:
-            return self._requests.get_nowait()
-        except queue.Empty:
-            return None
+        while self._backlog:
+            request = self._backlog.popleft()
+            now = int(time.time() * 1000)
+            if request[0].deadline and now > request[0].deadline:
+                self._fail_request(request, PipelineError(
+                    f"expired {now - request[0].deadline} ms before the pipeline could apply it: not applied"))
+                continue
+            return request
+        return None
 
     def _idle(self, seconds: float) -> None:
         """Wait up to ``seconds``, less when a stop or a control request arrives."""

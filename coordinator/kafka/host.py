@@ -224,7 +224,13 @@ class ParticipantHost:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(10)
-        self.consumer.close()
+        if self._thread.is_alive():
+            # a subtask callback still runs on it: closing the consumer under a thread that may
+            # poll again is undefined in librdkafka; leave it to the process's exit
+            log.warning("participant host: its thread is still in a subtask callback after 10 s; "
+                        "the control consumer is left open")
+        else:
+            self.consumer.close()
         self._offsets.close()
         self.producer.flush(10)
 

@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
+from coordinator.checkpoint_view import job_status
 from coordinator.environment import Batch
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
@@ -603,12 +604,30 @@ class JobSummary:
     last_savepoint: str | None = None
     last_event_time: int = 0
     events: int = 0
+    #: (epoch, status) of the latest JOB_STATUS_CHANGED, if any
+    status_change: tuple[int, str] | None = None
+
+    def fold(self, event: CheckpointEvent) -> None:
+        """Take one of the job's events into the summary, in topic order; the status follows
+        :func:`coordinator.checkpoint_view.job_status` (as ``GET /jobs`` of ``chandy ui``)."""
+        self.events += 1
+        self.epoch = max(self.epoch, event.epoch)
+        self.last_event_time = max(self.last_event_time, event.timestamp)
+        if event.event_type == "JOB_STATUS_CHANGED" and event.job_status:
+            self.status_change = (event.epoch, str(event.job_status))
+        elif event.event_type in ("COMPLETED", "SAVEPOINT_COMPLETED"):
+            if event.checkpoint_type == CheckpointType.CHECKPOINT.value:
+                self.last_checkpoint, self.last_checkpoint_time = event.checkpoint_id, event.timestamp
+            else:
+                self.last_savepoint = event.external_pointer
+        self.status = job_status(self.status_change, self.epoch)
 
 
 def list_jobs(bootstrap_servers: str, *, prefix: str = "chandy", timeout_s: float = 60.0,
               consumer_overrides: Mapping[str, Any] | None = None) -> list[JobSummary]:
     """Every job seen on ``<prefix>.checkpoint-events``, read from the beginning to its current
-    end (no consumer group, no commits), with whether a coordinator of it runs now.
+    end (no consumer group, no commits), with whether a coordinator of it runs now
+    (:meth:`JobSummary.fold` gives each event's meaning).
 
     Raises:
         LogLoadError: the events topic is missing or cannot be read to its end.
@@ -624,19 +643,7 @@ def list_jobs(bootstrap_servers: str, *, prefix: str = "chandy", timeout_s: floa
         except (WireFormatError, TypeError, KeyError) as exc:
             log.debug("skipping an undecodable event: %s", exc)
             continue
-        job = jobs.setdefault(event.job_id, JobSummary(event.job_id))
-        job.events += 1
-        job.epoch = max(job.epoch, event.epoch)
-        job.last_event_time = max(job.last_event_time, event.timestamp)
-        if event.event_type == "JOB_STATUS_CHANGED" and event.job_status:
-            job.status = event.job_status
-        elif event.event_type == "TRIGGERED" and job.status in ("UNKNOWN", "FAILED", "FINISHED", "CANCELED"):
-            job.status = "RUNNING"  # a later run of the job
-        elif event.event_type in ("COMPLETED", "SAVEPOINT_COMPLETED"):
-            if event.checkpoint_type == CheckpointType.CHECKPOINT.value:
-                job.last_checkpoint, job.last_checkpoint_time = event.checkpoint_id, event.timestamp
-            else:
-                job.last_savepoint = event.external_pointer
+        jobs.setdefault(event.job_id, JobSummary(event.job_id)).fold(event)
     if jobs:
         admin = kafka_config.admin_client(bootstrap_servers, overrides=consumer_overrides)
         groups = {election_group(prefix, job_id): job for job_id, job in jobs.items()}
@@ -645,7 +652,4 @@ def list_jobs(bootstrap_servers: str, *, prefix: str = "chandy", timeout_s: floa
                 groups[group].coordinator_running = bool(future.result(timeout_s).members)
             except Exception as exc:  # noqa: BLE001 - an unknown group is a job with no coordinator
                 log.debug("describing group %s: %s", group, exc)
-    for job in jobs.values():
-        if job.coordinator_running and job.status == "UNKNOWN":
-            job.status = "RUNNING"
     return sorted(jobs.values(), key=lambda j: -j.last_event_time)

@@ -240,9 +240,14 @@ class AckReader:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(10)
-        self.consumer.close()
+        if self._thread.is_alive():
+            # closing the consumer under a thread that may poll again is undefined in librdkafka
+            log.warning("acks reader of job %s: its thread did not stop within 10 s; the consumer is left open",
+                        self.job_id)
+        else:
+            self.consumer.close()
 
     def _run(self) -> None:
         key = self.job_id.encode()

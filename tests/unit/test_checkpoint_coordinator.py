@@ -177,6 +177,9 @@ def test_tolerable_failed_checkpoints_exceeded_fails_the_job(tmp_path: Path) -> 
     assert cc.job_status == "FAILED"
     assert statuses and statuses[0][0] == "FAILED" and "tolerable failure threshold" in statuses[0][1]
     assert any(isinstance(r, JobStatusRecord) and r.status == "FAILED" for r in env.log)
+    # the public event goes out with the status, as for every other terminal status
+    changed = [e for e in env.events if e.event_type == "JOB_STATUS_CHANGED"]
+    assert [(e.job_status, "tolerable failure threshold" in e.failure_message) for e in changed] == [("FAILED", True)]
     assert trigger(cc).exception(timeout=0).reason.value == "NOT_ALL_REQUIRED_TASKS_RUNNING"
 
 

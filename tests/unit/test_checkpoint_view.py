@@ -128,3 +128,27 @@ def test_gauges_use_minus_one_before_any_completion_as_flink():
     assert values["lastCompletedCheckpointId"] == 1 and values["lastCheckpointCompletedTimestamp"] == 1040
     assert values["numberOfCompletedCheckpoints"] == 2 and values["numberOfFailedCheckpoints"] == 1
     assert values["totalNumberOfCheckpoints"] == 4
+
+
+def test_job_list_summary_reads_a_restart_after_suspended_as_running():
+    """`chandy job list` and `GET /jobs` agree: a status holds until a later coordinator epoch speaks."""
+    from coordinator.kafka.requests import JobSummary
+
+    def status_change(status: str, epoch: int, at: int) -> CheckpointEvent:
+        return CheckpointEvent(job_id=JOB, checkpoint_id=2, event_type="JOB_STATUS_CHANGED", checkpoint_type="CHECKPOINT",
+                               epoch=epoch, timestamp=at, trigger_timestamp=at, job_status=status)
+
+    summary, view = JobSummary(JOB), JobCheckpointsView(JOB)
+    first = event(1, "COMPLETED", at=1000, trigger=900)
+    for e in (first, status_change("SUSPENDED", 1, 2000)):
+        summary.fold(e)
+        view.apply(e)
+    assert summary.status == view.status == "SUSPENDED"
+    # the restarted coordinator (epoch 2) answers a request before any checkpoint: running again
+    answer = CheckpointEvent(job_id=JOB, checkpoint_id=0, event_type="REQUEST_FAILED", checkpoint_type="CHECKPOINT",
+                             epoch=2, timestamp=3000, trigger_timestamp=3000)
+    summary.fold(answer)
+    view.apply(answer)
+    assert summary.status == view.status == "RUNNING" and summary.epoch == 2
+    summary.fold(status_change("CANCELED", 2, 4000))
+    assert summary.status == "CANCELED" and summary.last_checkpoint == 1
