@@ -49,7 +49,14 @@ from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.topics import ChandyTopics, watermark_offsets
 from coordinator.messages import CheckpointEvent
-from coordinator.records import CheckpointRecord, CheckpointType, JobStatus, LogRecordBase, register_record_kind
+from coordinator.records import (
+    CheckpointRecord,
+    CheckpointType,
+    JobStatus,
+    LogRecordBase,
+    Tombstone,
+    register_record_kind,
+)
 from coordinator.serde import AvroMapped
 from schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
 
@@ -326,6 +333,10 @@ class LeaderElection:
         handler(request)
 
 
+#: default retention of a request's record in the coordinator log (ms): 24 h
+REQUEST_RETENTION_MS = 24 * 60 * 60 * 1000
+
+
 class RequestHandler:
     """Applies requests at most once on a running coordinator (see the module docstring).
 
@@ -333,13 +344,21 @@ class RequestHandler:
         coordinator: the job's :class:`~coordinator.checkpoint_coordinator.CheckpointCoordinator`.
         execute_on_mailbox: runs a callable on the coordinator's mailbox thread.
         executor: applies an accepted request (default :func:`default_executor`).
+        retention_ms: how long a request's record stays in the log after its last change (ms,
+            default 24 h). A request sent again within this time is answered from its record; one
+            sent again later is a new request, unless its deadline has passed (then it is skipped
+            as expired), so only a sender whose timeout exceeds this could see it applied twice.
+            Each outcome written tombstones the records past their retention, so the log keeps
+            the requests of the last ``retention_ms`` only (as Kafka expires idle transactional
+            IDs after ``transactional.id.expiration.ms``).
     """
 
     def __init__(self, coordinator: Any, execute_on_mailbox: Callable[[Callable[[], None]], None],
-                 executor: RequestExecutor | None = None) -> None:
+                 executor: RequestExecutor | None = None, *, retention_ms: int = REQUEST_RETENTION_MS) -> None:
         self.coordinator = coordinator
         self.execute_on_mailbox = execute_on_mailbox
         self.executor = executor or default_executor(coordinator)
+        self.retention_ms = retention_ms
         self.in_flight: set[str] = set()
         self.applied = 0
         self.answered_again = 0
@@ -433,7 +452,10 @@ class RequestHandler:
             log.warning("request %s (%s) failed: %s", request.request_id, request.request_type.value, failure)
         event = self._event(request, event_type, now, checkpoint_id=checkpoint_id, external_pointer=pointer,
                             failure_message=failure)
-        cc.commit_batch(Batch(records=[record], events=[event]))
+        expired = [Tombstone(r.key()) for r in cc.state.records_of(RequestRecord.KIND).values()
+                   if now - r.timestamp > self.retention_ms and r.request_id not in self.in_flight
+                   and r.request_id != request.request_id]
+        cc.commit_batch(Batch(records=[record, *expired], events=[event]))
 
     def _event(self, request: ControlRequest, event_type: str, now: int, *, checkpoint_id: int | None = None,
                external_pointer: str | None = None, failure_message: str | None = None) -> CheckpointEvent:
