@@ -70,7 +70,7 @@ def run_checkpoints(
     interpreter's GIL; by default they share this process.
 
     Raises:
-        ChandyError: the worker process did not register its subtasks within 120 s."""
+        ChandyError: the worker process exited, or did not register its subtasks within 120 s."""
     job_id = uuid.uuid4().hex
     own_topics = prefix is None and not keep_topics
     prefix = prefix or f"chandy-demo-{job_id[:6]}"
@@ -86,10 +86,14 @@ def run_checkpoints(
         worker = context.Process(target=_host_subtasks, args=(bootstrap_servers, prefix, job_id, subtasks, ready, stop),
                                  name="chandy-demo-worker", daemon=True)
         worker.start()
-        if not ready.wait(120):
-            worker.kill()
-            service.stop()
-            raise ChandyError(f"the demo's worker process did not register {subtasks} subtasks within 120 s")
+        deadline = time.monotonic() + 120
+        while not ready.wait(0.2):
+            if not worker.is_alive() or time.monotonic() > deadline:
+                worker.kill()
+                service.stop()
+                why = (f"exited with code {worker.exitcode}" if worker.exitcode is not None
+                       else "did not register them within 120 s")
+                raise ChandyError(f"the demo's worker process for {subtasks} subtasks {why}")
         host: ParticipantHost | None = None
     else:
         host = _register_subtasks(bootstrap_servers, prefix, job_id, subtasks)

@@ -288,6 +288,41 @@ def test_hook_data_round_trips_through_metadata_and_restore(tmp_path: Path) -> N
     assert restarted_hook.resets == 0
 
 
+def test_the_checkpoint_id_is_durable_no_later_than_anyone_sees_it(tmp_path: Path) -> None:
+    """Flink's CheckpointIDCounter: the counter and PENDING are durable before a hook, an operator
+    coordinator or a task sees the ID. With only tasks, they go in the trigger's own transaction
+    (tasks read committed); with a hook, in a transaction committed before the hook runs."""
+    batches: list = []
+
+    def recording(env: ManualEnvironment) -> ManualEnvironment:
+        append = env.append
+
+        def record(batch, on_committed=None):
+            batches.append(batch)
+            append(batch, on_committed)
+
+        env.append = record
+        return env
+
+    def kinds(batch) -> set[str]:
+        return ({type(r).__name__ for r in batch.records} | {type(m).__name__ for m in batch.control}
+                | {e.event_type for e in batch.events})
+
+    cc, env, _ = make(tmp_path / "tasks", env=recording(ManualEnvironment()))
+    batches.clear()
+    trigger(cc)
+    assert [kinds(b) for b in batches] == [{"CheckpointIdCounterRecord", "CheckpointRecord", "TriggerCheckpoint",
+                                           "TRIGGERED"}]
+    assert cc.pending[1].trigger_sent and cc.state.checkpoints[1].status == "PENDING"
+
+    hook = DictHook("h", {"offset": 1})
+    cc, env, _ = make(tmp_path / "hook", env=recording(ManualEnvironment()), hooks=[hook])
+    batches.clear()
+    trigger(cc)
+    assert [kinds(b) for b in batches] == [{"CheckpointIdCounterRecord", "CheckpointRecord", "TRIGGERED"},
+                                           {"TriggerCheckpoint"}]
+
+
 def test_reset_is_called_when_no_checkpoint_exists(tmp_path: Path) -> None:
     hook = DictHook("h")
     coordinator = RecordingCoordinator("src")
