@@ -35,6 +35,7 @@ test: kafka-jars check
 bench: kafka-jars
 	$(PY) benchmarks/roundtrip_latency.py
 	$(PY) benchmarks/checkpoint_latency.py
+	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/metrics_overhead.py
 
 clean:
