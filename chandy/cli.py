@@ -405,6 +405,9 @@ def pipeline() -> None:
                    "offsets come from it, checkpoint IDs continue above it.")
 @click.option("--standby", is_flag=True,
               help="Wait as a standby until the running coordinator of this job dies or stops, then take over.")
+@click.option("--ship-code/--no-ship-code", default=None,
+              help="Ship Chandy's task code (a zip, SparkContext.addPyFile) to the executors, whose Python then "
+                   "needs only Chandy's dependencies  [default: when --master is not local]")
 @_handle_errors
 def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | None, bootstrap_servers: str | None,
                  data_dir: Path | None, job_id: str | None, group_id: str | None, starting_offsets: str,
@@ -418,7 +421,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  resume_from_table: bool, optimize_every: int | None, optimize_target_size: int | None,
                  schema_evolution: bool, schema_registry_url: str | None, registry_conf: tuple[str, ...],
                  metrics_port: int | None, catalog_conf: tuple[str, ...], from_savepoint: str | None,
-                 standby: bool) -> None:
+                 standby: bool, ship_code: bool | None) -> None:
     """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
 
     Exit codes: 0 done, 2 an error (the last line says why), 3 fenced by a newer run of the
@@ -447,7 +450,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
         schema_registry={**_parse_settings(registry_conf, "--schema-registry-property"),
                          **({"url": schema_registry_url} if schema_registry_url else {})},
         catalog_properties=_parse_settings(catalog_conf, "--catalog-property"), metrics_port=metrics_port,
-        from_savepoint=from_savepoint, standby=standby,
+        from_savepoint=from_savepoint, standby=standby, ship_code=ship_code,
     )
     run_pipeline_with_progress(options, verify=verify)
 

@@ -24,13 +24,14 @@ import logging
 import struct
 import threading
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, Protocol
 
 import fastavro
 import fastavro.schema
+from fastavro.repository import AbstractSchemaRepository, SchemaRepositoryError
 
-from schemas import SCHEMA_DIR
 from schemas.errors import ChandyError
 
 log = logging.getLogger(__name__)
@@ -138,15 +139,34 @@ class Schema:
         return json.dumps(self.definition)
 
 
-def load_schemas(directory: Path = SCHEMA_DIR) -> dict[str, Schema]:
-    """Every ``*.avsc`` in ``directory`` that defines a record, keyed by full name.
+class _AvscFiles(AbstractSchemaRepository):
+    """fastavro's ``FlatDictRepository`` (``<full name>.avsc`` in one directory) over a
+    :class:`~importlib.resources.abc.Traversable`: a directory, or the ``schemas`` package inside
+    a zip (the code a Spark driver ships to its executors with ``addPyFile``)."""
+
+    def __init__(self, directory: Traversable) -> None:
+        self.directory = directory
+
+    def load(self, name: str) -> dict[str, Any]:
+        try:
+            loaded: dict[str, Any] = json.loads(self.directory.joinpath(f"{name}.avsc").read_text(encoding="utf-8"))
+        except (OSError, KeyError, ValueError) as exc:  # a zip answers a missing member with KeyError
+            raise SchemaRepositoryError(f"Failed to load '{name}' schema from {self.directory}: {exc}") from exc
+        return loaded
+
+
+def load_schemas(directory: Traversable | None = None) -> dict[str, Schema]:
+    """Every ``*.avsc`` in ``directory`` (default: the ``schemas`` package's own files, also when
+    it is imported from a zip) that defines a record, keyed by full name.
 
     Named-type references are resolved from files named ``<full name>.avsc`` in the same
-    directory (fastavro's ``load_schema``).
+    directory (fastavro's ``load_schema`` with a ``FlatDictRepository``-like repository).
     """
+    directory = directory if directory is not None else resources.files("schemas")
+    repository = _AvscFiles(directory)
     loaded: dict[str, Schema] = {}
-    for path in sorted(directory.glob("*.avsc")):
-        parsed = fastavro.schema.load_schema(str(path), _write_hint=False)
+    for entry in sorted((e for e in directory.iterdir() if e.name.endswith(".avsc")), key=lambda e: e.name):
+        parsed = fastavro.schema.load_schema(entry.name[: -len(".avsc")], repo=repository, _write_hint=False)
         if not isinstance(parsed, dict) or parsed.get("type") != "record":
             continue  # enums and shared records are reached through the records that use them
         schema = Schema.from_definition(_strip_hints(parsed))

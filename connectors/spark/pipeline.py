@@ -87,8 +87,14 @@ log = logging.getLogger(__name__)
 SOURCE_OPERATOR = "kafka-source"
 SINK_OPERATOR = "lake-sink"
 
-#: errors a retry cannot fix: the job stops at the first one instead of retrying
-DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError", "SchemaChangeError")
+#: errors a retry cannot fix: the job stops at the first one instead of retrying (a module missing
+#: in the executors' Python survived Spark's own task retries, on any executor it tried)
+DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError", "SchemaChangeError",
+                        "ModuleNotFoundError")
+
+#: Chandy's packages a Spark task imports (the layers below the application), shipped to the
+#: executors by :func:`task_code_zip`
+TASK_PACKAGES = ("connectors", "coordinator", "schemas")
 
 
 class PipelineError(ChandyError):
@@ -174,6 +180,7 @@ class PipelineOptions:
     metrics_port: int | None = None  # the coordinator's Prometheus metrics (coordinator/kafka/metrics.py)
     from_savepoint: str | None = None  # Flink's `flink run -s`: start from this savepoint when the log has none
     standby: bool = False  # wait until this process leads the job's election group (coordinator/kafka/requests.py)
+    ship_code: bool | None = None  # ship TASK_PACKAGES to the executors (None: when the master is not local)
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
@@ -226,6 +233,10 @@ class PipelineOptions:
     @property
     def resolved_job_id(self) -> str:
         return self.job_id or default_job_id(self.table_uri, self.topics, self.topic_pattern)
+
+    @property
+    def resolved_ship_code(self) -> bool:
+        return self.ship_code if self.ship_code is not None else not is_local_master(self.master)
 
     @property
     def resolved_group_id(self) -> str:
@@ -282,6 +293,93 @@ class PipelineSummary:
     notices: tuple[str, ...] = ()
 
 
+def is_local_master(master: str) -> bool:
+    """Whether ``master`` runs the executors inside the driver's JVM (``local``, ``local[N]``,
+    ``local[N,F]``, ``local[*]``); ``local-cluster[...]``, ``spark://``, ``yarn`` and ``k8s://`` do not."""
+    return master == "local" or master.startswith("local[")
+
+
+_LOCAL_WITH_FAILURES = re.compile(r"local\[\s*(?:\d+|\*)\s*,\s*(\d+)\s*\]")
+
+
+def task_max_failures(master: str, configured: str | None) -> int:
+    """Attempts Spark gives a task before failing its job, as ``SparkContext.createTaskScheduler``
+    decides: in local mode 1, or F of ``local[N,F]`` (``spark.task.maxFailures`` is not read);
+    otherwise ``spark.task.maxFailures`` (``configured``), 4 when unset."""
+    if is_local_master(master):
+        match = _LOCAL_WITH_FAILURES.fullmatch(master)
+        return int(match.group(1)) if match else 1
+    return int(configured) if configured else 4
+
+
+def executor_python(master: str, spark_conf: Mapping[str, str], environ: Mapping[str, str]) -> str | None:
+    """The Python the executors run for this driver (PySpark's ``SparkContext.pythonExec``, read
+    from ``PYSPARK_PYTHON`` when the context starts and sent with every task): ``spark.pyspark.python``
+    first (spark-submit gives the setting precedence over the variable), then ``PYSPARK_PYTHON``,
+    then this interpreter for local and standalone (``spark://``) masters, whose executors run on
+    machines laid out as this one; None elsewhere (YARN, Kubernetes: PySpark's ``python3`` on the
+    executors' PATH, unless a packed environment says otherwise, see the README)."""
+    if spark_conf.get("spark.pyspark.python"):
+        return spark_conf["spark.pyspark.python"]
+    if environ.get("PYSPARK_PYTHON"):
+        return environ["PYSPARK_PYTHON"]
+    if is_local_master(master) or master.startswith(("spark://", "local-cluster[")):
+        return sys.executable
+    return None
+
+
+_task_zip_lock = threading.Lock()
+_task_zip: str | None = None
+
+
+def task_code_zip() -> str:
+    """A zip of :data:`TASK_PACKAGES` as this process imports them (every file but ``__pycache__``,
+    ``.avsc`` schemas included), for ``SparkContext.addPyFile``: the executors then run the
+    driver's own Chandy code, and need only its third-party dependencies (pyarrow,
+    confluent-kafka, fastavro, deltalake, ...; compiled packages cannot travel in a zip). Built
+    once per process in a temporary directory removed at exit; named by the SHA-256 of its
+    content, since Spark refuses a second, different file under a name it already serves.
+
+    Raises:
+        PipelineError: a package is not importable from a directory (e.g. Chandy itself runs from a zip).
+    """
+    global _task_zip
+    import atexit
+    import hashlib
+    import importlib.util
+    import shutil
+    import tempfile
+    import zipfile
+    from pathlib import Path
+
+    with _task_zip_lock:
+        if _task_zip is not None and os.path.exists(_task_zip):
+            return _task_zip
+        members: list[tuple[str, bytes]] = []
+        for package in TASK_PACKAGES:
+            spec = importlib.util.find_spec(package)
+            locations = list(spec.submodule_search_locations or []) if spec is not None else []
+            if not locations or not os.path.isdir(locations[0]):
+                raise PipelineError(f"cannot ship package {package} to the executors: it is not imported from a "
+                                    f"directory ({locations or spec}); install Chandy on the executors and pass "
+                                    "--no-ship-code")
+            root = Path(locations[0])
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                    members.append((f"{package}/{path.relative_to(root).as_posix()}", path.read_bytes()))
+        digest = hashlib.sha256()
+        for name, data in members:
+            digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+        directory = tempfile.mkdtemp(prefix="chandy-tasks-")
+        atexit.register(shutil.rmtree, directory, True)
+        target = os.path.join(directory, f"chandy-tasks-{digest.hexdigest()[:16]}.zip")
+        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name, data in members:
+                archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
+        _task_zip = target
+        return target
+
+
 def load_transform(spec: str) -> Callable[[Any], Any]:
     """Import ``module:function``.
 
@@ -301,11 +399,13 @@ def load_transform(spec: str) -> Callable[[Any], Any]:
 
 _CAUSE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Invalid)): (.+)$", re.MULTILINE)
 _WRAPPERS = {"PythonException", "Py4JJavaError", "SparkException", "AnalysisException", "CheckpointException"}
+_JAVA_CAUSE = re.compile(r"^Caused by: (?:[A-Za-z_][\w$]*\.)*([A-Za-z_][\w$]*): (.+)$", re.MULTILINE)
 
 
 def root_cause(error: BaseException | str) -> str:
     """The one line that says why: the first error raised by our own code in a Spark task (its
-    class and message), else the innermost Python error, else the first line of ``error``."""
+    class and message), else the innermost Python error, else the outermost Java cause of a
+    Py4J error (the first ``Caused by: ...`` that is not a wrapper), else the first line of ``error``."""
     text = str(error)
     found = [(m.group(1), m.group(2).strip()) for m in _CAUSE.finditer(text) if m.group(1) not in _WRAPPERS]
     for name, message in found:
@@ -313,6 +413,10 @@ def root_cause(error: BaseException | str) -> str:
             return f"{name}: {message}"
     if found:
         name, message = found[-1]
+        return f"{name}: {message}"
+    java = [(m.group(1), m.group(2).strip()) for m in _JAVA_CAUSE.finditer(text) if m.group(1) not in _WRAPPERS]
+    if java:
+        name, message = java[0]
         return f"{name}: {message}"
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
     return first
@@ -381,6 +485,7 @@ class Pipeline:
         opts = self.options
         self._check_kafka()
         self._check_table_location()
+        self._warn_local_paths_on_a_cluster()
         self.decoder = self._decoder_from_known_schema()
         if self._transform is None and (opts.value_format is None or self.decoder is not None):
             self._check_output_schema(self._output_schema())
@@ -435,6 +540,25 @@ class Pipeline:
             self.sink.fs.rm(probe)
         except Exception as exc:  # every storage error means "not writable"
             raise PipelineError(f"table location {self.sink.table_uri} is not writable: {exc}") from exc
+
+    def _warn_local_paths_on_a_cluster(self) -> None:
+        """Tasks write the table's files (and bad records) where the driver then commits them
+        from: off a local master, a local-filesystem path works only when every executor sees the
+        driver's directory (one machine, or a shared mount); say so once, before Spark starts."""
+        opts = self.options
+        if is_local_master(opts.master):
+            return
+        protocol = self.sink.fs.protocol
+        local = []
+        if {"file", "local"} & set(protocol if isinstance(protocol, (tuple, list)) else (protocol,)):
+            local.append(f"table {self.sink.table_uri}")
+        checkpoint_dir = opts.resolved_checkpoint_dir
+        if checkpoint_dir.startswith(("file:", "local:")) or "://" not in checkpoint_dir:
+            local.append(f"checkpoint directory {checkpoint_dir}")
+        if local:
+            log.warning("%s on the local filesystem with master %s: the driver and every executor must see the same "
+                        "directory (one machine, or a shared mount); on a cluster use shared storage (s3://, "
+                        "abfss://, gs://, hdfs://)", " and ".join(local), opts.master)
 
     def _value_columns(self, struct: Any) -> tuple[pa.Schema, tuple[str, ...]]:
         """Spark StructType of the value -> (landed Arrow columns, names in the value)."""
@@ -558,9 +682,12 @@ class Pipeline:
             return self._spark
         from pyspark.sql import SparkSession
 
-        # executors' Python workers must import chandy: use this interpreter unless told otherwise
-        if not os.environ.get("PYSPARK_PYTHON"):
-            os.environ["PYSPARK_PYTHON"] = sys.executable
+        # the executors' Python workers must import the tasks' packages (see executor_python)
+        python = executor_python(self.options.master, self.options.spark_conf, os.environ)
+        if python:
+            os.environ["PYSPARK_PYTHON"] = python
+        if self._transform is not None:
+            self._check_planner_python(python or "python3")
         if os.environ.get(faults.ENV):
             os.environ[faults.PGID_ENV] = str(os.getpgid(0))  # a crash point in a task kills the driver too
         builder = (SparkSession.builder.master(self.options.master).appName(f"chandy-pipeline-{self.job_id[:8]}")
@@ -570,7 +697,30 @@ class Pipeline:
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
+        if self.options.resolved_ship_code:
+            code = task_code_zip()
+            spark.sparkContext.addPyFile(code)  # every executor fetches it before its first task
+            log.info("shipped %s to the executors; their Python: %s", os.path.basename(code),
+                     os.environ.get("PYSPARK_PYTHON", "python3"))
         return spark
+
+    def _check_planner_python(self, python: str) -> None:
+        """With a transform, the micro-batch reads and writes through Python data sources, which
+        Spark plans on the driver in a Python worker started with the executors' Python path,
+        from this process's directory (``PythonPlannerRunner``): that path must run here too.
+
+        Raises:
+            PipelineError: it does not (e.g. ``./environment/bin/python`` of an archive that only
+                the executors unpack).
+        """
+        import shutil
+
+        found = os.path.isfile(python) if os.sep in python else shutil.which(python) is not None
+        if not found:
+            raise PipelineError(
+                f"--transform: Spark plans the transform's data sources on the driver with the executors' Python "
+                f"{python!r}, which does not exist from {os.getcwd()}; run from a directory where it does (the "
+                "environment archive unpacked there, or a link to an environment with Chandy's dependencies)")
 
     def offsets_of(self, metadata: CheckpointMetadata) -> OffsetRanges:
         """The offset ranges checkpoint ``metadata`` covers, from the Kafka source's state in it."""
@@ -729,7 +879,7 @@ class Pipeline:
             checkpoint_dir=opts.resolved_checkpoint_dir, partition_by=tuple(opts.partition_by),
             storage_options=dict(opts.storage_options), producer_overrides=dict(opts.producer_overrides),
             consumer_overrides=dict(opts.consumer_overrides),
-            max_task_failures=int(spark.conf.get("spark.task.maxFailures", "1")),
+            max_task_failures=task_max_failures(spark.sparkContext.master, spark.conf.get("spark.task.maxFailures", None)),
             table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties),
             add_columns=self.add_columns, table_location=getattr(self.sink, "root_url", None))
 
@@ -929,6 +1079,10 @@ class Pipeline:
                         self._run_micro_batch(spark, checkpoint_id, ranges, counts)
                     except Exception as exc:  # noqa: BLE001 - any failure of the Spark job aborts the checkpoint now, not at its timeout
                         message = root_cause(exc)
+                        if message.startswith("ModuleNotFoundError"):
+                            message += (f" in the executors' Python ({os.environ.get('PYSPARK_PYTHON', 'python3')}): "
+                                        "install Chandy there, or its dependencies with --ship-code "
+                                        "(README, Running on a cluster)")
                         fatal = message if message.split(":")[0] in DETERMINISTIC_ERRORS else None
                         log.error("checkpoint %d: Spark job failed: %s", checkpoint_id, message)
                         self.service.abort_checkpoint(checkpoint_id, CheckpointFailureReason.CHECKPOINT_DECLINED,
