@@ -163,8 +163,17 @@ class LakeCommitter:
         metadata = self._metadata(checkpoint_id)
         files = self.files_of(checkpoint_id, metadata)
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
-        self._check_ranges(checkpoint_id, ranges, self.sink.committed_checkpoint(self.context.job_id))
+        done = self.sink.committed_checkpoint(self.context.job_id)
+        self._check_ranges(checkpoint_id, ranges, done)
         offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
+        missing = self.sink.missing_files(files) if done is None or done < checkpoint_id else []
+        if missing:
+            # never commit a file that is gone: the table would reference data it cannot read
+            raise LakeCommitError(
+                f"checkpoint {checkpoint_id} references {len(missing)} data file(s) no longer in table "
+                f"{self.sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
+                "intermediate savepoint's files are cleaned up once a later checkpoint lands the same ranges), "
+                "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
         try:
             committed = self.sink.commit(self.context.job_id, checkpoint_id, files, offsets=offsets or None,
                                          cluster_id=self.cluster_id)

@@ -350,6 +350,11 @@ class DeltaLakeSink:
                 others[owner] = _offsets_from_json(commit["chandy.offsets"])
         return TableProgress(done, offsets or {}, cluster_id, others)
 
+    def missing_files(self, files: Iterable[DataFile]) -> list[str]:
+        """Paths (relative to the table root) of ``files`` that are not in the table's location:
+        written once, then deleted (for example by a cleanup of files no commit referenced)."""
+        return [f.path for f in files if not self.fs.exists(f"{self.root}/{f.path}")]
+
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> bool:
         """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id)

@@ -157,3 +157,30 @@ def test_two_commits_of_one_checkpoint_at_once_land_it_once(tmp_path: Path) -> N
     sink = DeltaLakeSink(str(tmp_path / "t"))
     assert offsets(sink) == list(range(3, 21))  # every row once
     assert sink.committed_checkpoint(JOB) == 6
+
+
+def test_the_committer_refuses_a_checkpoint_whose_files_were_cleaned_up(tmp_path: Path) -> None:
+    """An intermediate savepoint's files are cleaned up once later checkpoints land its ranges;
+    committing it later (a restore from it) must fail with a clear error and leave the table
+    readable, never add files that are gone."""
+    from connectors.lake.committer import LakeCommitter
+    from coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
+
+    class Context:
+        job_id, operator_id = JOB, "lake"
+
+        def checkpoint_pointer(self, checkpoint_id: int) -> None:
+            return None
+
+    sink = DeltaLakeSink(str(tmp_path / "t"))
+    commit_checkpoints(sink, 1, 2)
+    storage = CheckpointStorage(f"file://{tmp_path}/chk", JOB)
+    files = sink.write_files(rows(3), job_id=JOB, checkpoint_id=3, subtask=0, attempt=0)
+    storage.write_metadata(storage.initialize_location_for_checkpoint(3), CheckpointMetadata(
+        job_id=JOB, checkpoint_id=3, checkpoint_type="SAVEPOINT", trigger_timestamp=1, completion_timestamp=2,
+        operator_states=(OperatorState("lake", None, (SubtaskState(0, 0, tuple(f.to_state_handle() for f in files)),)),)))
+    assert sink.delete_unreferenced(JOB) == [f.path for f in files]  # the cleanup of uncommitted files
+    committer = LakeCommitter(Context(), sink, storage)
+    with pytest.raises(LakeCommitError, match=r"checkpoint 3 references 1 data file\(s\) no longer in table"):
+        committer.notify_checkpoint_complete(3)
+    assert sink.committed_checkpoint(JOB) == 2 and offsets(sink) == list(range(5, 15))
