@@ -360,6 +360,10 @@ def pipeline() -> None:
 @click.option("-X", "consumer_conf", multiple=True, metavar="KEY=VALUE", help="librdkafka consumer setting (repeatable).")
 @click.option("--producer-property", "producer_conf", multiple=True, metavar="KEY=VALUE",
               help="librdkafka producer setting for acks (repeatable).")
+@click.option("--worker-property", "worker_conf", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka setting of the Spark tasks' clients (source reads, acks), repeatable: credentials "
+                   "given here (sasl.username, sasl.password, ...) replace the driver's -X ones, so the tasks act as "
+                   "the worker principal of `chandy topics acls --worker`  [default: the tasks use the driver's]")
 @click.option("--value-format", type=click.Choice(["json", "avro"]), default=None, help="Decode values into columns.")
 @click.option("--value-schema", default=None, help="JSON: Spark DDL (default inferred); Avro: schema JSON or @file.")
 @click.option("--avro-framing", type=click.Choice(["single-object", "confluent", "raw"]), default="single-object",
@@ -414,7 +418,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  max_records_per_checkpoint: int | None, interval_ms: int, timeout_ms: int,
                  tolerable_failed_checkpoints: int, checkpoint_dir: str | None, parallelism: int | None, master: str,
                  spark_conf: tuple[str, ...], consumer_conf: tuple[str, ...], producer_conf: tuple[str, ...],
-                 value_format: str | None, value_schema: str | None, avro_framing: str, keep_raw_value: bool,
+                 worker_conf: tuple[str, ...], value_format: str | None, value_schema: str | None, avro_framing: str, keep_raw_value: bool,
                  transform: str | None, partition_by: tuple[str, ...], storage_conf: tuple[str, ...], prefix: str,
                  until_drained: bool, max_checkpoints: int | None, verify: bool, errors_tolerance: str,
                  dead_letter_topic: str | None, tombstones: str, avro_schema_id: int | None,
@@ -442,6 +446,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
         spark_conf=_parse_settings(spark_conf, "--conf"), value_format=value_format, value_schema=value_schema,
         avro_framing=avro_framing, keep_raw_value=keep_raw_value, transform=transform, partition_by=partition_by,
         consumer_overrides=_parse_settings(consumer_conf), producer_overrides=_parse_settings(producer_conf, "--producer-property"),
+        worker_overrides=_parse_settings(worker_conf, "--worker-property"),
         storage_options=_parse_settings(storage_conf, "--storage-option"), prefix=prefix,
         stop_when_drained=until_drained, max_checkpoints=max_checkpoints, errors_tolerance=errors_tolerance,
         dead_letter_topic=dead_letter_topic, tombstones=tombstones, avro_schema_id=avro_schema_id,
@@ -736,6 +741,26 @@ def topics() -> None:
     """Chandy's four topics (control, acks, coordinator-log, checkpoint-events)."""
 
 
+admin_settings_option = click.option(
+    "-X", "settings", multiple=True, metavar="KEY=VALUE",
+    help="librdkafka setting of the admin client (repeatable), e.g. sasl.username=admin "
+         "(default: the embedded broker's super user).")
+
+
+def _admin(bootstrap_servers: str | None, data_dir: Path | None, settings: tuple[str, ...]) -> tuple[str, Any]:
+    """(bootstrap servers, AdminClient) with the ``-X`` settings, else, on the embedded broker,
+    its super user's (``client_settings`` of broker.json: topics and ACLs are an administrator's)."""
+    from chandy.broker import EmbeddedKafkaBroker
+    from coordinator.kafka import config as kafka_config
+
+    servers = _bootstrap(bootstrap_servers, data_dir)
+    admin_settings = _parse_settings(settings)
+    embedded = EmbeddedKafkaBroker(data_dir).status()
+    if not admin_settings and embedded is not None and embedded.bootstrap_servers == servers:
+        admin_settings = dict(embedded.client_settings)
+    return servers, kafka_config.admin_client(servers, admin_settings)
+
+
 @topics.command("ensure")
 @bootstrap_option
 @data_dir_option
@@ -743,14 +768,14 @@ def topics() -> None:
 @click.option("--partitions", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--replication-factor", type=click.IntRange(1), default=None,
               help="Replicas (default: 3 on a cluster of three brokers or more, with min.insync.replicas 2; else 1).")
+@admin_settings_option
 @_handle_errors
 def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: str, partitions: int,
-                  replication_factor: int | None) -> None:
+                  replication_factor: int | None, settings: tuple[str, ...]) -> None:
     """Create the missing topics with explicit settings, then check them all."""
-    from coordinator.kafka import config as kafka_config
     from coordinator.kafka.topics import ChandyTopics, ensure_topics
 
-    admin = kafka_config.admin_client(_bootstrap(bootstrap_servers, data_dir))
+    _, admin = _admin(bootstrap_servers, data_dir, settings)
     created = ensure_topics(admin, ChandyTopics(prefix), partitions=partitions, replication_factor=replication_factor)
     err_console.print(f"created: {', '.join(created) or 'none'}; all five checked")
 
@@ -766,22 +791,28 @@ def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: 
               help="A reader's principal (repeatable): reads checkpoint-events.")
 @click.option("--reader-group-prefix", default="chandy-events-", show_default=True,
               help="Consumer groups readers may use (prefixed ACL).")
+@click.option("--source-topic", "source_topics", multiple=True, metavar="TOPIC",
+              help="A pipeline's source topic (repeatable): read by the coordinator (the driver's enumerator) and "
+                   "the workers (its Spark tasks).")
+@click.option("--group", "group_id", default=None, metavar="GROUP",
+              help="A pipeline's consumer group (its --group-id): the coordinator commits offsets to it.")
+@click.option("--dead-letter-topic", "dead_letter_topics", multiple=True, metavar="TOPIC",
+              help="A pipeline's dead-letter topic (repeatable): the coordinator writes bad records to it.")
 @click.option("--dry-run", is_flag=True, help="Print the ACLs without creating them.")
-@click.option("-X", "settings", multiple=True, metavar="KEY=VALUE",
-              help="librdkafka setting of the admin client (repeatable), e.g. sasl.username=admin "
-                   "(default: the embedded broker's super user).")
+@admin_settings_option
 @_handle_errors
 def topics_acls(bootstrap_servers: str | None, data_dir: Path | None, prefix: str, coordinator_principal: str | None,
-                workers: tuple[str, ...], readers: tuple[str, ...], reader_group_prefix: str, dry_run: bool,
-                settings: tuple[str, ...]) -> None:
-    """Print and create the minimal ACLs of Chandy's topics (Kafka's CreateAcls, as an administrator)."""
-    from chandy.broker import EmbeddedKafkaBroker
-    from coordinator.kafka import config as kafka_config
+                workers: tuple[str, ...], readers: tuple[str, ...], reader_group_prefix: str,
+                source_topics: tuple[str, ...], group_id: str | None, dead_letter_topics: tuple[str, ...],
+                dry_run: bool, settings: tuple[str, ...]) -> None:
+    """Print and create the minimal ACLs of Chandy's topics, and of a pipeline's source, group and
+    dead-letter topics (Kafka's CreateAcls, as an administrator)."""
     from coordinator.kafka.acls import apply_acls, chandy_acls
     from coordinator.kafka.topics import ChandyTopics
 
     acls = chandy_acls(ChandyTopics(prefix), coordinator=coordinator_principal, workers=workers, readers=readers,
-                       reader_group_prefix=reader_group_prefix)
+                       reader_group_prefix=reader_group_prefix, source_topics=source_topics, group=group_id,
+                       dead_letter_topics=dead_letter_topics)
     if not acls:
         raise click.UsageError("name at least one of --coordinator, --worker, --reader")
     rows = [("role", "principal", "resource", "name", "pattern", "operation"), *(acl.row() for acl in acls)]
@@ -790,12 +821,8 @@ def topics_acls(bootstrap_servers: str | None, data_dir: Path | None, prefix: st
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     if dry_run:
         return
-    servers = _bootstrap(bootstrap_servers, data_dir)
-    admin_settings = _parse_settings(settings)
-    embedded = EmbeddedKafkaBroker(data_dir).status()
-    if not admin_settings and embedded is not None and embedded.bootstrap_servers == servers:
-        admin_settings = dict(embedded.client_settings)
-    created = apply_acls(kafka_config.admin_client(servers, admin_settings), acls)
+    servers, admin = _admin(bootstrap_servers, data_dir, settings)
+    created = apply_acls(admin, acls)
     err_console.print(f"{created} ACL(s) created on {servers}")
 
 
@@ -803,13 +830,13 @@ def topics_acls(bootstrap_servers: str | None, data_dir: Path | None, prefix: st
 @bootstrap_option
 @data_dir_option
 @click.option("--prefix", default="chandy", show_default=True, help="Topic name prefix.")
+@admin_settings_option
 @_handle_errors
-def topics_check(bootstrap_servers: str | None, data_dir: Path | None, prefix: str) -> None:
+def topics_check(bootstrap_servers: str | None, data_dir: Path | None, prefix: str, settings: tuple[str, ...]) -> None:
     """Check that the topics exist and the coordinator log is compacted (exit 2 if not)."""
-    from coordinator.kafka import config as kafka_config
     from coordinator.kafka.topics import ChandyTopics, check_topics
 
-    check_topics(kafka_config.admin_client(_bootstrap(bootstrap_servers, data_dir)), ChandyTopics(prefix))
+    check_topics(_admin(bootstrap_servers, data_dir, settings)[1], ChandyTopics(prefix))
     err_console.print("ok")
 
 

@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 
 from connectors.kafka.source import offsets as offsets_module
 from connectors.kafka.source.enumerator import (
@@ -117,7 +117,7 @@ class PipelineOptions:
     """Everything ``chandy pipeline run`` takes. Times in ms.
 
     Kafka settings pass through under librdkafka's names (``consumer_overrides``,
-    ``producer_overrides``), Spark settings under Spark's (``spark_conf``), storage settings under
+    ``producer_overrides``, ``worker_overrides``), Spark settings under Spark's (``spark_conf``), storage settings under
     fsspec's / delta-rs's (``storage_options``). ``table_uri`` is normalised to an absolute URI
     when the options are made. Bad records follow Kafka Connect's ``errors.tolerance`` (``none``
     or ``all``) and ``errors.deadletterqueue.topic.name`` (``dead_letter_topic``); ``tombstones``
@@ -162,6 +162,9 @@ class PipelineOptions:
     partition_by: tuple[str, ...] = ()
     consumer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     producer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: the Spark tasks' principal (docs/design.md, "The pipeline's principals"): laid over the
+    #: driver's settings for the tasks' clients, its credentials replacing the driver's
+    worker_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     storage_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
     prefix: str = "chandy"
     stop_when_drained: bool = False
@@ -237,6 +240,23 @@ class PipelineOptions:
     @property
     def resolved_ship_code(self) -> bool:
         return self.ship_code if self.ship_code is not None else not is_local_master(self.master)
+
+    @property
+    def driver_producer_overrides(self) -> dict[str, Any]:
+        """The driver's producers (the coordinator's log writer and completion transactions):
+        ``producer_overrides`` completed with the security settings of ``consumer_overrides``,
+        so credentials given once with ``-X`` reach every client of the driver."""
+        return kafka_config.with_security_of(self.consumer_overrides, self.producer_overrides)
+
+    @property
+    def task_consumer_overrides(self) -> dict[str, Any]:
+        """The Spark tasks' consumers (source ranges): the driver's, as ``worker_overrides``' principal."""
+        return kafka_config.as_principal(self.consumer_overrides, self.worker_overrides)
+
+    @property
+    def task_producer_overrides(self) -> dict[str, Any]:
+        """The Spark tasks' producers (acks, declines): the driver's, as ``worker_overrides``' principal."""
+        return kafka_config.as_principal(self.driver_producer_overrides, self.worker_overrides)
 
     @property
     def resolved_group_id(self) -> str:
@@ -497,7 +517,9 @@ class Pipeline:
         for what, make in (("-X (consumer)", lambda: kafka_config.consumer(opts.bootstrap_servers,
                                                                            overrides=dict(opts.consumer_overrides))),
                            ("--producer-property", lambda: kafka_config.producer(
-                               opts.bootstrap_servers, overrides=dict(opts.producer_overrides)))):
+                               opts.bootstrap_servers, overrides=opts.driver_producer_overrides)),
+                           ("--worker-property", lambda: kafka_config.producer(
+                               opts.bootstrap_servers, overrides=opts.task_producer_overrides))):
             try:
                 client = make()
             except KafkaException as exc:
@@ -518,7 +540,9 @@ class Pipeline:
         if opts.topics:
             missing = [t for t in opts.topics if t not in available]
             if missing:
-                raise PipelineError(f"topic(s) not found on {opts.bootstrap_servers}: {', '.join(missing)}")
+                hidden = (" (or not visible to this principal: give it READ on them, `chandy topics acls --source-topic`)"
+                          if kafka_config.security_settings(opts.consumer_overrides) else "")
+                raise PipelineError(f"topic(s) not found on {opts.bootstrap_servers}: {', '.join(missing)}{hidden}")
         self.topic_names = subscribed_topics(available, opts.topics, opts.topic_pattern)
         if not self.topic_names:
             raise PipelineError(f"no topic matches {opts.topic_pattern!r} on {opts.bootstrap_servers}")
@@ -526,6 +550,41 @@ class Pipeline:
         if opts.dead_letter_topic and opts.dead_letter_topic not in available:
             raise PipelineError(f"dead-letter topic {opts.dead_letter_topic} not found on {opts.bootstrap_servers} "
                                 "(create it first, with the retention you want for bad records)")
+        if kafka_config.security_settings(opts.task_consumer_overrides):
+            self._check_access()
+
+    def _check_access(self) -> None:
+        """On a secured cluster, before Spark starts: the tasks' principal may READ the source
+        partitions, and the driver's may use the consumer group its offsets are committed to
+        (which would otherwise fail at each checkpoint with a warning only).
+
+        Raises:
+            PipelineError: an authorization error, naming the principal, the resource and the ACL.
+        """
+        from connectors.kafka.source.reader import SourceAuthorizationError, check_read_access
+
+        opts = self.options
+        tasks = opts.task_consumer_overrides
+        try:
+            check_read_access(opts.bootstrap_servers, self.partitions, tasks)
+        except SourceAuthorizationError as exc:
+            raise PipelineError(f"the Spark tasks' principal ({tasks.get('sasl.username', 'from -X/--worker-property')}) "
+                                f"may not read the source: {exc}; grant it with `chandy topics acls --worker ... "
+                                "--source-topic ...`") from exc
+        group = opts.resolved_group_id
+        admin = kafka_config.admin_client(opts.bootstrap_servers, kafka_config.security_settings(opts.consumer_overrides))
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in self.partitions])
+        refused: list[KafkaError] = []
+        try:  # OffsetFetch: what the enumerator's commits need first (DESCRIBE on the group, READ grants it)
+            answer = admin.list_consumer_group_offsets([request], request_timeout=30)[group].result()
+            refused = [tp.error for tp in answer.topic_partitions if tp.error is not None]
+        except KafkaException as exc:
+            refused = [exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)]
+        if refused:
+            raise PipelineError(
+                f"the driver's principal ({opts.consumer_overrides.get('sasl.username', 'from -X')}) may not use consumer "
+                f"group {group} (offset commits on checkpoint completion): {refused[0].str()}; grant it with "
+                f"`chandy topics acls --coordinator ... --group {group}`")
 
     def _check_table_location(self) -> None:
         try:
@@ -778,7 +837,7 @@ class Pipeline:
                                                          cluster_id=self.cluster_id, optimize_every=opts.optimize_every,
                                                          optimize_target_size=opts.optimize_target_size),
                                    KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
-            prefix=opts.prefix, producer_overrides=dict(opts.producer_overrides),
+            prefix=opts.prefix, producer_overrides=opts.driver_producer_overrides,
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
             completion_outputs=self.completion_outputs, checkpoint_id_floor=self._checkpoint_id_floor,
             restore_from=opts.from_savepoint, request_executor=self._execute_request, election=self.election,
@@ -877,8 +936,8 @@ class Pipeline:
             table_uri=opts.table_uri, job_id=self.job_id, checkpoint_id=checkpoint_id, epoch=self.service.epoch,
             operator_id=SINK_OPERATOR, bootstrap_servers=opts.bootstrap_servers, prefix=opts.prefix,
             checkpoint_dir=opts.resolved_checkpoint_dir, partition_by=tuple(opts.partition_by),
-            storage_options=dict(opts.storage_options), producer_overrides=dict(opts.producer_overrides),
-            consumer_overrides=dict(opts.consumer_overrides),
+            storage_options=dict(opts.storage_options), producer_overrides=opts.task_producer_overrides,
+            consumer_overrides=opts.task_consumer_overrides,
             max_task_failures=task_max_failures(spark.sparkContext.master, spark.conf.get("spark.task.maxFailures", None)),
             table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties),
             add_columns=self.add_columns, table_location=getattr(self.sink, "root_url", None))

@@ -13,16 +13,35 @@ allows), these bindings give each role exactly what it uses:
 | coordinator | every topic of :meth:`ChandyTopics.specs`  | DESCRIBE, DESCRIBE_CONFIGS  |
 | coordinator | transactional.id ``<prefix>-coordinator-`` (prefixed) | WRITE            |
 | coordinator | topic ``requests``; group ``<prefix>-coordinator-`` (prefixed) | READ (election) |
+| coordinator | group ``chandy-unmanaged``                 | DESCRIBE                    |
 | worker      | topic ``acks``                             | WRITE                       |
 | worker      | topic ``control``                          | READ                        |
+| worker      | group ``chandy-unmanaged``                 | DESCRIBE                    |
 | reader      | topic ``checkpoint-events``                | READ                        |
 | reader      | group ``<reader group prefix>`` (prefixed) | READ                        |
 
-WRITE and READ imply DESCRIBE (Kafka's ACL rules), so the clients see their topics' metadata;
-DESCRIBE_CONFIGS lets the coordinator check the topics' settings at start. Nobody but a super
-user creates or deletes the topics (``chandy topics ensure`` as an administrator). Workers and
-readers assign partitions themselves or use the reader groups; the coordinator commits no
-consumer offsets, so it needs no group.
+A pipeline (``chandy pipeline run``) adds its own resources, named by ``source_topics``,
+``group`` and ``dead_letter_topics``; its driver is the coordinator's principal and its Spark
+tasks the worker's (docs/design.md, "The pipeline's principals"):
+
+| principal   | resource                                   | operations | for                          |
+| ----------- | ------------------------------------------ | ---------- | ---------------------------- |
+| coordinator | each source topic                          | READ       | the enumerator: metadata, offsets, offset commits |
+| coordinator | group ``<group>`` (the pipeline's group.id) | READ      | offset commits on notifyCheckpointComplete |
+| coordinator | each dead-letter topic                     | WRITE      | bad records, in the checkpoint's completion transaction |
+| worker      | each source topic                          | READ       | Spark tasks fetch their offset ranges |
+
+WRITE and READ imply DESCRIBE (Kafka's ACL rules), so the clients see their topics' metadata and
+list their offsets; DESCRIBE_CONFIGS lets the coordinator check the topics' settings at start.
+``chandy-unmanaged`` is the ``group.id`` of consumers that only assign partitions
+(:data:`~coordinator.kafka.config.UNMANAGED_GROUP`, which librdkafka's Python binding requires):
+nothing ever joins it or commits to it, but librdkafka looks up its coordinator, which Kafka
+allows with DESCRIBE only; without it such a consumer reports GROUP_AUTHORIZATION_FAILED, which
+fails a reader of a range or of the coordinator log.
+Nobody but a super user creates or deletes the topics (``chandy topics ensure`` as an
+administrator; the source and dead-letter topics likewise). Workers and readers assign
+partitions themselves or use the reader groups; the coordinator's own protocol commits no
+consumer offsets, only a pipeline's source does, to its ``group``.
 """
 
 from __future__ import annotations
@@ -41,6 +60,7 @@ from confluent_kafka.admin import (
 )
 
 from coordinator.errors import ChandyError
+from coordinator.kafka.config import UNMANAGED_GROUP
 from coordinator.kafka.topics import ChandyTopics
 
 #: Consumer groups a reader may use by default: the throwaway groups of ``chandy events tail``
@@ -97,19 +117,36 @@ def chandy_acls(
     workers: Iterable[str] = (),
     readers: Iterable[str] = (),
     reader_group_prefix: str = DEFAULT_READER_GROUP_PREFIX,
+    source_topics: Iterable[str] = (),
+    group: str | None = None,
+    dead_letter_topics: Iterable[str] = (),
 ) -> list[ChandyAcl]:
-    """The minimal ACLs (module docstring's table) for the given principals (``User:x`` or ``x``).
+    """The minimal ACLs (module docstring's tables) for the given principals (``User:x`` or ``x``).
 
     The coordinator's ``transactional.id`` is ``<prefix>-coordinator-<job id>``, so one PREFIXED
-    binding covers every job under ``topics.prefix``.
+    binding covers every job under ``topics.prefix``. A pipeline's ``source_topics`` are read by
+    the coordinator (its source enumerator) and by the workers (its Spark tasks); its consumer
+    ``group`` (Flink's ``commit.offsets.on.checkpoint``) and its ``dead_letter_topics`` (Kafka
+    Connect's ``errors.deadletterqueue.topic.name``) are the coordinator's. All LITERAL.
 
     Raises:
-        AclError: a malformed principal.
+        AclError: a malformed principal or resource name; a ``group`` or dead-letter topic
+            without a coordinator, or source topics without a coordinator or a worker, to give them to.
     """
     topic = ResourceType.TOPIC
     literal, prefixed = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
     op = AclOperation
     acls: list[ChandyAcl] = []
+    workers, readers = list(workers), list(readers)
+    sources = _names(source_topics, "source topic")
+    dead_letters = _names(dead_letter_topics, "dead-letter topic")
+    if group is not None:
+        _names([group], "group")
+    if coordinator is None and (group is not None or dead_letters):
+        raise AclError("a pipeline's consumer group and dead-letter topics are the coordinator's (the driver commits "
+                       "offsets and publishes bad records): name the coordinator's principal too")
+    if sources and coordinator is None and not workers:
+        raise AclError("source topics are read by the coordinator and the workers: name at least one of them")
     if coordinator is not None:
         who = principal(coordinator)
         grants = [
@@ -129,15 +166,39 @@ def chandy_acls(
             acls.append(ChandyAcl("coordinator", who, topic, requests, literal, op.READ))
             acls.append(ChandyAcl("coordinator", who, ResourceType.GROUP, f"{topics.prefix}-coordinator-",
                                   prefixed, op.READ))
+        acls.append(ChandyAcl("coordinator", who, ResourceType.GROUP, UNMANAGED_GROUP, literal, op.DESCRIBE))
+        # a pipeline's source enumerator: topic metadata, list offsets and offset commits (OffsetCommit
+        # needs READ on the topic and the group); the completion transaction publishes its dead letters
+        acls += [ChandyAcl("coordinator", who, topic, name, literal, op.READ) for name in sources]
+        if group is not None:
+            acls.append(ChandyAcl("coordinator", who, ResourceType.GROUP, group, literal, op.READ))
+        acls += [ChandyAcl("coordinator", who, topic, name, literal, op.WRITE) for name in dead_letters]
     for worker in workers:
         who = principal(worker)
         acls.append(ChandyAcl("worker", who, topic, topics.acks, literal, op.WRITE))
         acls.append(ChandyAcl("worker", who, topic, topics.control, literal, op.READ))
+        acls.append(ChandyAcl("worker", who, ResourceType.GROUP, UNMANAGED_GROUP, literal, op.DESCRIBE))
+        acls += [ChandyAcl("worker", who, topic, name, literal, op.READ) for name in sources]  # Spark tasks' fetches
     for reader in readers:
         who = principal(reader)
         acls.append(ChandyAcl("reader", who, topic, topics.checkpoint_events, literal, op.READ))
         acls.append(ChandyAcl("reader", who, ResourceType.GROUP, reader_group_prefix, prefixed, op.READ))
     return acls
+
+
+def _names(names: Iterable[str], what: str) -> list[str]:
+    """``names`` in order without repeats.
+
+    Raises:
+        AclError: an empty name.
+    """
+    unique: list[str] = []
+    for name in names:
+        if not name or not name.strip():
+            raise AclError(f"a {what} name must not be empty")
+        if name not in unique:
+            unique.append(name)
+    return unique
 
 
 def apply_acls(admin: AdminClient, acls: Iterable[ChandyAcl], timeout_s: float = 30.0) -> int:

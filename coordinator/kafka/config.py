@@ -21,6 +21,11 @@ BOOTSTRAP_SERVERS_ENV = "CHANDY_BOOTSTRAP_SERVERS"
 
 KafkaConfig = dict[str, Any]
 
+#: The ``group.id`` of consumers that only ``assign()`` and never commit (librdkafka's Python
+#: binding requires one). librdkafka still looks its coordinator up (FindCoordinator), which on a
+#: cluster with ACLs needs DESCRIBE on this group (``coordinator/kafka/acls.py`` grants it).
+UNMANAGED_GROUP = "chandy-unmanaged"
+
 #: librdkafka's own log lines go through Python logging under this name (not raw to stderr).
 LIBRDKAFKA_LOGGER = logging.getLogger("chandy.librdkafka")
 
@@ -70,12 +75,12 @@ def consumer_config(
 
     ``isolation.level=read_committed`` always (Chandy's topics are written transactionally) and
     ``enable.auto.commit=false``: Chandy commits offsets itself, on checkpoint completion.
-    Without ``group_id`` a throwaway ``group.id`` is set, as librdkafka requires one; such a
-    consumer must use ``assign()`` and never commit.
+    Without ``group_id`` a throwaway ``group.id`` (:data:`UNMANAGED_GROUP`) is set, as librdkafka
+    requires one; such a consumer must use ``assign()`` and never commit.
     """
     base: KafkaConfig = {
         "bootstrap.servers": bootstrap_servers,
-        "group.id": group_id if group_id is not None else "chandy-unmanaged",
+        "group.id": group_id if group_id is not None else UNMANAGED_GROUP,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -97,6 +102,41 @@ def security_settings(settings: Mapping[str, Any] | None) -> KafkaConfig:
     producer needs to act as the same principal as the client ``settings`` were given for."""
     return {key: value for key, value in (settings or {}).items()
             if key in SECURITY_KEYS or key.startswith(SECURITY_PREFIXES)}
+
+
+#: librdkafka settings (exact keys, then prefixes) that name a principal and prove it: user names,
+#: passwords, OAuth and Kerberos settings, client certificates and keys. A CA (``ssl.ca.*``) or
+#: ``security.protocol`` is not one: clients of different principals share them.
+CREDENTIAL_KEYS = ("sasl.username", "sasl.password", "ssl_key", "ssl_certificate")
+CREDENTIAL_PREFIXES = ("sasl.oauthbearer.", "sasl.kerberos.", "ssl.key.", "ssl.keystore.", "ssl.certificate.",
+                       "ssl.engine.")
+
+
+def _is_credential(key: str) -> bool:
+    return key in CREDENTIAL_KEYS or key.startswith(CREDENTIAL_PREFIXES)
+
+
+def with_security_of(source: Mapping[str, Any] | None, overrides: Mapping[str, Any] | None) -> KafkaConfig:
+    """``overrides`` completed with the connection and authentication settings of ``source``
+    (:func:`security_settings`); ``overrides`` win. A process given its credentials once (e.g.
+    ``chandy pipeline run -X sasl.username=...``) then connects every client, its producers
+    included, as the same principal."""
+    return {**security_settings(source), **(overrides or {})}
+
+
+def as_principal(settings: Mapping[str, Any] | None, principal: Mapping[str, Any] | None) -> KafkaConfig:
+    """``settings`` for a client that acts as another principal: when ``principal`` holds
+    credentials (``sasl.username``, ``sasl.password``, ``sasl.oauthbearer.*``, ``sasl.kerberos.*``,
+    ``ssl.key.*``, ``ssl.keystore.*``, ``ssl.certificate.*``), every credential of ``settings`` is
+    dropped, so none of them travels with the client, and ``principal`` is laid over the rest
+    (``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location`` and non-security settings
+    carry over unless ``principal`` sets them). Without credentials in ``principal`` its settings
+    are simply laid over ``settings`` (the same principal). E.g. a pipeline's Spark tasks: the
+    driver's settings as the worker's principal."""
+    settings, principal = dict(settings or {}), dict(principal or {})
+    if any(_is_credential(key) for key in principal):
+        settings = {key: value for key, value in settings.items() if not _is_credential(key)}
+    return {**settings, **principal}
 
 
 def sasl_settings(username: str, password: str, *, mechanism: str = "SCRAM-SHA-512",

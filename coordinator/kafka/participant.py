@@ -68,12 +68,17 @@ class AckSender:
         """Produce one message and wait until the broker has it.
 
         Raises:
-            ChandyError: the message was not delivered within ``timeout_s`` seconds.
+            ChandyError: the message was not delivered within ``timeout_s`` seconds, or the
+                broker refused it (the message says why, e.g. an authorization error).
         """
+        errors: list[Any] = []
         self.producer.produce(self.topic, self.codec.encode(message.SCHEMA, message.to_avro(), topic=self.topic),
-                              self._key)
+                              self._key, on_delivery=lambda error, _: errors.append(error))
         if self.producer.flush(timeout_s) > 0:
             raise ChandyError(f"{type(message).__name__} for job {self.job_id} not delivered within {timeout_s} s")
+        if errors and errors[0] is not None:  # e.g. TOPIC_AUTHORIZATION_FAILED: this principal may not write acks
+            raise ChandyError(f"{type(message).__name__} for job {self.job_id} not delivered to {self.topic}: "
+                              f"{errors[0].str()}")
 
     def acknowledge(self, epoch: int, checkpoint_id: int, operator_id: str, subtask_index: int, attempt_number: int,
                     handles: Iterable[StateHandle], metrics: CheckpointMetrics | None = None) -> None:

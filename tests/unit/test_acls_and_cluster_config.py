@@ -1,5 +1,6 @@
-"""Without a server: the minimal ACLs of ``chandy topics acls`` (who may do what on which topic),
-principal spelling, and the configuration the embedded broker writes for a three-node cluster,
+"""Without a server: the minimal ACLs of ``chandy topics acls`` (who may do what on which topic,
+a pipeline's source, group and dead-letter topics included), principal spelling, a client's
+settings as another principal, and the configuration the embedded broker writes for a three-node cluster,
 for SASL/SCRAM with StandardAuthorizer and for TLS; security settings pass under librdkafka's names."""
 
 from __future__ import annotations
@@ -34,9 +35,50 @@ def test_only_the_coordinator_writes_control_log_and_events() -> None:
 def test_workers_and_readers_get_exactly_what_they_use() -> None:
     topics = ChandyTopics("p")
     acls = chandy_acls(topics, workers=["w"], readers=["r"], reader_group_prefix="dash-")
-    assert _grants(acls, "User:w") == {("TOPIC", "p.acks", "WRITE"), ("TOPIC", "p.control", "READ")}
+    assert _grants(acls, "User:w") == {("TOPIC", "p.acks", "WRITE"), ("TOPIC", "p.control", "READ"),
+                                       ("GROUP", "chandy-unmanaged", "DESCRIBE")}
     assert _grants(acls, "User:r") == {("TOPIC", "p.checkpoint-events", "READ"), ("GROUP", "dash-", "READ")}
     assert all(a.binding().principal.startswith("User:") for a in acls)
+
+
+def test_a_pipelines_source_group_and_dead_letters() -> None:
+    topics = ChandyTopics("p")
+    base = chandy_acls(topics, coordinator="c", workers=["w"])
+    acls = chandy_acls(topics, coordinator="c", workers=["w"], source_topics=["orders", "refunds", "orders"],
+                       group="landing", dead_letter_topics=["orders-dlq"])
+    # only the pipeline's rows are added, each once
+    assert _grants(acls, "User:c") - _grants(base, "User:c") == {
+        ("TOPIC", "orders", "READ"), ("TOPIC", "refunds", "READ"),  # the enumerator: offsets, offset commits
+        ("GROUP", "landing", "READ"),  # commit.offsets.on.checkpoint
+        ("TOPIC", "orders-dlq", "WRITE")}  # bad records, in the completion transaction
+    assert _grants(acls, "User:w") - _grants(base, "User:w") == {("TOPIC", "orders", "READ"), ("TOPIC", "refunds", "READ")}
+    assert len(acls) == len({a.binding() for a in acls})
+    pipeline_rows = [a for a in acls if a.name in ("orders", "refunds", "landing", "orders-dlq")]
+    assert {a.pattern for a in pipeline_rows} == {ResourcePatternType.LITERAL}
+    # the workers (Spark tasks) never write the dead-letter topic nor touch the group
+    assert not [a for a in acls if a.principal == "User:w" and a.name in ("landing", "orders-dlq")]
+    # assign-only consumers' throwaway group: DESCRIBE (FindCoordinator) only, for both
+    unmanaged = [a for a in acls if a.name == kafka_config.UNMANAGED_GROUP]
+    assert {(a.principal, a.operation) for a in unmanaged} == {("User:c", AclOperation.DESCRIBE),
+                                                               ("User:w", AclOperation.DESCRIBE)}
+    # the chandy topics' rows are unchanged by the pipeline's
+    assert [a for a in acls if a.name.startswith("p.") or a.name.startswith("p-")] == \
+        [a for a in base if a.name.startswith("p.") or a.name.startswith("p-")]
+
+
+def test_a_pipelines_resources_need_their_principals() -> None:
+    topics = ChandyTopics("p")
+    with pytest.raises(AclError, match="coordinator"):
+        chandy_acls(topics, workers=["w"], group="landing")
+    with pytest.raises(AclError, match="coordinator"):
+        chandy_acls(topics, workers=["w"], dead_letter_topics=["dlq"])
+    with pytest.raises(AclError, match="at least one"):
+        chandy_acls(topics, readers=["r"], source_topics=["orders"])
+    for bad in ({"source_topics": [""]}, {"group": " "}, {"dead_letter_topics": ["dlq", ""]}):
+        with pytest.raises(AclError, match="must not be empty"):
+            chandy_acls(topics, coordinator="c", workers=["w"], **bad)
+    # workers alone may be given their source topics (e.g. applied separately from the coordinator)
+    assert _grants(chandy_acls(topics, workers=["w"], source_topics=["orders"]), "User:w") >= {("TOPIC", "orders", "READ")}
 
 
 def test_principals() -> None:
@@ -54,6 +96,20 @@ def test_security_settings_keep_librdkafka_names() -> None:
         "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "w",
         "sasl.password": "pw", "ssl.ca.location": "/ca.pem"}
     assert kafka_config.security_settings(None) == {}
+
+
+def test_a_client_as_another_principal_keeps_none_of_the_first_ones_credentials() -> None:
+    driver = {**kafka_config.sasl_settings("coordinator", "c-pw", protocol="SASL_SSL"), "ssl.ca.location": "/ca.pem",
+              "fetch.max.bytes": 1000, "ssl.key.location": "/coordinator.key", "sasl.oauthbearer.client.secret": "s"}
+    worker = kafka_config.as_principal(driver, {"sasl.username": "worker", "sasl.password": "w-pw"})
+    assert worker == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "ssl.ca.location": "/ca.pem",
+                      "fetch.max.bytes": 1000, "sasl.username": "worker", "sasl.password": "w-pw"}
+    # settings without credentials are the same principal, laid over the first
+    assert kafka_config.as_principal(driver, {"fetch.max.bytes": 5}) == {**driver, "fetch.max.bytes": 5}
+    assert kafka_config.as_principal(driver, None) == driver
+    # credentials given once (-X) reach a producer; its own settings win
+    assert kafka_config.with_security_of(driver, {"linger.ms": 5, "sasl.username": "other"}) == {
+        **kafka_config.security_settings(driver), "linger.ms": 5, "sasl.username": "other"}
 
 
 def test_replication_follows_the_cluster() -> None:

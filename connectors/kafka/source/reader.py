@@ -9,10 +9,10 @@ or past ``stop``, or when the consumer reports the end of the partition at or pa
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from connectors.kafka.source.split import KafkaPartitionSplit
 from coordinator.errors import ChandyError
@@ -21,6 +21,61 @@ from coordinator.kafka import config as kafka_config
 
 class RangeReadError(ChandyError):
     """A range could not be read to its end."""
+
+
+class SourceAuthorizationError(RangeReadError):
+    """The client's principal may not read a topic (Kafka's TOPIC_AUTHORIZATION_FAILED)."""
+
+
+#: errors that say the principal lacks an ACL, not that the broker is busy
+_AUTHORIZATION_ERRORS = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+                         KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+
+
+def check_read_access(bootstrap_servers: str, partitions: Iterable[tuple[str, int]],
+                      consumer_overrides: Mapping[str, Any] | None = None, timeout_s: float = 15.0) -> None:
+    """Whether ``consumer_overrides``' principal may read the partitions, learnt before there is a
+    range to read: the topics' metadata (Kafka hides a topic without DESCRIBE, and librdkafka then
+    waits for it in silence), then one Fetch from the end of each partition (Kafka checks READ;
+    no record is transferred, the fetch starts at the last stable offset). Partitions that do not
+    answer within ``timeout_s`` seconds pass (a slow broker is not a missing ACL).
+
+    Raises:
+        SourceAuthorizationError: the broker refused a topic (names the topic and Kafka's error).
+    """
+    wanted = {(t, p) for t, p in partitions}
+    if not wanted:
+        return
+    settings = kafka_config.consumer_config(bootstrap_servers, overrides={"enable.partition.eof": True,
+                                                                         **(consumer_overrides or {})})
+    consumer = Consumer(settings)
+    try:
+        for name in sorted({t for t, _ in wanted}):
+            error = _metadata_error(consumer, name, timeout_s)
+            if error is not None:
+                raise SourceAuthorizationError(f"topic {name}: {error.str()}")
+        consumer.assign([TopicPartition(t, p, OFFSET_END) for t, p in sorted(wanted)])
+        deadline = time.monotonic() + timeout_s
+        while wanted and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=len(wanted), timeout=0.2):
+                error = message.error()
+                if error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    raise SourceAuthorizationError(
+                        f"consumer group {settings['group.id']} (the group.id of consumers that only assign "
+                        f"partitions; Kafka needs DESCRIBE on it): {error.str()}")
+                if error is not None and error.code() in _AUTHORIZATION_ERRORS:
+                    where = message.topic() or ", ".join(sorted({t for t, _ in wanted}))
+                    raise SourceAuthorizationError(f"topic {where}: {error.str()}")
+                wanted.discard((message.topic(), message.partition()))
+    finally:
+        consumer.close()
+
+
+def _metadata_error(consumer: Consumer, topic: str, timeout_s: float) -> KafkaError | None:
+    """The authorization error of ``topic``'s metadata for this consumer's principal, if any."""
+    metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    error = None if metadata is None else metadata.error
+    return error if error is not None and error.code() in _AUTHORIZATION_ERRORS else None
 
 
 class KafkaRangeReader:
@@ -56,7 +111,11 @@ class KafkaRangeReader:
             while True:
                 messages = self.consumer.consume(num_messages=batch_size, timeout=0.1)
                 if not messages and time.monotonic() - last_progress > self.timeout_s:
-                    raise RangeReadError(f"no progress reading {split.split_id} [{start}, {stop}) for {self.timeout_s} s")
+                    # librdkafka waits in silence for a topic it may not describe: say so
+                    denied = _metadata_error(self.consumer, split.topic, 10.0)
+                    why = f" ({denied.str()})" if denied is not None else ""
+                    raise RangeReadError(f"no progress reading {split.split_id} [{start}, {stop}) for {self.timeout_s} s"
+                                         f"{why}")
                 for message in messages:
                     error, offset = message.error(), message.offset()
                     if error is not None:
