@@ -131,7 +131,8 @@ def replay_speed(servers: str, records: int) -> dict:
     produce_s = time.perf_counter() - start
 
     start = time.perf_counter()
-    consumer = kafka_config.consumer(servers, overrides={"enable.partition.eof": True, "fetch.max.bytes": 52428800,
+    consumer = kafka_config.consumer(servers, overrides={"enable.partition.eof": True, "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 1,
+                                                         "fetch.max.bytes": 52428800,
                                                          "max.partition.fetch.bytes": 10485760})
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)

@@ -17,7 +17,10 @@ the same log partition (no decoding). Prints one line per run and the medians.
 
     .venv/bin/python benchmarks/recovery.py [--records 100000] [--runs 5] [--subtasks 4]
 
-Uses ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker in a temporary directory.
+Uses ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker in a temporary directory. With
+``RECOVERY_DEBUG=1`` the successor also prints how long each phase of its start took (topics,
+``init_transactions``, ``load_state``, the ack reader, the coordinator's start) and the parent
+profiles three more ``load_state`` calls of the same log.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -53,7 +57,30 @@ def _coordinator(servers: str, job: str, prefix: str, checkpoint_dir: str, subta
     """A coordinator process. ``role`` "A": complete 3 checkpoints, say so, and keep checkpointing
     until killed. "B" (the successor): start, complete one checkpoint, report the times."""
     imported_at = time.time()
-    logging.basicConfig(level=logging.WARNING)
+    import os
+    logging.basicConfig(level=logging.INFO if os.environ.get("RECOVERY_DEBUG") and role == "B" else logging.WARNING,
+                        format="%(relativeCreated)6d ms %(name)s %(message)s")
+    if os.environ.get("RECOVERY_DEBUG") and role == "B":
+        import functools
+
+        import coordinator.kafka.runtime as rt
+        from coordinator.checkpoint_coordinator import CheckpointCoordinator
+
+        def timed(owner: Any, name: str) -> None:
+            original = getattr(owner, name)
+
+            @functools.wraps(original)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t = time.time()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    print(f"    {name}: {1000 * (time.time() - t):.0f} ms (ends {1000 * (time.time() - spawned_at):.0f} ms after spawn)", flush=True)
+            setattr(owner, name, wrapper)
+
+        for owner, name in ((rt, "ensure_topics"), (rt.LogWriter, "init"), (rt, "load_state"), (rt.AckReader, "assign"),
+                            (CheckpointCoordinator, "start"), (rt.LeaderElection, "join")):
+            timed(owner, name)
     service = CoordinatorService(job, servers, CheckpointingOptions(interval_ms=0, checkpoint_dir=checkpoint_dir),
                                  {"worker": subtasks}, prefix=prefix)
     start = time.time()
@@ -81,14 +108,20 @@ def _coordinator(servers: str, job: str, prefix: str, checkpoint_dir: str, subta
 def _plain_consume(servers: str, topic: str, partition: int) -> tuple[int, float]:
     """(messages, seconds) of a plain consume of ``topic``'s ``partition`` to its end."""
     start = time.perf_counter()
-    consumer = kafka_config.consumer(servers, overrides={"enable.partition.eof": True, "fetch.max.bytes": 52428800,
+    consumer = kafka_config.consumer(servers, overrides={"enable.partition.eof": True, "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 1,
+                                                         "fetch.max.bytes": 52428800,
                                                          "max.partition.fetch.bytes": 10485760})
     tp = TopicPartition(topic, partition, OFFSET_BEGINNING)
     _, end = consumer.get_watermark_offsets(tp, timeout=30)
     consumer.assign([tp])
     seen = 0
+    import os
+    debug = os.environ.get("RECOVERY_DEBUG")
+    t_assign = time.perf_counter() - start
     while True:
         message = consumer.poll(5)
+        if debug and seen == 0:
+            print(f"  assign {t_assign:.3f} s, first message {time.perf_counter() - start:.3f} s", flush=True)
         if message is None:
             raise TimeoutError(f"plain consume of {topic}[{partition}] stalled")
         if message.error() is not None:
@@ -98,6 +131,8 @@ def _plain_consume(servers: str, topic: str, partition: int) -> tuple[int, float
         seen += 1
         if message.offset() + 1 >= end:
             break
+    if debug:
+        print(f"  last message {time.perf_counter() - start:.3f} s, end {end}, last offset {message.offset()}", flush=True)
     consumer.close()
     return seen, time.perf_counter() - start
 
@@ -141,6 +176,18 @@ def one_run(servers: str, records: int, subtasks: int, tmp: Path) -> dict:
         b.join(30)
     finally:
         host.close()
+    if os.environ.get("RECOVERY_DEBUG"):
+        import cProfile
+        import pstats
+
+        from coordinator.kafka.log import load_state
+        for _ in range(3):
+            profile = cProfile.Profile()
+            profile.enable()
+            _, stats = load_state(servers, topics.coordinator_log, job)
+            profile.disable()
+            print(f"  load_state in the parent: {stats.seconds:.2f} s, read {stats.read}", flush=True)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(8)
     seen, plain_s = _plain_consume(servers, topics.coordinator_log, partition)
     result.update(records=seen, plain_consume_s=plain_s)
     assert result["status"] == "COMPLETED" and result["restored"] is not None and result["first"] > result["restored"]

@@ -105,8 +105,35 @@ def raw_messages(
     Raises:
         LogLoadError: the topic is missing, or no progress for ``timeout_s`` seconds.
     """
+    for batch in raw_batches(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides,
+                             stats=stats, timeout_s=timeout_s):
+        yield from batch
+
+
+def raw_batches(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    job_id: str | None = None,
+    consumer_overrides: dict[str, Any] | None = None,
+    stats: LoadStats | None = None,
+    timeout_s: float = 60.0,
+) -> Iterator[list[Any]]:
+    """:func:`raw_messages` a fetched batch (a list of up to 10,000 messages, in offset order per
+    partition) at a time: the per-record work of a long log's load stays in the caller's loop.
+
+    Raises:
+        LogLoadError: the topic is missing, or no progress for ``timeout_s`` seconds.
+    """
     stats = stats if stats is not None else LoadStats()
+    # a catch-up read to a known end, where any wait is pure loss: a fetch at the end of a
+    # transactional partition (its last offsets are markers) finds no record, and the broker would
+    # hold it for fetch.wait.max.ms (500 ms by default) before the consumer can report the end; and
+    # librdkafka pauses fetching for fetch.queue.backoff.ms (1,000 ms by default) once its queue
+    # holds queued.min.messages, which a long log reaches (measured: 100,000 records with
+    # transaction markers load in 1.2 s with the defaults, 0.5 s with these)
     overrides = {"enable.partition.eof": True, "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
+                 "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 1,
                  **(consumer_overrides or {})}
     consumer = kafka_config.consumer(bootstrap_servers, overrides=overrides)
     try:
@@ -129,8 +156,12 @@ def raw_messages(
         last_progress = time.monotonic()
         while remaining:
             messages = consumer.consume(num_messages=10_000, timeout=0.05)
-            if not messages and time.monotonic() - last_progress > timeout_s:
-                raise LogLoadError(f"no progress reading {topic} for {timeout_s} s (partitions {sorted(remaining)} unfinished)")
+            if not messages:
+                if time.monotonic() - last_progress > timeout_s:
+                    raise LogLoadError(f"no progress reading {topic} for {timeout_s} s "
+                                       f"(partitions {sorted(remaining)} unfinished)")
+                continue
+            batch = []
             for message in messages:
                 error = message.error()
                 partition, offset = message.partition(), message.offset()
@@ -142,13 +173,16 @@ def raw_messages(
                     raise LogLoadError(f"reading {topic}: {error}")
                 if partition is None or offset is None:  # never for a fetched record
                     continue
-                last_progress = time.monotonic()
-                if offset >= ends[partition]:
+                end = ends[partition]
+                if offset >= end:
                     remaining.discard(partition)
                     continue
-                yield message
-                if offset + 1 >= ends[partition]:
+                batch.append(message)
+                if offset + 1 >= end:
                     remaining.discard(partition)
+            if batch:
+                last_progress = time.monotonic()
+                yield batch
     finally:
         consumer.close()
 
@@ -283,12 +317,13 @@ def load_state(
     started = time.monotonic()
     newest: dict[bytes | None, Any] = {}
     try:
-        for message in raw_messages(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides,
-                                    stats=stats, timeout_s=timeout_s):
-            stats.read += 1
-            key = message.key()
-            newest.pop(key, None)  # re-inserted last: the dict keeps the newest records in offset order
-            newest[key] = message
+        for batch in raw_batches(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides,
+                                 stats=stats, timeout_s=timeout_s):
+            stats.read += len(batch)
+            for message in batch:
+                key = message.key()
+                newest.pop(key, None)  # re-inserted last: the dict keeps the newest records in offset order
+                newest[key] = message
         for message in newest.values():
             if message.value() is None:
                 # the newest record of its key is a tombstone: nothing older of that key is

@@ -105,7 +105,8 @@ class LogWriter:
         self.log_partition = partition_for(job_id, log_partitions)
         self.producer = kafka_config.producer(
             bootstrap_servers, transactional_id=transactional_id,
-            overrides={"transaction.timeout.ms": 60_000, **(producer_overrides or {})},
+            overrides={"transaction.timeout.ms": 60_000, "retry.backoff.ms": 10, "retry.backoff.max.ms": 100,
+                       **(producer_overrides or {})},
         )
         self._queue: list[tuple[Batch, Callable[[], None] | None]] = []
         self._cond = threading.Condition()
