@@ -7,9 +7,11 @@ every Kafka call the enumerator and the readers make goes to the real broker."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
@@ -297,6 +299,60 @@ def test_a_skipped_notification_is_covered_by_restore_and_the_next_checkpoint(
     assert restarted.ranges(2)[(orders, 0)].starting_offset == 5
     restarted.ack_all(2)
     assert group_offsets(kafka_bootstrap_servers, group) == {(orders, 0): 7}
+
+
+class _HeldExecutor(concurrent.futures.Executor):
+    """An I/O executor that holds the offset commits until the test runs them, in any order, and
+    runs every other call (discovery, end offsets) inline."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[Any, concurrent.futures.Future]] = []
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if getattr(fn, "__name__", "") != "commit":
+            future.set_result(fn(*args, **kwargs))
+            return future
+        self.held.append((lambda: fn(*args, **kwargs), future))
+        return future
+
+    def run(self, index: int) -> None:
+        call, future = self.held.pop(index)
+        future.set_result(call())
+
+
+def test_offset_commits_never_move_the_group_back_and_close_flushes_the_newest(
+        kafka_bootstrap_servers, names, tmp_path) -> None:
+    orders, _ = names
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap_servers, orders, 1)
+    produce(kafka_bootstrap_servers, orders, 0, 5)
+    source = Source(tmp_path, kafka_bootstrap_servers, 1, topics=(orders,), group_id=group)
+    source.wait_for_discovery(1)
+    source.ready_all()
+    held = source.env.io_executor = _HeldExecutor()
+    source.trigger()
+    source.ack_all(1)
+    produce(kafka_bootstrap_servers, orders, 0, 3)
+    source.trigger()
+    source.ack_all(2)
+    assert source.ranges(2)[(orders, 0)].stopping_offset == 8
+    assert len(held.held) == 2 and group_offsets(kafka_bootstrap_servers, group) == {}
+    # the I/O threads run checkpoint 2's commit before checkpoint 1's: the group stays at 2's ends
+    held.run(1)
+    held.run(0)
+    source.env.run()
+    assert group_offsets(kafka_bootstrap_servers, group) == {(orders, 0): 8}
+    assert source.enumerator.commits_succeeded == 1
+    # checkpoint 3 completes, its commit has not run when the job stops: closing commits it
+    produce(kafka_bootstrap_servers, orders, 0, 2)
+    source.trigger()
+    source.ack_all(3)
+    assert len(held.held) == 1 and group_offsets(kafka_bootstrap_servers, group) == {(orders, 0): 8}
+    source.cc.shutdown()
+    assert group_offsets(kafka_bootstrap_servers, group) == {(orders, 0): 10}
+    held.run(0)  # the held call finds the enumerator closed and commits nothing more
+    assert source.enumerator.commits_succeeded == 2
 
 
 def test_no_group_id_means_no_commits(kafka_bootstrap_servers, names, tmp_path, caplog) -> None:

@@ -179,6 +179,10 @@ class KafkaSourceEnumerator:
         self._consumer: Consumer | None = None
         self._committer: Consumer | None = None
         self._closed = False
+        # offset commits run on the I/O executor; these keep them in checkpoint order and let close
+        # flush the newest one (guarded by _commit_lock)
+        self._committed_checkpoint = -1
+        self._newest_commit: tuple[int, list[TopicPartition]] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -193,11 +197,33 @@ class KafkaSourceEnumerator:
                                 max(0, self.options.partition_discovery_interval_ms))
 
     def close(self) -> None:
+        """Flush the newest completed checkpoint's offsets if its async commit has not run yet
+        (as Kafka's ``KafkaConsumer.close`` completes pending commits), then close the client: a
+        stop-with-savepoint leaves the consumer group exactly at the savepoint. A failed flush is
+        logged; the checkpoint itself already holds the offsets."""
         self._closed = True
         if self._consumer is not None:
             with self._commit_lock:
+                self._flush_newest_commit()
                 self._consumer.close()
             self._consumer = None
+
+    def _flush_newest_commit(self) -> None:
+        newest, committer = self._newest_commit, self._committer
+        if newest is None or committer is None or newest[0] <= self._committed_checkpoint:
+            return
+        checkpoint_id, offsets = newest
+        try:
+            result = committer.commit(offsets=offsets, asynchronous=False)
+            failed = [tp for tp in result or [] if tp.error is not None]
+            if failed:
+                raise KafkaException(failed[0].error)
+        except KafkaException as exc:
+            log.warning("committing offsets of checkpoint %d to group %s on close failed: %s",
+                        checkpoint_id, self.options.group_id, exc)
+            return
+        self._committed_checkpoint = checkpoint_id
+        self.commits_succeeded += 1
 
     # -- discovery ------------------------------------------------------------------------------------
     def _discover(self) -> tuple[bool, dict[TP, int]]:
@@ -407,17 +433,26 @@ class KafkaSourceEnumerator:
         if committer is None or group_id is None or not ends:
             return
         offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(ends.items())]
+        with self._commit_lock:
+            if self._newest_commit is None or checkpoint_id > self._newest_commit[0]:
+                self._newest_commit = (checkpoint_id, offsets)
 
-        def commit() -> None:
+        def commit() -> bool:
+            """True when committed; False when closed or a newer checkpoint's commit ran first
+            (I/O threads may run commits out of order; the group never moves backwards)."""
             with self._commit_lock:
-                if self._closed:
-                    return
+                if self._closed or checkpoint_id <= self._committed_checkpoint:
+                    return False
                 result = committer.commit(offsets=offsets, asynchronous=False)
                 failed = [tp for tp in result or [] if tp.error is not None]
                 if failed:
                     raise KafkaException(failed[0].error)
+                self._committed_checkpoint = checkpoint_id
+                return True
 
-        def done(_: Any, error: BaseException | None) -> None:
+        def done(committed: bool | None, error: BaseException | None) -> None:
+            if error is None and not committed:
+                return
             if error is not None:
                 self.commits_failed += 1
                 log.warning("committing offsets of checkpoint %d to group %s failed (the next completed "
