@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
 
-from connectors.spark.decode import ValueDecoder, concat_evolving, decode_batches, offset_ranges
+from connectors.spark.decode import SchemaChangeError, ValueDecoder, concat_evolving, decode_batches, offset_ranges
 from connectors.spark.records import SPARK_DDL, to_record_batch
 
 RANGES_FORMAT = "chandy_kafka_ranges"
@@ -41,6 +41,8 @@ class TaskOptions:
     a task refuses data of another shape before writing anything (with ``add_columns``, schema
     evolution, new columns pass and only other types are refused); ``decoder`` decodes values in
     the task (None: raw Kafka columns); ``checkpoint_dir`` is where dead letters go.
+    ``write_buffer_bytes`` bounds a subtask's memory: it writes its records as lake files
+    whenever the Arrow batches it holds reach that size (bytes), not once per checkpoint.
     """
 
     table_uri: str
@@ -62,6 +64,7 @@ class TaskOptions:
     catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
     add_columns: bool = False
     table_location: str | None = None  # Iceberg: the table's root URL, so tasks need no catalog
+    write_buffer_bytes: int = 64 * 1024 * 1024  # Arrow bytes a subtask holds before writing them as files
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -83,14 +86,15 @@ class RangesPartition(InputPartition):
 
 
 def read_ranges(options: TaskOptions, ranges: list) -> Iterator[pa.RecordBatch]:
-    """A subtask's ranges ([topic, partition, start, stop], ...) as Arrow batches, in order."""
-    from connectors.kafka.source.reader import KafkaRangeReader
+    """A subtask's ranges ([topic, partition, start, stop], ...) as Arrow batches of at most
+    ``options.batch_size`` records, in order, read with a reader pooled in this process
+    (:mod:`connectors.spark.clients`)."""
     from connectors.kafka.source.split import KafkaPartitionSplit
+    from connectors.spark.clients import range_reader
     from coordinator.faults import crash_point
 
     checkpoint_id = options.checkpoint_id
-    reader = KafkaRangeReader(options.bootstrap_servers, dict(options.consumer_overrides))
-    try:
+    with range_reader(options.bootstrap_servers, options.consumer_overrides) as reader:
         for topic, p, start, stop in ranges:
             buffer = []
             for message in reader.read(KafkaPartitionSplit(topic, p, start, stop)):
@@ -102,8 +106,6 @@ def read_ranges(options: TaskOptions, ranges: list) -> Iterator[pa.RecordBatch]:
             if buffer:
                 yield to_record_batch(buffer)
                 crash_point("task-read", checkpoint_id)
-    finally:
-        reader.close()
 
 
 def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,
@@ -122,35 +124,81 @@ def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBa
         counts.add((dead.count, dead.skipped))
 
 
+def buffered(batches: Iterator[pa.RecordBatch], limit_bytes: int) -> Iterator[list[pa.RecordBatch]]:
+    """``batches`` regrouped into lists that hold at least ``limit_bytes`` Arrow bytes each
+    (the last one less), so a subtask holds one such list at a time, whatever its checkpoint's size."""
+    held: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        held.append(batch)
+        size += batch.nbytes
+        if size >= limit_bytes:
+            yield held
+            held, size = [], 0
+    if held:
+        yield held
+
+
+def _check_same_types(table: pa.Table, seen: dict[str, tuple[pa.DataType, str]], where: str) -> None:
+    """Refuse a part whose column has another type than in an earlier part of the same
+    checkpoint (what :func:`concat_evolving` checks within a part), before anything of it is written.
+
+    Raises:
+        SchemaChangeError: names the column, both types and both parts' offset ranges.
+    """
+    ranges = None
+    for field in table.schema:
+        earlier = seen.get(field.name)
+        if earlier is None:
+            ranges = ranges or offset_ranges(table)
+            seen[field.name] = (field.type, ranges)
+        elif not field.type.equals(earlier[0]):
+            raise SchemaChangeError(
+                f"{where}field {field.name} changed type: {earlier[0]} at {earlier[1]} but {field.type} at "
+                f"{offset_ranges(table)}; nothing of it was landed")
+
+
 def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,
                           attempt: int) -> tuple[int, int]:
     """Write one subtask's batches as lake files and acknowledge the checkpoint with them; on
     failure decline it when this is the last allowed attempt, and re-raise. Returns (files, rows).
 
+    Memory stays bounded: the batches are written as files every ``options.write_buffer_bytes``
+    (:func:`buffered`), each part checked against the table before it is written. Files of a
+    part written before a later part failed stay unreferenced: nothing acknowledges them, and
+    they are deleted with the aborted checkpoint's files.
+
     Raises:
-        LakeSchemaError: the data does not fit the table (checked before anything is written).
+        LakeSchemaError: the data does not fit the table (checked before its part is written).
     """
     from connectors.lake.sinks import open_sink
+    from connectors.spark.clients import ack_sender, discard_sender
     from coordinator.failure import CheckpointFailureReason
     from coordinator.faults import crash_point
-    from coordinator.kafka.participant import AckSender
 
     o = options
-    sender = AckSender(o.bootstrap_servers, o.job_id, prefix=o.prefix, producer_overrides=dict(o.producer_overrides))
+    sender = ack_sender(o.bootstrap_servers, o.job_id, prefix=o.prefix, producer_overrides=o.producer_overrides)
     try:
-        batches = list(batches)
         where = f"checkpoint {o.checkpoint_id}: "
-        table = concat_evolving(batches, where=where) if batches else None
         sink = open_sink(o.table_uri, partition_by=o.partition_by, storage_options=o.storage_options,
                          catalog_properties=o.catalog_properties, add_columns=o.add_columns,
                          location=o.table_location)
-        if table is not None and o.table_fields is not None:
-            sink.check_schema(table.schema, o.table_fields, where=f"checkpoint {o.checkpoint_id} ({offset_ranges(table)}): ")
-        files = [] if table is None else sink.write_files(
-            table, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask, attempt=attempt)
+        files, rows = [], 0
+        seen: dict[str, tuple[pa.DataType, str]] = {}  # a column's type in the parts before, where it came from
+        for part in buffered(batches, o.write_buffer_bytes):
+            table = concat_evolving(part, where=where)
+            del part
+            _check_same_types(table, seen, where)
+            if o.table_fields is not None:
+                sink.check_schema(table.schema, o.table_fields,
+                                  where=f"checkpoint {o.checkpoint_id} ({offset_ranges(table)}): ")
+            files += sink.write_files(table, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask,
+                                      attempt=attempt)
+            rows += table.num_rows
+            del table
         crash_point("task-written", o.checkpoint_id)
         sender.acknowledge(o.epoch, o.checkpoint_id, o.operator_id, subtask, attempt, [f.to_state_handle() for f in files])
-        return len(files), 0 if table is None else table.num_rows
+        return len(files), rows
     except Exception as exc:
         # Spark retries a failed task; only its last allowed attempt declines the checkpoint
         if attempt + 1 >= o.max_task_failures:
@@ -159,9 +207,8 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
                                CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}")
             except Exception:  # noqa: BLE001 - the checkpoint then expires instead
                 pass
+        discard_sender(sender)
         raise
-    finally:
-        sender.close()
 
 
 def read_write_and_acknowledge(options: TaskOptions, counts: Any = None) -> Callable[[int, Iterator[list]], Iterator[tuple[int, int]]]:

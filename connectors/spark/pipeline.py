@@ -184,6 +184,9 @@ class PipelineOptions:
     from_savepoint: str | None = None  # Flink's `flink run -s`: start from this savepoint when the log has none
     standby: bool = False  # wait until this process leads the job's election group (coordinator/kafka/requests.py)
     ship_code: bool | None = None  # ship TASK_PACKAGES to the executors (None: when the master is not local)
+    #: a subtask writes lake files whenever the Arrow batches it holds reach this many bytes, so its
+    #: memory is bounded whatever the checkpoint's size (connectors/spark/datasource.py)
+    write_buffer_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
@@ -210,6 +213,8 @@ class PipelineOptions:
             raise PipelineError(f"--transform takes module:function, got {self.transform!r}")
         if self.errors_tolerance not in ("none", "all"):
             raise PipelineError(f"errors tolerance must be none or all, got {self.errors_tolerance!r}")
+        if self.write_buffer_bytes < 1:
+            raise PipelineError(f"--write-buffer-bytes takes a number of bytes >= 1, got {self.write_buffer_bytes}")
         if self.optimize_every is not None and self.optimize_every < 1:
             raise PipelineError(f"--optimize-every takes a number of checkpoints >= 1, got {self.optimize_every}")
         if self.tombstones not in ("error", "skip", "null"):
@@ -940,7 +945,8 @@ class Pipeline:
             consumer_overrides=opts.task_consumer_overrides,
             max_task_failures=task_max_failures(spark.sparkContext.master, spark.conf.get("spark.task.maxFailures", None)),
             table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties),
-            add_columns=self.add_columns, table_location=getattr(self.sink, "root_url", None))
+            add_columns=self.add_columns, table_location=getattr(self.sink, "root_url", None),
+            write_buffer_bytes=opts.write_buffer_bytes)
 
     def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, counts: Any) -> None:
         from connectors.spark.datasource import LAKE_FILES_FORMAT, RANGES_FORMAT, TASK_OPTION, read_write_and_acknowledge

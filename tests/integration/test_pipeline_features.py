@@ -102,11 +102,26 @@ def test_avro_single_object_values_become_columns(spark, kafka_bootstrap_servers
         (f["flight"], f["carrier"], f["dep_delay"]) for f in FLIGHTS)
 
 
+def test_a_subtask_writes_a_part_whenever_it_holds_write_buffer_bytes(spark, kafka_bootstrap_servers,
+                                                                      tmp_path) -> None:
+    # 4 partitions over 2 subtasks: each subtask reads 2 ranges, each range one Arrow batch; a
+    # 1-byte buffer makes every batch a part of its own, so each subtask writes 2 files
+    topic = make_topic(kafka_bootstrap_servers, [json.dumps(f).encode() for f in FLIGHTS], partitions=4)
+    _, summary = run(spark, kafka_bootstrap_servers, topic, tmp_path, value_format="json", parallelism=2,
+                     max_records_per_checkpoint=30, write_buffer_bytes=1)
+    table = DeltaTable(str(tmp_path / "table"))
+    assert summary.records_landed == table.to_pyarrow_table().num_rows == len(FLIGHTS)
+    assert summary.checkpoints_completed == 1 and len(table.file_uris()) == 4
+    assert sorted(r["flight"] for r in table.to_pyarrow_table().to_pylist()) == sorted(f["flight"] for f in FLIGHTS)
+
+
 def test_bad_options_are_clear_errors(spark, kafka_bootstrap_servers, tmp_path) -> None:
     with pytest.raises(PipelineError, match="topics .* or a topic pattern"):
         PipelineOptions(table_uri="t", bootstrap_servers="x:1")
     with pytest.raises(PipelineError, match="need a value schema"):
         PipelineOptions(table_uri="t", bootstrap_servers="x:1", topics=("a",), value_format="avro")
+    with pytest.raises(PipelineError, match="write-buffer-bytes"):
+        PipelineOptions(table_uri="t", bootstrap_servers="x:1", topics=("a",), write_buffer_bytes=0)
     with pytest.raises(PipelineError, match="cannot import"):
         Pipeline(PipelineOptions(table_uri=str(tmp_path), bootstrap_servers="x:1", topics=("a",),
                                  transform="no_such_module:f"))
