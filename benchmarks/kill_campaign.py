@@ -42,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.procs import python_workers
 from chandy.broker import EmbeddedKafkaBroker
 from connectors.lake.sinks import open_sink
 from connectors.spark.pipeline import verify_table
@@ -52,37 +53,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("driver", "python-worker", "broker")
 
 
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
-def _python_workers(driver_pid: int) -> list[int]:
-    """Spark's forked Python workers under the driver: children of a ``pyspark.daemon`` process."""
-    descendants = _children(driver_pid)
-    daemons = [p for p in descendants if "pyspark.daemon" in _cmdline(p)]
-    return [child for daemon in daemons for child in _children(daemon) if "pyspark.daemon" in _cmdline(child)]
 
 
 def _produce_source(servers: str, topic: str, partitions: int, per_partition: int, replicas: int) -> None:
@@ -146,7 +120,7 @@ def one_run(run: int, rng: random.Random, broker: EmbeddedKafkaBroker, topic: st
         elif target == "python-worker":
             deadline = time.monotonic() + 30  # the next task's worker, if none runs at this moment
             while process.poll() is None and time.monotonic() < deadline:
-                workers = _python_workers(process.pid)
+                workers = python_workers(process.pid)
                 if workers:
                     victim = rng.choice(workers)
                     try:

@@ -16,6 +16,15 @@ Both in one SparkSession (``local[*]``), raw key/value/metadata columns, no deco
 table (pyiceberg's SQL catalog on SQLite, local warehouse) and prints its row next to Delta's with
 the Iceberg / Delta ratio; ``--no-structured-streaming`` skips Spark's run (it needs Maven Central).
 
+``--delta-spark-version V`` adds the fair exactly-once peer, Structured Streaming into a Delta table
+(io.delta:delta-spark_2.13:V); delta-spark and spark-sql-kafka must exist for the installed
+pyspark (Maven Central lags PyPI): for pyspark 4.2.0 use delta-spark 4.4.0 (see the README).
+
+``--memory-sweep`` runs Chandy again at 50,000 and at 2,000,000 records per checkpoint (bounded
+by ``--write-buffer-bytes``), and at 2,000,000 with an unbounded buffer (the whole checkpoint held
+at once, as before the buffer existed), and prints a Spark Python worker's peak RSS in each
+(sampled from /proc every 50 ms).
+
 A warm-up checkpoint into a scratch table runs first, so that the order of the runs does not
 decide who pays for starting Spark's workers.
 
@@ -39,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka.admin import NewTopic
 
+from benchmarks.procs import PeakWorkerRss
 from chandy.broker import EmbeddedKafkaBroker
 from chandy.flights import topic_record_count
 from connectors.spark.pipeline import Pipeline, PipelineOptions
@@ -80,38 +90,45 @@ def warm_up(spark, servers: str, topic: str, root: Path) -> None:
     Pipeline(options, spark=spark).run()
 
 
-def run_chandy(spark, servers: str, topic: str, per_batch: int, root: Path, sink: str = "delta") -> dict:
+def run_chandy(spark, servers: str, topic: str, per_batch: int, root: Path, sink: str = "delta",
+               write_buffer_bytes: int | None = None) -> dict:
     progress = []
-    table, catalog = str(root / "chandy-table"), {}
+    table, catalog = str(root / f"chandy-table-{uuid.uuid4().hex[:6]}"), {}
     if sink == "iceberg":
         table, catalog = f"iceberg://bench/b.t{uuid.uuid4().hex[:6]}", {"warehouse": str(root / "iceberg")}
     options = PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,),
                               max_records_per_checkpoint=per_batch // PARTITIONS, parallelism=PARTITIONS,
                               stop_when_drained=True, prefix=f"bench{uuid.uuid4().hex[:6]}",
-                              catalog_properties=catalog)
+                              catalog_properties=catalog,
+                              **({} if write_buffer_bytes is None else {"write_buffer_bytes": write_buffer_bytes}))
     started = time.monotonic()
-    summary = Pipeline(options, spark=spark).run(on_progress=progress.append)
+    with PeakWorkerRss() as rss:
+        summary = Pipeline(options, spark=spark).run(on_progress=progress.append)
     seconds = time.monotonic() - started
     ok = [p for p in progress if p.succeeded]
     overheads = [p.checkpoint_duration_ms - p.spark_job_ms for p in ok]
-    return {"records": summary.records_landed, "seconds": seconds, "batches": len(ok),
+    return {"records": summary.records_landed, "seconds": seconds, "batches": len(ok), "worker_mib": rss.peak_mib,
             "overhead_ms": statistics.median(overheads) if overheads else 0.0,
             "batch_ms": statistics.median(p.checkpoint_duration_ms for p in ok) if ok else 0.0}
 
 
-def run_structured_streaming(spark, servers: str, topic: str, per_batch: int, root: Path) -> dict:
+def run_structured_streaming(spark, servers: str, topic: str, per_batch: int, root: Path,
+                             sink: str = "parquet") -> dict:
+    """Spark's own exactly-once path: ``readStream.format("kafka")`` into ``sink`` (parquet, or
+    delta through delta-spark), ``trigger(availableNow=True)``."""
+    name = f"spark-{sink}-{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
     stream = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", servers).option("subscribe", topic)
               .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(per_batch))
               .option("includeHeaders", "true").option("kafka.isolation.level", "read_committed").load())
-    query = (stream.writeStream.format("parquet").option("path", str(root / "spark-table"))
-             .option("checkpointLocation", str(root / "spark-checkpoint")).trigger(availableNow=True).start())
+    query = (stream.writeStream.format(sink).option("path", str(root / name))
+             .option("checkpointLocation", str(root / f"{name}-checkpoint")).trigger(availableNow=True).start())
     query.awaitTermination()
     seconds = time.monotonic() - started
     batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
-    records = spark.read.parquet(str(root / "spark-table")).count()
+    records = spark.read.format(sink).load(str(root / name)).count()
     overheads = [p["durationMs"]["triggerExecution"] - p["durationMs"].get("addBatch", 0) for p in batches]
-    return {"records": records, "seconds": seconds, "batches": len(batches),
+    return {"records": records, "seconds": seconds, "batches": len(batches), "worker_mib": None,  # no Python
             "overhead_ms": statistics.median(overheads) if overheads else 0.0,
             "batch_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in batches) if batches else 0.0}
 
@@ -126,6 +143,14 @@ def main() -> None:
     parser.add_argument("--sink", choices=["delta", "iceberg", "both"], default="delta",
                         help="Chandy's table format(s): iceberg or both add a row for Apache Iceberg")
     parser.add_argument("--no-structured-streaming", action="store_true", help="skip Spark Structured Streaming")
+    parser.add_argument("--delta-spark-version", default=None, metavar="VERSION",
+                        help="also run Structured Streaming into Delta with io.delta:delta-spark_2.13:VERSION (the "
+                             "exactly-once peer; it must be built for the installed pyspark, e.g. 4.4.0 for 4.2)")
+    parser.add_argument("--write-buffer-bytes", type=int, default=None,
+                        help="Chandy's --write-buffer-bytes (default: the pipeline's)")
+    parser.add_argument("--memory-sweep", action="store_true",
+                        help="also run Chandy at 50,000 and 2,000,000 records per checkpoint, and at 2,000,000 with an "
+                             "unbounded write buffer, printing a Python worker's peak RSS in each")
     args = parser.parse_args()
     import pyspark
     from pyspark.sql import SparkSession
@@ -143,41 +168,70 @@ def main() -> None:
             produce(servers, topic, args.records)
             builder = (SparkSession.builder.master("local[*]").appName("chandy-vs-structured-streaming")
                        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(PARTITIONS)))
+            packages = []
             if not args.no_structured_streaming:
-                builder = builder.config("spark.jars.packages", "org.apache.spark:spark-sql-kafka-0-10_2.13:"
-                                         f"{args.connector_version or pyspark.__version__}")
+                packages.append(f"org.apache.spark:spark-sql-kafka-0-10_2.13:{args.connector_version or pyspark.__version__}")
+            if args.delta_spark_version:
+                packages.append(f"io.delta:delta-spark_2.13:{args.delta_spark_version}")
+                builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+                           .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+            if packages:
+                builder = builder.config("spark.jars.packages", ",".join(packages))
             spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("WARN")
-            chandy = iceberg = structured = None
+            chandy = iceberg = structured = structured_delta = None
+            sweep: list[tuple[str, dict]] = []
             warm_up(spark, servers, topic, root)
             if args.sink in ("delta", "both"):
-                chandy = run_chandy(spark, servers, topic, args.per_batch, root)
+                chandy = run_chandy(spark, servers, topic, args.per_batch, root,
+                                    write_buffer_bytes=args.write_buffer_bytes)
             if args.sink in ("iceberg", "both"):
-                iceberg = run_chandy(spark, servers, topic, args.per_batch, root, sink="iceberg")
+                iceberg = run_chandy(spark, servers, topic, args.per_batch, root, sink="iceberg",
+                                     write_buffer_bytes=args.write_buffer_bytes)
             if not args.no_structured_streaming:
                 structured = run_structured_streaming(spark, servers, topic, args.per_batch, root)
+                if args.delta_spark_version:
+                    structured_delta = run_structured_streaming(spark, servers, topic, args.per_batch, root,
+                                                                sink="delta")
+            if args.memory_sweep:
+                for per_batch, buffer, label in ((50_000, args.write_buffer_bytes, "bounded"),
+                                                 (2_000_000, args.write_buffer_bytes, "bounded"),
+                                                 (2_000_000, 1 << 40, "unbounded (one part per checkpoint)")):
+                    sweep.append((f"{per_batch:>9,} per checkpoint, {label}",
+                                  run_chandy(spark, servers, topic, per_batch, root, write_buffer_bytes=buffer)))
             spark.stop()
         finally:
             if broker is not None:
                 broker.down()
     print(f"\n{args.records:,} records of ~200 bytes, 8 partitions, {args.per_batch:,} records per batch, local[*]")
-    print(f"{'':28} {'records':>10} {'seconds':>8} {'records/s':>10} {'batches':>8} {'batch ms':>9} {'overhead ms':>12}")
+    print(f"{'':34} {'records':>10} {'seconds':>8} {'records/s':>10} {'batches':>8} {'batch ms':>9} "
+          f"{'overhead ms':>12} {'worker MiB':>11}")
     rows = (("Chandy (exactly-once Delta)", chandy), ("Chandy (exactly-once Iceberg)", iceberg),
-            ("Spark Structured Streaming", structured))
+            ("Structured Streaming -> Parquet", structured), ("Structured Streaming -> Delta", structured_delta))
     for name, r in rows:
         if r is not None:
-            print(f"{name:28} {r['records']:>10,} {r['seconds']:>8.1f} {r['records'] / r['seconds']:>10,.0f} "
-                  f"{r['batches']:>8} {r['batch_ms']:>9,.0f} {r['overhead_ms']:>12,.0f}")
+            worker = "-" if r["worker_mib"] is None else f"{r['worker_mib']:,.0f}"
+            print(f"{name:34} {r['records']:>10,} {r['seconds']:>8.1f} {r['records'] / r['seconds']:>10,.0f} "
+                  f"{r['batches']:>8} {r['batch_ms']:>9,.0f} {r['overhead_ms']:>12,.0f} {worker:>11}")
 
     def rate(r: dict) -> float:
         return r["records"] / r["seconds"]
 
     if chandy and structured:
-        print(f"throughput ratio Chandy / Spark: {rate(chandy) / rate(structured):.2f}")
+        print(f"throughput ratio Chandy / Structured Streaming (Parquet): {rate(chandy) / rate(structured):.2f}")
+    if chandy and structured_delta:
+        print(f"throughput ratio Chandy / Structured Streaming (Delta): {rate(chandy) / rate(structured_delta):.2f}")
     if iceberg and chandy:
         print(f"throughput ratio Iceberg / Delta (both Chandy): {rate(iceberg) / rate(chandy):.2f}")
     if iceberg and structured:
         print(f"throughput ratio Chandy Iceberg / Spark: {rate(iceberg) / rate(structured):.2f}")
+
+
+    if sweep:
+        print("\npeak RSS of one Spark Python worker (MiB), Chandy into Delta:")
+        for label, r in sweep:
+            print(f"  {label:50} {r['worker_mib']:>7,.0f} MiB  ({r['records'] / r['seconds']:,.0f} records/s)")
+        print(f"  2,000,000 / 50,000 per checkpoint, bounded: {sweep[1][1]['worker_mib'] / sweep[0][1]['worker_mib']:.2f}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -26,17 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.procs import status
 from chandy.broker import EmbeddedKafkaBroker
 from coordinator.kafka import config as kafka_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _status(pid: int) -> dict[str, int]:
-    text = Path(f"/proc/{pid}/status").read_text()
-    rss = int(re.search(r"^VmRSS:\s+(\d+) kB", text, re.M).group(1))
-    threads = int(re.search(r"^Threads:\s+(\d+)", text, re.M).group(1))
-    return {"rss_kb": rss, "threads": threads, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
 def _log_bytes(kraft: Path) -> int:
@@ -63,7 +58,7 @@ def main() -> int:
             samples: list[tuple[float, dict[str, int], int]] = []
             while demo.poll() is None:
                 try:
-                    samples.append((time.monotonic() - started, _status(demo.pid), _log_bytes(Path(tmp) / "kafka" / "kraft")))
+                    samples.append((time.monotonic() - started, status(demo.pid), _log_bytes(Path(tmp) / "kafka" / "kraft")))
                 except (OSError, AttributeError):
                     pass
                 time.sleep(args.interval_s)

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka.admin import NewTopic
 
+from benchmarks.procs import cmdline, descendants, status
 from chandy.broker import EmbeddedKafkaBroker
 from connectors.lake.sinks import open_sink
 from connectors.spark.pipeline import verify_table
@@ -44,53 +45,26 @@ from coordinator.kafka import config as kafka_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
-def _status(pid: int) -> dict[str, int]:
-    text = Path(f"/proc/{pid}/status").read_text()
-    found = re.search(r"^VmRSS:\s+(\d+) kB", text, re.M)
-    threads = re.search(r"^Threads:\s+(\d+)", text, re.M)
-    return {"rss_kb": int(found.group(1)) if found else 0, "threads": int(threads.group(1)) if threads else 0,
-            "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
 def _sample(driver: int) -> dict[str, Any]:
     """RSS (MiB) of the driver, Spark's JVM and the largest Python worker; driver threads and fds."""
-    descendants = _children(driver)
-    jvm = [p for p in descendants if "java" in _cmdline(p).split(" ")[0]]
-    workers = [p for p in descendants if "pyspark.daemon" in _cmdline(p)]
-    main = _status(driver)
+    below = descendants(driver)
+    jvm = [p for p in below if "java" in cmdline(p).split(" ")[0]]
+    workers = [p for p in below if "pyspark.daemon" in cmdline(p)]
+    main = status(driver)
     names: dict[str, int] = {}
     for task in Path(f"/proc/{driver}/task").iterdir():
         name = re.sub(r"\d+", "N", (task / "comm").read_text().strip())
         names[name] = names.get(name, 0) + 1
     return {"thread_names": names,
             "driver_mib": main["rss_kb"] / 1024, "threads": main["threads"], "fds": main["fds"],
-            "jvm_mib": sum(_status(p)["rss_kb"] for p in jvm) / 1024,
-            "worker_mib": max((_status(p)["rss_kb"] for p in workers), default=0) / 1024}
+            "jvm_mib": sum(status(p)["rss_kb"] for p in jvm) / 1024,
+            "worker_mib": max((status(p)["rss_kb"] for p in workers), default=0) / 1024}
 
 
 def _produce(servers: str, topic: str, partitions: int, rate: int, stop: threading.Event, sent: list[int]) -> None:
