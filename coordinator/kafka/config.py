@@ -26,6 +26,22 @@ KafkaConfig = dict[str, Any]
 #: cluster with ACLs needs DESCRIBE on this group (``coordinator/kafka/acls.py`` grants it).
 UNMANAGED_GROUP = "chandy-unmanaged"
 
+#: Settings of a consumer that reads offset ranges with a known end (a coordinator-log catch-up, a
+#: subtask's split), where any wait is pure loss. ``enable.partition.eof``: the end is reported.
+#: ``fetch.wait.max.ms`` 10: a fetch at the end of a transactional partition (its last offsets are
+#: markers) finds no record, and the broker would hold it 500 ms. ``fetch.queue.backoff.ms`` 1:
+#: librdkafka pauses fetching for 1,000 ms once its queue holds ``queued.min.messages``, which any
+#: range longer than that reaches (measured: 100,000 log records behind transaction markers load in
+#: 1.2 s with the defaults, 0.36 s with these; a 250,000-record split reads in 1.5 s, 0.7 s).
+BOUNDED_READ: Mapping[str, Any] = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 1}
+
+#: A split reader's settings (``KafkaRangeReader``): :data:`BOUNDED_READ`, and
+#: ``queued.min.messages`` 20,000 (librdkafka: 100,000), so that a short range does not make the
+#: consumer fetch and decompress ~100,000 records past its end before the reader stops (measured
+#: with the CPU busy, as in a Spark task: 6,000 records of a long partition in 62 ms instead of
+#: 108 ms; a 250,000-record range no slower).
+RANGE_READ: Mapping[str, Any] = {**BOUNDED_READ, "queued.min.messages": 20_000}
+
 #: librdkafka's own log lines go through Python logging under this name (not raw to stderr).
 LIBRDKAFKA_LOGGER = logging.getLogger("chandy.librdkafka")
 

@@ -126,14 +126,8 @@ def raw_batches(
         LogLoadError: the topic is missing, or no progress for ``timeout_s`` seconds.
     """
     stats = stats if stats is not None else LoadStats()
-    # a catch-up read to a known end, where any wait is pure loss: a fetch at the end of a
-    # transactional partition (its last offsets are markers) finds no record, and the broker would
-    # hold it for fetch.wait.max.ms (500 ms by default) before the consumer can report the end; and
-    # librdkafka pauses fetching for fetch.queue.backoff.ms (1,000 ms by default) once its queue
-    # holds queued.min.messages, which a long log reaches (measured: 100,000 records with
-    # transaction markers load in 1.2 s with the defaults, 0.5 s with these)
-    overrides = {"enable.partition.eof": True, "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
-                 "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 1,
+    # a catch-up read to a known end (kafka_config.BOUNDED_READ says why each setting)
+    overrides = {**kafka_config.BOUNDED_READ, "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
                  **(consumer_overrides or {})}
     consumer = kafka_config.consumer(bootstrap_servers, overrides=overrides)
     try:

@@ -83,14 +83,14 @@ class KafkaRangeReader:
 
     Args:
         bootstrap_servers: ``bootstrap.servers``.
-        consumer_overrides: librdkafka settings under their own names.
+        consumer_overrides: librdkafka settings under their own names, over
+            :data:`coordinator.kafka.config.RANGE_READ`.
         timeout_s: how long a range may make no progress before :class:`RangeReadError`.
     """
 
     def __init__(self, bootstrap_servers: str, consumer_overrides: Mapping[str, Any] | None = None,
                  timeout_s: float = 60.0) -> None:
-        self.consumer = kafka_config.consumer(
-            bootstrap_servers, overrides={"enable.partition.eof": True, **(consumer_overrides or {})})
+        self.consumer = kafka_config.consumer(bootstrap_servers, overrides={**kafka_config.RANGE_READ, **(consumer_overrides or {})})
         self.timeout_s = timeout_s
 
     def read(self, split: KafkaPartitionSplit, batch_size: int = 10_000) -> Iterator[Any]:
