@@ -22,8 +22,8 @@ pyspark (Maven Central lags PyPI): for pyspark 4.2.0 use delta-spark 4.4.0 (see 
 
 ``--memory-sweep`` runs Chandy again at 50,000 and at 2,000,000 records per checkpoint (bounded
 by ``--write-buffer-bytes``), and at 2,000,000 with an unbounded buffer (the whole checkpoint held
-at once, as before the buffer existed), and prints a Spark Python worker's peak RSS in each
-(sampled from /proc every 50 ms).
+at once, as before the buffer existed), each in a new SparkContext (so with new Python workers),
+and prints a Spark Python worker's peak RSS in each (sampled from /proc every 50 ms).
 
 A warm-up checkpoint into a scratch table runs first, so that the order of the runs does not
 decide who pays for starting Spark's workers.
@@ -197,6 +197,10 @@ def main() -> None:
                 for per_batch, buffer, label in ((50_000, args.write_buffer_bytes, "bounded"),
                                                  (2_000_000, args.write_buffer_bytes, "bounded"),
                                                  (2_000_000, 1 << 40, "unbounded (one part per checkpoint)")):
+                    # a new SparkContext starts new Python workers: a worker's RSS never shrinks
+                    # back (glibc and Arrow's allocator keep what earlier runs used)
+                    spark.stop()
+                    spark = builder.getOrCreate()
                     sweep.append((f"{per_batch:>9,} per checkpoint, {label}",
                                   run_chandy(spark, servers, topic, per_batch, root, write_buffer_bytes=buffer)))
             spark.stop()
