@@ -409,9 +409,9 @@ def pipeline() -> None:
                    "offsets come from it, checkpoint IDs continue above it.")
 @click.option("--standby", is_flag=True,
               help="Wait as a standby until the running coordinator of this job dies or stops, then take over.")
-@click.option("--write-buffer-bytes", type=click.IntRange(1), default=64 * 1024 * 1024, show_default=True,
-              metavar="BYTES", help="A subtask writes its records as lake files whenever it holds this many bytes "
-                                    "of Arrow data: memory stays bounded however large a checkpoint is.")
+@click.option("--write-buffer-bytes", type=click.IntRange(1), default=None, metavar="BYTES",
+              help="A subtask writes its records as lake files whenever it holds this many bytes of Arrow data: "
+                   "memory stays bounded however large a checkpoint is  [default: 16 MiB]")
 @click.option("--ship-code/--no-ship-code", default=None,
               help="Ship Chandy's task code (a zip, SparkContext.addPyFile) to the executors, whose Python then "
                    "needs only Chandy's dependencies  [default: when --master is not local]")
@@ -428,7 +428,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  resume_from_table: bool, optimize_every: int | None, optimize_target_size: int | None,
                  schema_evolution: bool, schema_registry_url: str | None, registry_conf: tuple[str, ...],
                  metrics_port: int | None, catalog_conf: tuple[str, ...], from_savepoint: str | None,
-                 standby: bool, ship_code: bool | None, write_buffer_bytes: int) -> None:
+                 standby: bool, ship_code: bool | None, write_buffer_bytes: int | None) -> None:
     """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
 
     Exit codes: 0 done, 2 an error (the last line says why), 3 fenced by a newer run of the
@@ -459,7 +459,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                          **({"url": schema_registry_url} if schema_registry_url else {})},
         catalog_properties=_parse_settings(catalog_conf, "--catalog-property"), metrics_port=metrics_port,
         from_savepoint=from_savepoint, standby=standby, ship_code=ship_code,
-        write_buffer_bytes=write_buffer_bytes,
+        **({} if write_buffer_bytes is None else {"write_buffer_bytes": write_buffer_bytes}),
     )
     run_pipeline_with_progress(options, verify=verify)
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
 
 from connectors.spark.decode import SchemaChangeError, ValueDecoder, concat_evolving, decode_batches, offset_ranges
-from connectors.spark.records import SPARK_DDL, to_record_batch
+from connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
 
 RANGES_FORMAT = "chandy_kafka_ranges"
 LAKE_FILES_FORMAT = "chandy_lake_files"
@@ -64,7 +64,7 @@ class TaskOptions:
     catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
     add_columns: bool = False
     table_location: str | None = None  # Iceberg: the table's root URL, so tasks need no catalog
-    write_buffer_bytes: int = 64 * 1024 * 1024  # Arrow bytes a subtask holds before writing them as files
+    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES  # Arrow bytes a subtask holds before writing them as files
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()

@@ -71,6 +71,7 @@ from connectors.lake.delta import TP, LakeSchemaError, TableProgress
 from connectors.lake.sinks import LakeSink, is_iceberg, open_sink
 from connectors.lake.uri import normalize_table_uri
 from connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
+from connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES
 from coordinator import faults
 from coordinator.environment import OutboundMessage
 from coordinator.errors import ChandyError
@@ -186,7 +187,7 @@ class PipelineOptions:
     ship_code: bool | None = None  # ship TASK_PACKAGES to the executors (None: when the master is not local)
     #: a subtask writes lake files whenever the Arrow batches it holds reach this many bytes, so its
     #: memory is bounded whatever the checkpoint's size (connectors/spark/datasource.py)
-    write_buffer_bytes: int = 64 * 1024 * 1024
+    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):

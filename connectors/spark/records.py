@@ -19,6 +19,12 @@ ARROW_SCHEMA = pa.schema([
     ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
 ])
 
+#: Arrow bytes a subtask holds before it writes them as lake files (``--write-buffer-bytes``): small
+#: enough that a Python worker's peak RSS is the same at 50,000 and 2,000,000 records per checkpoint
+#: (measured: 297 and 294 MiB; 365 MiB holding a whole 2,000,000-record checkpoint), large enough
+#: that a part is a file of several MB.
+DEFAULT_WRITE_BUFFER_BYTES = 16 * 1024 * 1024
+
 #: The same schema as a Spark DDL string.
 SPARK_DDL = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
              "timestamp_type int, headers array<struct<key: string, value: binary>>")
