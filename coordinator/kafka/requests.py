@@ -520,11 +520,9 @@ class RequestAnswer:
     round_trip_ms: float
 
 
-def coordinator_running(bootstrap_servers: str, prefix: str, job_id: str, *, timeout_s: float = 10.0,
-                        overrides: Mapping[str, Any] | None = None) -> bool:
-    """Whether a coordinator of ``job_id`` is running: its election group has a member."""
-    admin = kafka_config.admin_client(bootstrap_servers, overrides=overrides)
-    group = election_group(prefix, job_id)
+def group_has_members(admin: Any, group: str, timeout_s: float = 10.0) -> bool:
+    """Whether consumer group ``group`` has a member (an unknown group has none), through
+    ``admin`` (an ``AdminClient``)."""
     futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
     try:
         description = futures[group].result(timeout_s)
@@ -532,6 +530,13 @@ def coordinator_running(bootstrap_servers: str, prefix: str, job_id: str, *, tim
         log.debug("describing group %s: %s", group, exc)
         return False
     return bool(description.members)
+
+
+def coordinator_running(bootstrap_servers: str, prefix: str, job_id: str, *, timeout_s: float = 10.0,
+                        overrides: Mapping[str, Any] | None = None) -> bool:
+    """Whether a coordinator of ``job_id`` is running: its election group has a member."""
+    admin = kafka_config.admin_client(bootstrap_servers, overrides=overrides)
+    return group_has_members(admin, election_group(prefix, job_id), timeout_s)
 
 
 def send_request(

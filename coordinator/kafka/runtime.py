@@ -36,7 +36,7 @@ from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.log import LoadStats, encode_record, load_state, partition_for
 from coordinator.kafka.metrics import CheckpointMetricsCollector, MetricsServer
-from coordinator.kafka.requests import LeaderElection, RequestExecutor, RequestHandler
+from coordinator.kafka.requests import LeaderElection, RequestExecutor, RequestHandler, election_group, group_has_members
 from coordinator.kafka.topics import ChandyTopics, ensure_topics, watermark_offsets
 from coordinator.messages import (
     MESSAGE_TYPES,
@@ -432,7 +432,11 @@ class CoordinatorService:
         # the same principal as the log writer and the ack reader (security.protocol, sasl.*, ssl.*)
         admin = kafka_config.admin_client(self.bootstrap_servers, kafka_config.security_settings(self._consumer_overrides))
         ensure_topics(admin, self.topics)
+        predecessor = False
         if self.election is None and (self._accept_requests or self._standby):
+            # a predecessor (a dead coordinator, until its session times out) keeps the group
+            # non-empty, so `chandy job ...` finds the job running while this process joins
+            predecessor = group_has_members(admin, election_group(self.topics.prefix, self.job_id), timeout_s)
             self.election = LeaderElection(self.bootstrap_servers, self.topics, self.job_id,
                                            consumer_overrides=self._consumer_overrides, codec=self.codec).join()
         if self._standby and self.election is not None:
@@ -478,7 +482,10 @@ class CoordinatorService:
         if self.election is not None and self._accept_requests:
             self.requests = RequestHandler(coordinator, self.mailbox.execute, self._request_executor)
             self.election.attach(self.requests.submit)
-            if not self.election.joined.wait(timeout_s):
+            # a new group answers a join at once; with a predecessor the first rebalance waits for
+            # its session to time out (ELECTION_SESSION_TIMEOUT_MS), which checkpoints need not wait
+            # for: requests sent meanwhile are read from the group's committed offset once joined
+            if not predecessor and not self.election.joined.wait(timeout_s):
                 log.warning("job %s: not yet a member of group %s after %.0f s; control requests wait",
                             self.job_id, self.election.group_id, timeout_s)
         if periodic:
