@@ -187,7 +187,13 @@ class LogWriter:
                 if _is_fencing(error) or not error.txn_requires_abort():
                     raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
                 log.warning("transaction attempt %d failed (%s); aborting and retrying", attempt + 1, error.str())
-                self._call_retrying(lambda: self.producer.abort_transaction(30.0))
+                try:
+                    self._call_retrying(lambda: self.producer.abort_transaction(30.0))
+                except KafkaException as abort_exc:
+                    # a newer coordinator can fence this one between the failed commit and the abort
+                    if _is_fencing(abort_exc.args[0]):
+                        raise CoordinatorFencedError(f"log writer stopped: {abort_exc.args[0].str()}") from abort_exc
+                    raise
                 time.sleep(0.1 * (attempt + 1))
         raise CoordinatorFencedError("log writer gave up after 5 aborted transactions")
 

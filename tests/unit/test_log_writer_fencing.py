@@ -1,0 +1,65 @@
+"""The log writer's reading of librdkafka's transactional errors (coordinator/kafka/runtime.py:
+LogWriter._commit): a fencing error is a CoordinatorFencedError wherever it appears, including
+in the abort that follows an abortable commit error (a newer coordinator fenced this one in
+between), so the process exits as fenced (3) and not as failed."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from coordinator.environment import Batch
+from coordinator.kafka.runtime import CoordinatorFencedError, LogWriter
+
+
+class _Producer:
+    """Stands in for librdkafka's transactional calls only: each call takes the next outcome."""
+
+    def __init__(self, commits: list[KafkaError | None], aborts: list[KafkaError | None]) -> None:
+        self.commits, self.aborts, self.calls = commits, aborts, []
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.calls.append("commit")
+        error = self.commits.pop(0)
+        if error is not None:
+            raise KafkaException(error)
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+        error = self.aborts.pop(0)
+        if error is not None:
+            raise KafkaException(error)
+
+
+def _writer(producer: _Producer) -> LogWriter:
+    writer = LogWriter.__new__(LogWriter)
+    writer.producer = producer
+    writer._produce = lambda batch: None
+    return writer
+
+
+ABORTABLE = KafkaError(KafkaError._STATE, "abortable", txn_requires_abort=True)
+FENCED = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+
+
+def test_an_abortable_commit_error_is_aborted_and_the_transaction_redone() -> None:
+    producer = _Producer(commits=[ABORTABLE, None], aborts=[None])
+    _writer(producer)._commit([(Batch(), None)])
+    assert producer.calls == ["begin", "commit", "abort", "begin", "commit"]
+
+
+def test_fenced_during_the_abort_is_reported_as_fenced() -> None:
+    producer = _Producer(commits=[ABORTABLE], aborts=[FENCED])
+    with pytest.raises(CoordinatorFencedError, match="fenced by a newer instance"):
+        _writer(producer)._commit([(Batch(), None)])
+    assert producer.calls == ["begin", "commit", "abort"]
+
+
+def test_fenced_at_the_commit_is_reported_as_fenced_without_an_abort() -> None:
+    producer = _Producer(commits=[FENCED], aborts=[])
+    with pytest.raises(CoordinatorFencedError):
+        _writer(producer)._commit([(Batch(), None)])
+    assert producer.calls == ["begin", "commit"]
