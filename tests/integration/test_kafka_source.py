@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -270,15 +271,22 @@ def test_offsets_are_committed_only_after_completion_and_never_for_an_aborted_ch
     assert [c.checkpoint_id for c in commits] == [1, 3]
 
 
+def _one_partition_source(bootstrap: str, topic: str, tmp_path: Path, records: int) -> tuple[Source, str]:
+    """A ready source over a new one-partition ``topic`` holding ``records`` records, committing to a
+    new consumer group; returns the source and the group."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, 0, records)
+    source = Source(tmp_path, bootstrap, 1, topics=(topic,), group_id=group)
+    source.wait_for_discovery(1)
+    source.ready_all()
+    return source, group
+
+
 def test_a_skipped_notification_is_covered_by_restore_and_the_next_checkpoint(
         kafka_bootstrap_servers, names, tmp_path) -> None:
     orders, _ = names
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    create_topic(kafka_bootstrap_servers, orders, 1)
-    produce(kafka_bootstrap_servers, orders, 0, 5)
-    source = Source(tmp_path, kafka_bootstrap_servers, 1, topics=(orders,), group_id=group)
-    source.wait_for_discovery(1)
-    source.ready_all()
+    source, group = _one_partition_source(kafka_bootstrap_servers, orders, tmp_path, records=5)
     source.trigger()
     source.cc.receive_acknowledge(AcknowledgeCheckpoint(JOB, 1, 1, OP, 0, 0))
     # the completion is durable, but the process dies before notify_checkpoint_complete runs
@@ -308,7 +316,7 @@ class _HeldExecutor(concurrent.futures.Executor):
     def __init__(self) -> None:
         self.held: list[tuple[Any, concurrent.futures.Future]] = []
 
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         if getattr(fn, "__name__", "") != "commit":
             future.set_result(fn(*args, **kwargs))
@@ -324,12 +332,7 @@ class _HeldExecutor(concurrent.futures.Executor):
 def test_offset_commits_never_move_the_group_back_and_close_flushes_the_newest(
         kafka_bootstrap_servers, names, tmp_path) -> None:
     orders, _ = names
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    create_topic(kafka_bootstrap_servers, orders, 1)
-    produce(kafka_bootstrap_servers, orders, 0, 5)
-    source = Source(tmp_path, kafka_bootstrap_servers, 1, topics=(orders,), group_id=group)
-    source.wait_for_discovery(1)
-    source.ready_all()
+    source, group = _one_partition_source(kafka_bootstrap_servers, orders, tmp_path, records=5)
     held = source.env.io_executor = _HeldExecutor()
     source.trigger()
     source.ack_all(1)

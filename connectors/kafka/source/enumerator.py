@@ -214,10 +214,7 @@ class KafkaSourceEnumerator:
             return
         checkpoint_id, offsets = newest
         try:
-            result = committer.commit(offsets=offsets, asynchronous=False)
-            failed = [tp for tp in result or [] if tp.error is not None]
-            if failed:
-                raise KafkaException(failed[0].error)
+            _commit_offsets(committer, offsets)
         except KafkaException as exc:
             log.warning("committing offsets of checkpoint %d to group %s on close failed: %s",
                         checkpoint_id, self.options.group_id, exc)
@@ -443,10 +440,7 @@ class KafkaSourceEnumerator:
             with self._commit_lock:
                 if self._closed or checkpoint_id <= self._committed_checkpoint:
                     return False
-                result = committer.commit(offsets=offsets, asynchronous=False)
-                failed = [tp for tp in result or [] if tp.error is not None]
-                if failed:
-                    raise KafkaException(failed[0].error)
+                _commit_offsets(committer, offsets)
                 self._committed_checkpoint = checkpoint_id
                 return True
 
@@ -464,6 +458,19 @@ class KafkaSourceEnumerator:
                 tuple(TopicPartitionOffset(t, p, o) for (t, p), o in sorted(ends.items())), int(time.time() * 1000)))
 
         self.context.call_async(commit, done)
+
+
+def _commit_offsets(committer: Consumer, offsets: list[TopicPartition]) -> None:
+    """Commit ``offsets`` synchronously (``Consumer.commit(asynchronous=False)``).
+
+    Raises:
+        KafkaException: the commit failed, or the broker refused one of its partitions (the first
+            partition's error).
+    """
+    result = committer.commit(offsets=offsets, asynchronous=False)
+    failed = [tp for tp in result or [] if tp.error is not None]
+    if failed:
+        raise KafkaException(failed[0].error)
 
 
 @dataclasses.dataclass(frozen=True)
