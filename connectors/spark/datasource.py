@@ -96,15 +96,8 @@ def read_ranges(options: TaskOptions, ranges: list) -> Iterator[pa.RecordBatch]:
     checkpoint_id = options.checkpoint_id
     with range_reader(options.bootstrap_servers, options.consumer_overrides) as reader:
         for topic, p, start, stop in ranges:
-            buffer = []
-            for message in reader.read(KafkaPartitionSplit(topic, p, start, stop)):
-                buffer.append(message)
-                if len(buffer) >= options.batch_size:
-                    yield to_record_batch(buffer)
-                    buffer = []
-                    crash_point("task-read", checkpoint_id)
-            if buffer:
-                yield to_record_batch(buffer)
+            for messages in reader.read_batches(KafkaPartitionSplit(topic, p, start, stop), options.batch_size):
+                yield to_record_batch(messages)
                 crash_point("task-read", checkpoint_id)
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 #: Arrow schema of records as read from Kafka (the Spark schema below, column for column).
 ARROW_SCHEMA = pa.schema([
@@ -25,28 +26,33 @@ ARROW_SCHEMA = pa.schema([
 #: that a part is a file of several MB.
 DEFAULT_WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 
+#: ``Message.timestamp()``'s (type, ms) pair, converted in one call.
+_STAMP_PAIR = pa.struct([("type", pa.int32()), ("ms", pa.int64())])
+
 #: The same schema as a Spark DDL string.
 SPARK_DDL = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
              "timestamp_type int, headers array<struct<key: string, value: binary>>")
 
 
-def to_record_batch(messages: Iterable[Any]) -> pa.RecordBatch:
-    """An Arrow batch of ``confluent_kafka.Message``\\ s (timestamps in ms become microseconds)."""
-    keys, values, topics, partitions, offsets, stamps, types, headers = ([] for _ in range(8))
-    for m in messages:
-        keys.append(m.key())
-        values.append(m.value())
-        topics.append(m.topic())
-        partitions.append(m.partition())
-        offsets.append(m.offset())
-        kind, ts = m.timestamp()
-        stamps.append(ts * 1000 if ts >= 0 else None)
-        types.append(kind)
-        hs = m.headers()
-        headers.append([{"key": k, "value": v} for k, v in hs] if hs else [])
+def to_record_batch(messages: Sequence[Any]) -> pa.RecordBatch:
+    """An Arrow batch of ``confluent_kafka.Message``\\ s, column by column (timestamps in ms
+    become microseconds; a record without a timestamp, -1, gets null)."""
+    stamps = pa.array([m.timestamp() for m in messages], _STAMP_PAIR) if messages else None
+    if stamps is None:
+        types, micros = pa.array([], pa.int32()), pa.array([], ARROW_SCHEMA.field("timestamp").type)
+    else:
+        types = stamps.field(0)
+        millis = stamps.field(1)
+        micros = pc.if_else(pc.greater_equal(millis, 0), pc.multiply(millis, 1000), None).cast(
+            ARROW_SCHEMA.field("timestamp").type)
+    headers = [m.headers() for m in messages]
     return pa.RecordBatch.from_arrays([
-        pa.array(keys, pa.binary()), pa.array(values, pa.binary()), pa.array(topics, pa.string()),
-        pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
-        pa.array(stamps, pa.timestamp("us", tz="UTC")), pa.array(types, pa.int32()),
-        pa.array(headers, ARROW_SCHEMA.field("headers").type),
+        pa.array([m.key() for m in messages], pa.binary()),
+        pa.array([m.value() for m in messages], pa.binary()),
+        pa.array([m.topic() for m in messages], pa.string()),
+        pa.array([m.partition() for m in messages], pa.int32()),
+        pa.array([m.offset() for m in messages], pa.int64()),
+        micros, types,
+        pa.array([[{"key": k, "value": v} for k, v in hs] if hs else [] for hs in headers],
+                 ARROW_SCHEMA.field("headers").type),
     ], schema=ARROW_SCHEMA)

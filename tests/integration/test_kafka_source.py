@@ -456,3 +456,41 @@ def test_a_range_read_returns_exactly_the_records_of_the_range(kafka_bootstrap_s
             assert got == [(o, v) for o, v in content if start <= o < stop], (start, stop)
     finally:
         reader.close()
+
+
+class _CountingConsumer:
+    """A real consumer that records every ``consume`` call's count and what the broker returned."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.calls: list[tuple[int, list[int]]] = []
+
+    def consume(self, num_messages: int, timeout: float) -> list:
+        messages = self.consumer.consume(num_messages=num_messages, timeout=timeout)
+        self.calls.append((num_messages, [m.offset() for m in messages if m.error() is None]))
+        return messages
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.consumer, name)
+
+
+def test_a_range_read_takes_no_record_past_its_end_from_the_consumer(kafka_bootstrap_servers, names) -> None:
+    """Each consume asks for at most what the range still holds, so the records after it are
+    neither waited for nor converted, in batches of at most ``batch_size``."""
+    orders, _ = names
+    create_topic(kafka_bootstrap_servers, orders, 1)
+    produce(kafka_bootstrap_servers, orders, 0, 100)
+    reader = KafkaRangeReader(kafka_bootstrap_servers)
+    counting = reader.consumer = _CountingConsumer(reader.consumer)
+    try:
+        batches = list(reader.read_batches(KafkaPartitionSplit(orders, 0, 10, 47), batch_size=16))
+        assert [m.offset() for batch in batches for m in batch] == list(range(10, 47))
+        assert all(0 < len(batch) <= 16 for batch in batches)
+        returned = [o for _, got in counting.calls for o in got]
+        assert returned == list(range(10, 47))  # nothing past offset 46 left the consumer
+        assert all(asked <= 16 for asked, _ in counting.calls)
+        # the partition's end (100) is a range end too
+        assert [m.offset() for batch in reader.read_batches(KafkaPartitionSplit(orders, 0, 90, 100))
+                for m in batch] == list(range(90, 100))
+    finally:
+        reader.close()

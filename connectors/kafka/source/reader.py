@@ -78,6 +78,29 @@ def _metadata_error(consumer: Consumer, topic: str, timeout_s: float) -> KafkaEr
     return error if error is not None and error.code() in _AUTHORIZATION_ERRORS else None
 
 
+def _in_range(messages: list[Any], stop: int, split_id: str) -> tuple[list[Any], bool]:
+    """The records of one ``consume`` batch below offset ``stop``, and whether the range is done
+    (a record at or past ``stop``, or the partition's end at or past it).
+
+    Raises:
+        RangeReadError: the batch holds a consumer error other than the partition's end.
+    """
+    records: list[Any] = []
+    for message in messages:
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                raise RangeReadError(f"reading {split_id}: {error}")
+            offset = message.offset()
+            if offset is not None and offset >= stop:
+                return records, True
+            continue  # the end for now; the records up to the range's end come later
+        if message.offset() >= stop:
+            return records, True
+        records.append(message)
+    return records, False
+
+
 class KafkaRangeReader:
     """Reads bounded splits with one consumer (reused across ranges; not thread-safe).
 
@@ -94,7 +117,25 @@ class KafkaRangeReader:
         self.timeout_s = timeout_s
 
     def read(self, split: KafkaPartitionSplit, batch_size: int = 10_000) -> Iterator[Any]:
-        """Yield the ``confluent_kafka.Message``\\ s of ``split``'s range, in offset order.
+        """Yield the ``confluent_kafka.Message``\\ s of ``split``'s range, in offset order
+        (:meth:`read_batches`, one message at a time).
+
+        Raises:
+            ValueError: the split is unbounded.
+            RangeReadError: a consumer error, or no progress for ``timeout_s`` seconds.
+        """
+        for batch in self.read_batches(split, batch_size):
+            yield from batch
+
+    def read_batches(self, split: KafkaPartitionSplit, batch_size: int = 10_000) -> Iterator[list[Any]]:
+        """Yield the records of ``split``'s range [starting, stopping offset) as lists of at most
+        ``batch_size`` ``confluent_kafka.Message``\\ s, in offset order.
+
+        Each ``consume`` asks for no more records than the range still holds, so the reader
+        neither waits for records past its end (``consume`` returns when it has the count it asked
+        for, or at its timeout) nor converts them. A range may hold fewer records than offsets
+        (transaction markers, compaction); the reader then stops at the partition's end
+        (``enable.partition.eof``) or at the first record past the range.
 
         Raises:
             ValueError: the split is unbounded.
@@ -106,32 +147,26 @@ class KafkaRangeReader:
         if stop <= start:
             return
         self.consumer.assign([TopicPartition(split.topic, split.partition, start)])
+        position = start  # the next offset the range needs
         last_progress = time.monotonic()
         try:
             while True:
-                messages = self.consumer.consume(num_messages=batch_size, timeout=0.1)
-                if not messages and time.monotonic() - last_progress > self.timeout_s:
-                    # librdkafka waits in silence for a topic it may not describe: say so
-                    denied = _metadata_error(self.consumer, split.topic, 10.0)
-                    why = f" ({denied.str()})" if denied is not None else ""
-                    raise RangeReadError(f"no progress reading {split.split_id} [{start}, {stop}) for {self.timeout_s} s"
-                                         f"{why}")
-                for message in messages:
-                    error, offset = message.error(), message.offset()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            if offset is not None and offset >= stop:
-                                return
-                            continue
-                        raise RangeReadError(f"reading {split.split_id}: {error}")
-                    if offset is None:  # never for a fetched record
-                        continue
+                messages = self.consumer.consume(num_messages=max(1, min(batch_size, stop - position)), timeout=0.1)
+                if not messages:
+                    if time.monotonic() - last_progress > self.timeout_s:
+                        # librdkafka waits in silence for a topic it may not describe: say so
+                        denied = _metadata_error(self.consumer, split.topic, 10.0)
+                        why = f" ({denied.str()})" if denied is not None else ""
+                        raise RangeReadError(f"no progress reading {split.split_id} [{start}, {stop}) for "
+                                             f"{self.timeout_s} s{why}")
+                    continue
+                records, done = _in_range(messages, stop, split.split_id)
+                if records:
                     last_progress = time.monotonic()
-                    if offset >= stop:
-                        return
-                    yield message
-                    if offset + 1 >= stop:
-                        return
+                    position = records[-1].offset() + 1
+                    yield records
+                if done or position >= stop:
+                    return
         finally:
             self.consumer.unassign()
 
