@@ -6,7 +6,9 @@ Uses ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker.
 
 1. Produces N records (default 5,000,000) of about 200 bytes over 8 partitions, once (a topic
    that already holds them is reused).
-2. Chandy: the exactly-once pipeline into a Delta table, ``max.records.per.checkpoint`` = B / 8.
+2. Chandy: the exactly-once pipeline into a Delta table, ``max.records.per.checkpoint`` = B / 8,
+   at the pipeline's default parallelism (one subtask per partition, at most the local cores), or
+   at each ``--parallelism N`` given (a row each).
 3. Spark: ``readStream.format("kafka")`` (spark-sql-kafka-0-10 from Maven Central through
    ``spark.jars.packages``) with ``maxOffsetsPerTrigger`` = B, writing Parquet with a checkpoint
    location, ``trigger(availableNow=True)``.
@@ -91,23 +93,26 @@ def warm_up(spark, servers: str, topic: str, root: Path) -> None:
 
 
 def run_chandy(spark, servers: str, topic: str, per_batch: int, root: Path, sink: str = "delta",
-               write_buffer_bytes: int | None = None) -> dict:
+               write_buffer_bytes: int | None = None, parallelism: int | None = None) -> dict:
+    """One Chandy run to the topic's end; ``parallelism`` None is the pipeline's default."""
     progress = []
     table, catalog = str(root / f"chandy-table-{uuid.uuid4().hex[:6]}"), {}
     if sink == "iceberg":
         table, catalog = f"iceberg://bench/b.t{uuid.uuid4().hex[:6]}", {"warehouse": str(root / "iceberg")}
     options = PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,),
-                              max_records_per_checkpoint=per_batch // PARTITIONS, parallelism=PARTITIONS,
+                              max_records_per_checkpoint=per_batch // PARTITIONS, parallelism=parallelism,
                               stop_when_drained=True, prefix=f"bench{uuid.uuid4().hex[:6]}",
                               catalog_properties=catalog,
                               **({} if write_buffer_bytes is None else {"write_buffer_bytes": write_buffer_bytes}))
     started = time.monotonic()
+    pipeline = Pipeline(options, spark=spark)
     with PeakWorkerRss() as rss:
-        summary = Pipeline(options, spark=spark).run(on_progress=progress.append)
+        summary = pipeline.run(on_progress=progress.append)
     seconds = time.monotonic() - started
     ok = [p for p in progress if p.succeeded]
     overheads = [p.checkpoint_duration_ms - p.spark_job_ms for p in ok]
     return {"records": summary.records_landed, "seconds": seconds, "batches": len(ok), "worker_mib": rss.peak_mib,
+            "subtasks": pipeline.parallelism,
             "overhead_ms": statistics.median(overheads) if overheads else 0.0,
             "batch_ms": statistics.median(p.checkpoint_duration_ms for p in ok) if ok else 0.0}
 
@@ -148,6 +153,9 @@ def main() -> None:
                              "exactly-once peer; it must be built for the installed pyspark, e.g. 4.4.0 for 4.2)")
     parser.add_argument("--write-buffer-bytes", type=int, default=None,
                         help="Chandy's --write-buffer-bytes (default: the pipeline's)")
+    parser.add_argument("--parallelism", type=int, action="append", default=None, metavar="N",
+                        help="Chandy's subtasks (default: the pipeline's default, one per partition capped at "
+                             "the local cores); repeat it for a Chandy row per value")
     parser.add_argument("--memory-sweep", action="store_true",
                         help="also run Chandy at 50,000 and 2,000,000 records per checkpoint, and at 2,000,000 with an "
                              "unbounded write buffer, printing a Python worker's peak RSS in each")
@@ -179,12 +187,14 @@ def main() -> None:
                 builder = builder.config("spark.jars.packages", ",".join(packages))
             spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("WARN")
-            chandy = iceberg = structured = structured_delta = None
+            iceberg = structured = structured_delta = None
+            chandy_runs: list[dict] = []
             sweep: list[tuple[str, dict]] = []
             warm_up(spark, servers, topic, root)
             if args.sink in ("delta", "both"):
-                chandy = run_chandy(spark, servers, topic, args.per_batch, root,
-                                    write_buffer_bytes=args.write_buffer_bytes)
+                for parallelism in args.parallelism or [None]:
+                    chandy_runs.append(run_chandy(spark, servers, topic, args.per_batch, root,
+                                                  write_buffer_bytes=args.write_buffer_bytes, parallelism=parallelism))
             if args.sink in ("iceberg", "both"):
                 iceberg = run_chandy(spark, servers, topic, args.per_batch, root, sink="iceberg",
                                      write_buffer_bytes=args.write_buffer_bytes)
@@ -210,8 +220,9 @@ def main() -> None:
     print(f"\n{args.records:,} records of ~200 bytes, 8 partitions, {args.per_batch:,} records per batch, local[*]")
     print(f"{'':34} {'records':>10} {'seconds':>8} {'records/s':>10} {'batches':>8} {'batch ms':>9} "
           f"{'overhead ms':>12} {'worker MiB':>11}")
-    rows = (("Chandy (exactly-once Delta)", chandy), ("Chandy (exactly-once Iceberg)", iceberg),
-            ("Structured Streaming -> Parquet", structured), ("Structured Streaming -> Delta", structured_delta))
+    rows = [(f"Chandy (Delta, {r['subtasks']} subtasks)", r) for r in chandy_runs]
+    rows += [("Chandy (exactly-once Iceberg)", iceberg), ("Structured Streaming -> Parquet", structured),
+             ("Structured Streaming -> Delta", structured_delta)]
     for name, r in rows:
         if r is not None:
             worker = "-" if r["worker_mib"] is None else f"{r['worker_mib']:,.0f}"
@@ -221,10 +232,15 @@ def main() -> None:
     def rate(r: dict) -> float:
         return r["records"] / r["seconds"]
 
-    if chandy and structured:
-        print(f"throughput ratio Chandy / Structured Streaming (Parquet): {rate(chandy) / rate(structured):.2f}")
-    if chandy and structured_delta:
-        print(f"throughput ratio Chandy / Structured Streaming (Delta): {rate(chandy) / rate(structured_delta):.2f}")
+    for chandy in chandy_runs:
+        subtasks = f"{chandy['subtasks']} subtasks"
+        if structured:
+            print(f"throughput ratio Chandy ({subtasks}) / Structured Streaming (Parquet): "
+                  f"{rate(chandy) / rate(structured):.2f}")
+        if structured_delta:
+            print(f"throughput ratio Chandy ({subtasks}) / Structured Streaming (Delta): "
+                  f"{rate(chandy) / rate(structured_delta):.2f}")
+    chandy = chandy_runs[0] if chandy_runs else None
     if iceberg and chandy:
         print(f"throughput ratio Iceberg / Delta (both Chandy): {rate(iceberg) / rate(chandy):.2f}")
     if iceberg and structured:

@@ -354,7 +354,9 @@ def pipeline() -> None:
               help="execution.checkpointing.timeout in ms.")
 @click.option("--tolerable-failed-checkpoints", type=click.IntRange(0), default=3, show_default=True)
 @click.option("--checkpoint-dir", default=None, help="state.checkpoints.dir (default: <table>/_chandy_checkpoints).")
-@click.option("--parallelism", type=click.IntRange(1), default=None, help="Subtasks (default: the topics' partitions).")
+@click.option("--parallelism", type=click.IntRange(1), default=None,
+              help="Subtasks, one Spark task each (default: one per partition of the topics; on a local master "
+                   "at most its cores or spark.default.parallelism).")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Spark setting (repeatable).")
 @click.option("-X", "consumer_conf", multiple=True, metavar="KEY=VALUE", help="librdkafka consumer setting (repeatable).")

@@ -52,9 +52,9 @@ def make_topic(servers: str, values: list[bytes], partitions: int = 2) -> str:
 
 
 def run(spark, servers, topic, tmp_path, **options) -> tuple[Pipeline, object]:
+    options.setdefault("prefix", f"pf{uuid.uuid4().hex[:6]}")
     pipeline = Pipeline(PipelineOptions(table_uri=str(tmp_path / "table"), bootstrap_servers=servers, topics=(topic,),
-                                        stop_when_drained=True, prefix=f"pf{uuid.uuid4().hex[:6]}", **options),
-                        spark=spark)
+                                        stop_when_drained=True, **options), spark=spark)
     return pipeline, pipeline.run()
 
 
@@ -113,6 +113,27 @@ def test_a_subtask_writes_a_part_whenever_it_holds_write_buffer_bytes(spark, kaf
     assert summary.records_landed == table.to_pyarrow_table().num_rows == len(FLIGHTS)
     assert summary.checkpoints_completed == 1 and len(table.file_uris()) == 4
     assert sorted(r["flight"] for r in table.to_pyarrow_table().to_pylist()) == sorted(f["flight"] for f in FLIGHTS)
+
+
+def test_a_job_restarts_at_another_parallelism_and_defaults_to_the_local_cores(spark, kafka_bootstrap_servers,
+                                                                             tmp_path) -> None:
+    """Rescaling from a checkpoint: 4 subtasks land two checkpoints, the restarted job (no
+    --parallelism, on local[2]) runs 2 subtasks that take over all 4 partitions' splits where
+    the checkpoint left them; the table holds every record once."""
+    topic = make_topic(kafka_bootstrap_servers, [json.dumps(f).encode() for f in FLIGHTS], partitions=4)
+    first, summary = run(spark, kafka_bootstrap_servers, topic, tmp_path, parallelism=4, max_records_per_checkpoint=10,
+                         max_checkpoints=2)
+    assert first.parallelism == 4 and summary.records_landed == 80
+    second, rest = run(spark, kafka_bootstrap_servers, topic, tmp_path, max_records_per_checkpoint=10,
+                       prefix=first.options.prefix)
+    assert second.parallelism == 2  # min(4 partitions, local[2]'s 2 cores)
+    assert rest.records_landed == len(FLIGHTS) - 80 and rest.checkpoints_completed == 1
+    assert verify_table(second.sink, kafka_bootstrap_servers, [topic]) == (len(FLIGHTS), 0, 0)
+    subtasks: dict[int, set[int]] = {}
+    for uri in DeltaTable(str(tmp_path / "table")).file_uris():
+        checkpoint, subtask = (int(x) for x in os.path.basename(uri).split("-")[3:5])
+        subtasks.setdefault(checkpoint, set()).add(subtask)
+    assert subtasks == {1: {0, 1, 2, 3}, 2: {0, 1, 2, 3}, 3: {0, 1}}
 
 
 def test_bad_options_are_clear_errors(spark, kafka_bootstrap_servers, tmp_path) -> None:

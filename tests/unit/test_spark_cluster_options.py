@@ -14,6 +14,7 @@ import pytest
 from connectors.spark.pipeline import (
     TASK_PACKAGES,
     PipelineOptions,
+    default_parallelism,
     executor_python,
     is_local_master,
     task_code_zip,
@@ -108,3 +109,12 @@ def test_a_py4j_error_without_a_python_cause_is_reported_by_its_java_cause() -> 
     assert root_cause(text) == 'IOException: Cannot run program "./environment/bin/python": error=2, No such file'
     # a Python error in the same text still wins
     assert root_cause(text + "ValueError: bad value\n") == "ValueError: bad value"
+
+
+def test_default_parallelism_is_a_subtask_per_partition_capped_by_local_cores() -> None:
+    assert default_parallelism(8, "local[2]", 2) == 2
+    assert default_parallelism(8, "local[*]", 16) == 8
+    assert default_parallelism(3, "local", 1) == 1
+    assert default_parallelism(0, "local[4]", 4) == 1  # a pattern that matches nothing yet
+    assert default_parallelism(8, "spark://h:7077", 2) == 8  # executors may still be joining
+    assert default_parallelism(12, "yarn", 4) == 12
