@@ -333,9 +333,9 @@ def default_parallelism(partitions: int, master: str, spark_default_parallelism:
     More subtasks than cores only queue up there: every Spark task pays a fixed cost (scheduling,
     a Python worker's turn, a Parquet file, an acknowledgement) before and after its records, and a
     subtask reads several partitions' ranges one after the other, as a Flink KafkaSource reader
-    holds several splits. Measured with 8 partitions on ``local[*]`` with 2 cores: a
-    50,000-record micro-batch took 560 ms with 8 subtasks and about 440 ms with 2 (README,
-    benchmarks). Off a local master the executors may still be joining when the job starts
+    holds several splits. Measured with 8 partitions on ``local[*]`` with 2 cores
+    (``benchmarks/pipeline_vs_structured_streaming.py``): 50,000-record micro-batches took 395 ms
+    with 2 subtasks and 671 ms with 8. Off a local master the executors may still be joining when the job starts
     (dynamic allocation), so the partitions decide alone. At least 1.
     """
     subtasks = max(1, partitions)

@@ -37,14 +37,10 @@ SPARK_DDL = ("key binary, value binary, topic string, partition int, offset long
 def to_record_batch(messages: Sequence[Any]) -> pa.RecordBatch:
     """An Arrow batch of ``confluent_kafka.Message``\\ s, column by column (timestamps in ms
     become microseconds; a record without a timestamp, -1, gets null)."""
-    stamps = pa.array([m.timestamp() for m in messages], _STAMP_PAIR) if messages else None
-    if stamps is None:
-        types, micros = pa.array([], pa.int32()), pa.array([], ARROW_SCHEMA.field("timestamp").type)
-    else:
-        types = stamps.field(0)
-        millis = stamps.field(1)
-        micros = pc.if_else(pc.greater_equal(millis, 0), pc.multiply(millis, 1000), None).cast(
-            ARROW_SCHEMA.field("timestamp").type)
+    stamps = pa.array([m.timestamp() for m in messages], _STAMP_PAIR)
+    millis = stamps.field("ms")
+    micros = pc.if_else(pc.greater_equal(millis, 0), pc.multiply(millis, 1000), None).cast(
+        ARROW_SCHEMA.field("timestamp").type)
     headers = [m.headers() for m in messages]
     return pa.RecordBatch.from_arrays([
         pa.array([m.key() for m in messages], pa.binary()),
@@ -52,7 +48,7 @@ def to_record_batch(messages: Sequence[Any]) -> pa.RecordBatch:
         pa.array([m.topic() for m in messages], pa.string()),
         pa.array([m.partition() for m in messages], pa.int32()),
         pa.array([m.offset() for m in messages], pa.int64()),
-        micros, types,
+        micros, stamps.field("type"),
         pa.array([[{"key": k, "value": v} for k, v in hs] if hs else [] for hs in headers],
                  ARROW_SCHEMA.field("headers").type),
     ], schema=ARROW_SCHEMA)
