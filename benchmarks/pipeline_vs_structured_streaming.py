@@ -232,14 +232,14 @@ def main() -> None:
     def rate(r: dict) -> float:
         return r["records"] / r["seconds"]
 
-    for chandy in chandy_runs:
-        subtasks = f"{chandy['subtasks']} subtasks"
+    for run in chandy_runs:
+        subtasks = f"{run['subtasks']} subtasks"
         if structured:
             print(f"throughput ratio Chandy ({subtasks}) / Structured Streaming (Parquet): "
-                  f"{rate(chandy) / rate(structured):.2f}")
+                  f"{rate(run) / rate(structured):.2f}")
         if structured_delta:
             print(f"throughput ratio Chandy ({subtasks}) / Structured Streaming (Delta): "
-                  f"{rate(chandy) / rate(structured_delta):.2f}")
+                  f"{rate(run) / rate(structured_delta):.2f}")
     chandy = chandy_runs[0] if chandy_runs else None
     if iceberg and chandy:
         print(f"throughput ratio Iceberg / Delta (both Chandy): {rate(iceberg) / rate(chandy):.2f}")

@@ -335,8 +335,8 @@ def default_parallelism(partitions: int, master: str, spark_default_parallelism:
     subtask reads several partitions' ranges one after the other, as a Flink KafkaSource reader
     holds several splits. Measured with 8 partitions on ``local[*]`` with 2 cores
     (``benchmarks/pipeline_vs_structured_streaming.py``): 50,000-record micro-batches took 395 ms
-    with 2 subtasks and 671 ms with 8. Off a local master the executors may still be joining when the job starts
-    (dynamic allocation), so the partitions decide alone. At least 1.
+    with 2 subtasks and 671 ms with 8. Off a local master the executors may still be joining when
+    the job starts (dynamic allocation), so the partitions decide alone. At least 1.
     """
     subtasks = max(1, partitions)
     if is_local_master(master):

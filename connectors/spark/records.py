@@ -41,7 +41,6 @@ def to_record_batch(messages: Sequence[Any]) -> pa.RecordBatch:
     millis = stamps.field("ms")
     micros = pc.if_else(pc.greater_equal(millis, 0), pc.multiply(millis, 1000), None).cast(
         ARROW_SCHEMA.field("timestamp").type)
-    headers = [m.headers() for m in messages]
     return pa.RecordBatch.from_arrays([
         pa.array([m.key() for m in messages], pa.binary()),
         pa.array([m.value() for m in messages], pa.binary()),
@@ -49,6 +48,6 @@ def to_record_batch(messages: Sequence[Any]) -> pa.RecordBatch:
         pa.array([m.partition() for m in messages], pa.int32()),
         pa.array([m.offset() for m in messages], pa.int64()),
         micros, stamps.field("type"),
-        pa.array([[{"key": k, "value": v} for k, v in hs] if hs else [] for hs in headers],
+        pa.array([[{"key": k, "value": v} for k, v in hs] if (hs := m.headers()) else [] for m in messages],
                  ARROW_SCHEMA.field("headers").type),
     ], schema=ARROW_SCHEMA)
