@@ -309,22 +309,32 @@ class SingleObjectCodec:
         """
         if data is None:
             raise WireFormatError("null message value where a Chandy message was expected", location)
-        if len(data) < len(SINGLE_OBJECT_MAGIC):
-            raise TruncatedMessageError(f"message of {len(data)} bytes is shorter than the magic bytes", location)
-        if data[:2] != SINGLE_OBJECT_MAGIC:
-            raise BadMagicError(
-                f"expected the single-object magic c3 01, found {data[:2].hex(' ')}", location
-            )
-        if len(data) < _SINGLE_OBJECT_HEADER:
-            raise TruncatedMessageError(
-                f"message of {len(data)} bytes ends inside its 10-byte single-object header", location
-            )
-        fp = bytes(data[2:_SINGLE_OBJECT_HEADER])
+        fp, body = split_single_object(data, location)
         writer = self.repository.by_fingerprint(fp)
         if writer is None:
             raise UnknownSchemaError(f"unknown writer schema fingerprint {fp.hex()}", location)
         reader = self.repository.current(writer.name)
-        return Decoded(writer.name, _read_avro(bytes(data[_SINGLE_OBJECT_HEADER:]), writer, reader, location), writer)
+        return Decoded(writer.name, _read_avro(body, writer, reader, location), writer)
+
+
+def split_single_object(data: bytes, location: MessageLocation | None = None) -> tuple[bytes, bytes]:
+    """A single-object encoded message's (8-byte writer schema fingerprint, Avro body).
+
+    Raises:
+        TruncatedMessageError: fewer than 10 header bytes.
+        BadMagicError: the first two bytes are not ``C3 01``.
+    """
+    if len(data) < len(SINGLE_OBJECT_MAGIC):
+        raise TruncatedMessageError(f"message of {len(data)} bytes is shorter than the magic bytes", location)
+    if data[:2] != SINGLE_OBJECT_MAGIC:
+        raise BadMagicError(
+            f"expected the single-object magic c3 01, found {data[:2].hex(' ')}", location
+        )
+    if len(data) < _SINGLE_OBJECT_HEADER:
+        raise TruncatedMessageError(
+            f"message of {len(data)} bytes ends inside its 10-byte single-object header", location
+        )
+    return bytes(data[2:_SINGLE_OBJECT_HEADER]), bytes(data[_SINGLE_OBJECT_HEADER:])
 
 
 class ConfluentCodec:

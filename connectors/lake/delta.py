@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
+from connectors.type_mapping import to_lake_types, utc_schema
 from coordinator.errors import ChandyError
 from coordinator.messages import StateHandle
 
@@ -118,13 +119,11 @@ def _type_text(delta_type_json: Any) -> str:
 
 
 def delta_fields(data: pa.Schema) -> dict[str, Any]:
-    """``data``'s columns as Delta types (name -> Delta type JSON), zoned timestamps as UTC."""
+    """``data``'s columns as Delta types (name -> Delta type JSON), zoned timestamps as UTC at
+    every depth (:func:`~connectors.type_mapping.utc_schema`)."""
     from deltalake import Schema as DeltaSchema
 
-    target = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) and f.type.tz
-                        else f.with_type(pa.string()) if pa.types.is_large_string(f.type)
-                        else f.with_type(pa.binary()) if pa.types.is_large_binary(f.type) else f for f in data])
-    return {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(target).to_json())["fields"]}
+    return {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(utc_schema(data)).to_json())["fields"]}
 
 
 def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any], *, add_columns: bool = False) -> list[str]:
@@ -201,16 +200,6 @@ def _schema_from_b64(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def _delta_compatible(table: pa.Table) -> pa.Table:
-    """Delta stores zoned timestamps as microseconds in UTC: Spark hands them over in its session
-    time zone (e.g. "Etc/UTC"), which delta-rs refuses, so cast them."""
-    target = pa.schema([
-        f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) and f.type.tz else f
-        for f in table.schema
-    ])
-    return table if target == table.schema else table.cast(target)
-
-
 def _partition_string(value: Any) -> str | None:
     if value is None:
         return None
@@ -255,7 +244,7 @@ class DeltaLakeSink:
         """Write ``table`` as Parquet files (one per partition value), not yet visible. Returns them."""
         if table.num_rows == 0:
             return []
-        table = _delta_compatible(table)
+        table = to_lake_types(table)
         schema = _schema_to_b64(table.schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
         if not self.partition_by:
@@ -437,7 +426,7 @@ class DeltaLakeSink:
         from deltalake import Schema as DeltaSchema
 
         have = self._fields_of(table)
-        new = [f for f in DeltaSchema.from_arrow(_delta_compatible(data.empty_table()).schema).fields
+        new = [f for f in DeltaSchema.from_arrow(to_lake_types(data.empty_table()).schema).fields
                if f.name not in have]
         if not new:
             return table

@@ -43,7 +43,6 @@ from connectors.lake.delta import (
     LakeCommitError,
     LakeSchemaError,
     TableProgress,
-    _delta_compatible,
     _offsets_from_json,
     _offsets_to_json,
     _schema_from_b64,
@@ -52,6 +51,7 @@ from connectors.lake.delta import (
     schema_differences,
 )
 from connectors.lake.uri import TableUriError, normalize_table_uri
+from connectors.type_mapping import to_lake_types
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class IcebergSink:
 
         if table.num_rows == 0:
             return []
-        table = _delta_compatible(table)
+        table = to_lake_types(table)
         schema = _schema_to_b64(table.schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
         parts = [("", {}, table)]

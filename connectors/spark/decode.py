@@ -23,17 +23,16 @@ every framing checks that the Avro binary is consumed exactly (no trailing bytes
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import decimal
 import io
 import json
 import struct
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 
+from connectors.type_mapping import Unfit, json_converter, parse_json, plain_numbers
 from coordinator.errors import ChandyError
 
 #: The Kafka record's columns, in the order they are landed.
@@ -88,6 +87,12 @@ class ValueDecoder:
             another type than that is a bad record).
         tombstones: ``"error"``, ``"skip"`` or ``"null"`` (see the module docstring).
         errors_tolerance: ``"none"`` or ``"all"`` (Kafka Connect's ``errors.tolerance``).
+        session_time_zone: the zone of JSON timestamps without an offset (Spark's
+            ``spark.sql.session.timeZone``, as ``from_json``).
+
+    Values become columns as :mod:`connectors.type_mapping` says, exactly: a value that
+    does not fit its column (a fraction into an integer, a number beyond its column's range) is
+    a bad record naming the field, never rounded, truncated or landed as NULL.
     """
 
     value_format: str
@@ -101,6 +106,7 @@ class ValueDecoder:
     schema_registry: tuple[tuple[str, str], ...] = ()
     tombstones: str = "error"
     errors_tolerance: str = "none"
+    session_time_zone: str = "UTC"
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -114,11 +120,13 @@ class ValueDecoder:
             return _parse_json
         import fastavro
 
-        from schemas.codec import Schema, SchemaRepository, SingleObjectCodec, WireFormatError
+        from connectors.spark.avro import reader_schema
+        from schemas.codec import WireFormatError, fingerprint, split_single_object
 
         assert self.avro_schema is not None
-        parsed = fastavro.parse_schema(json.loads(self.avro_schema))
-        codec = SingleObjectCodec(SchemaRepository([Schema.from_definition(self.avro_schema)]))
+        definition = json.loads(self.avro_schema)
+        parsed = fastavro.parse_schema(reader_schema(definition))  # the same bytes, read into the columns' values
+        expected_fp = fingerprint(definition)
         framing, schema_id = self.avro_framing, self.avro_schema_id
         registry = dict(self.schema_registry)
         writers: dict[int, Any] = {}
@@ -134,25 +142,22 @@ class ValueDecoder:
                         raise _Bad("UnknownSchemaId", f"schema ID {found} is not in the Schema Registry") from exc
                     raise
                 try:
-                    writers[found] = fastavro.parse_schema(json.loads(text))
+                    writers[found] = fastavro.parse_schema(reader_schema(json.loads(text)))
                 except Exception as exc:  # not Avro (JSON Schema, Protobuf) or not JSON: a bad record
                     raise _Bad("UnknownSchemaId", f"schema ID {found} is not an Avro schema: {exc}") from exc
             return writers[found]
-        from connectors.spark.avro import has_uuid
-
-        plain = _uuids_as_strings if has_uuid(self.avro_schema) else (lambda value: value)
 
         def parse_avro(raw: bytes) -> dict[str, Any]:
-            return plain(parse_framed(raw))
-
-        def parse_framed(raw: bytes) -> dict[str, Any]:
+            body, writer = raw, parsed
             if framing == "single-object":
                 try:
-                    return dict(codec.decode(raw).value)
+                    found_fp, body = split_single_object(raw)
                 except WireFormatError as exc:
                     raise _Bad("WireFormatError", str(exc).split(" (at ")[0]) from exc
-            body = raw
-            if framing == "confluent":
+                if found_fp != expected_fp:
+                    raise _Bad("WireFormatError", f"unknown writer schema fingerprint {found_fp.hex()} "
+                                                  f"(the value schema's is {expected_fp.hex()})")
+            elif framing == "confluent":
                 if len(raw) < 5 or raw[0] != 0:
                     raise _Bad("WireFormatError", f"not the Confluent wire format: magic byte {raw[:1].hex() or 'missing'}, "
                                                   "expected 00 followed by a 4-byte schema ID")
@@ -161,8 +166,6 @@ class ValueDecoder:
                     raise _Bad("WireFormatError", f"schema ID {found}, expected {schema_id}")
                 body = raw[5:]
                 writer = writer_schema(found) if registry else parsed
-            else:
-                writer = parsed
             stream = io.BytesIO(body)
             try:
                 value = fastavro.schemaless_reader(stream, writer, parsed if writer is not parsed else None)
@@ -253,18 +256,23 @@ class ValueDecoder:
         for field, name in zip(fields, names, strict=True):
             values = [None if r is None else r.get(name) for r in rows]
             try:
-                arrays.append(to_arrow(values, field.type))
-            except (pa.ArrowException, TypeError, ValueError, decimal.InvalidOperation, OverflowError):
+                arrays.append(to_arrow(values, field.type, self.value_format, self.session_time_zone))
+            except _UNFIT:
                 for position, v in enumerate(values):
                     try:
-                        to_arrow([v], field.type)
-                    except (pa.ArrowException, TypeError, ValueError, decimal.InvalidOperation, OverflowError) as exc:
+                        to_arrow([v], field.type, self.value_format, self.session_time_zone)
+                    except Unfit as exc:
+                        bad.setdefault(position, _Bad("TypeMismatch", f"field {name}{exc.path}: {exc}"))
+                    except _UNFIT as exc:
                         shown = json.dumps(v, default=str)[:80]
                         bad.setdefault(position, _Bad("TypeMismatch", f"field {name}: {shown} is not {field.type}: "
                                                                        f"{str(exc).splitlines()[0]}"))
                 arrays.append(pa.nulls(len(values), field.type))
         return arrays, bad
 
+
+#: What a value that does not fit its column raises on its way into Arrow.
+_UNFIT = (Unfit, pa.ArrowException, TypeError, ValueError, decimal.InvalidOperation, OverflowError)
 
 _REGISTRY_CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
 
@@ -280,22 +288,12 @@ def registry_client(settings: Mapping[str, str]) -> Any:
     return _REGISTRY_CLIENTS[key]
 
 
-def _uuids_as_strings(value: Any) -> Any:
-    """fastavro decodes the ``uuid`` logical type to ``uuid.UUID``: its column is a string."""
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _uuids_as_strings(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_uuids_as_strings(v) for v in value]
-    return value
-
-
 def _inferred_type(values: list[Any]) -> pa.DataType | None:
     """The Arrow type of a new field, from its first non-null value (JSON objects become
     structs, arrays lists, integers int64, strings string), or None when all are null."""
     for value in values:
         if value is not None:
+            value = plain_numbers(value)
             try:
                 kind = pa.array([value]).type
             except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -357,7 +355,7 @@ def location(batch: pa.RecordBatch, row: int) -> str:
 
 def _parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
+        value = parse_json(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _Bad("JsonParseError", f"invalid JSON: {exc}") from exc
     if not isinstance(value, dict):
@@ -365,39 +363,22 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _timestamp(value: Any, tz: str | None) -> Any:
-    if value is None or isinstance(value, datetime.datetime):
-        return value
-    if not isinstance(value, str):
-        raise TypeError(f"expected an ISO-8601 string, got {type(value).__name__}")
-    parsed = datetime.datetime.fromisoformat(value)
-    if tz is not None and parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.UTC)
-    return parsed
-
-
-def to_arrow(values: list[Any], arrow_type: pa.DataType) -> pa.Array:
-    """``values`` (decoded JSON / Avro) as an Arrow array of ``arrow_type``: strict, except
-    that ISO-8601 strings become timestamps and dates, and numbers or strings become decimals.
+def to_arrow(values: list[Any], arrow_type: pa.DataType, value_format: str = "json",
+             session_time_zone: str = "UTC") -> pa.Array:
+    """``values`` (decoded JSON / Avro) as an Arrow array of ``arrow_type``, following the type
+    mapping (:mod:`connectors.type_mapping`): JSON values go through its exact, strict
+    converter; Avro values, already of their column's Python types (see
+    :func:`connectors.spark.avro.reader_schema`), through pyarrow's strict conversion.
 
     Raises:
-        pyarrow.ArrowException, TypeError, ValueError: a value does not fit the type.
+        Unfit: a JSON value does not fit (``path`` says where inside the column).
+        pyarrow.ArrowException, TypeError, ValueError, OverflowError: an Avro value does not fit.
     """
-    if pa.types.is_timestamp(arrow_type):
-        return pa.array([_timestamp(v, arrow_type.tz) for v in values], arrow_type)
-    if pa.types.is_date(arrow_type):
-        return pa.array([datetime.date.fromisoformat(v) if isinstance(v, str) else v for v in values], arrow_type)
-    if pa.types.is_decimal(arrow_type):
-        return pa.array([None if v is None or isinstance(v, decimal.Decimal) else
-                         decimal.Decimal(str(v)) if not isinstance(v, bool) else _raise_type(v)
-                         for v in values], arrow_type)
-    if pa.types.is_integer(arrow_type) and any(isinstance(v, bool) for v in values):
-        raise TypeError("expected an integer, got a boolean")
+    if value_format == "json":
+        convert = json_converter(arrow_type, session_time_zone)
+        if convert is not None:
+            values = [convert(v) for v in values]
     return pa.array(values, arrow_type)
-
-
-def _raise_type(value: Any) -> Any:
-    raise TypeError(f"{type(value).__name__} is not a number")
 
 
 def _bad_batch(batch: pa.RecordBatch, bad: dict[int, _Bad]) -> pa.RecordBatch:

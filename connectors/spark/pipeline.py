@@ -72,6 +72,7 @@ from connectors.lake.sinks import LakeSink, is_iceberg, open_sink
 from connectors.lake.uri import normalize_table_uri
 from connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
 from connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES
+from connectors.type_mapping import inferred_json_type
 from coordinator import faults
 from coordinator.environment import OutboundMessage
 from coordinator.errors import ChandyError
@@ -923,9 +924,7 @@ class Pipeline:
             raise PipelineError("cannot infer the JSON value schema: the first micro-batch has no JSON object "
                                 "(give --value-schema)")
         inferred = pa_json.read_json(io.BytesIO("\n".join(lines).encode())).schema
-        inferred = pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type)
-                              else f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type)
-                              else f for f in inferred])
+        inferred = pa.schema([f.with_type(inferred_json_type(f.type)) for f in inferred])
         renamed = [f.with_name(f"value_{f.name}") if f.name in KAFKA_COLUMNS else f for f in inferred]
         return self._make_decoder(pa.schema(renamed), tuple(f.name for f in inferred), self._unknown_fields)
 
@@ -955,6 +954,9 @@ class Pipeline:
         opts = self.options
         if self.table_fields is None or self.add_columns:  # columns added by the last commit count
             self.table_fields = self.sink.table_fields()
+        zone = spark.conf.get("spark.sql.session.timeZone", None) or "UTC"
+        if self.decoder is not None and self.decoder.session_time_zone != zone:  # JSON timestamps without an offset
+            self.decoder = dataclasses.replace(self.decoder, session_time_zone=zone)
         assert self.service is not None
         return TaskOptions(
             table_uri=opts.table_uri, job_id=self.job_id, checkpoint_id=checkpoint_id, epoch=self.service.epoch,
