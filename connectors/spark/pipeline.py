@@ -1012,7 +1012,7 @@ class Pipeline:
 
             yield from decode_with_dead_letters(task, batches, TaskContext.get().partitionId(), counts)
 
-        return df.mapInArrow(decode, from_arrow_schema(task.decoder.output_schema, prefer_timestamp_ntz=False))
+        return df.mapInArrow(decode, from_arrow_schema(task.decoder.output_schema, prefer_timestamp_ntz=True))
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """Ctrl-C (SIGINT) and SIGTERM finish or abort the checkpoint in flight and stop; a
