@@ -297,12 +297,13 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
     except PipelineFencedError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(3)
-    rows = duplicates = missing = None
+    rows = duplicates = missing = values = None
     if verify:
         with err_console.status("verifying the table against the topics (a reader other than the writer)"):
             rows, duplicates, missing = verify_table(pipeline.sink, options.bootstrap_servers, list(options.topics),
                                                      options.consumer_overrides, topic_pattern=options.topic_pattern,
                                                      dead_letter_topic=options.dead_letter_topic)
+        values = pipeline.check_values()
     table = Table("", "", title="pipeline summary", show_header=False, title_justify="left")
     table.add_row("table", pipeline.sink.table_uri)
     table.add_row("job id", summary.job_id)
@@ -311,6 +312,10 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
         table.add_row("rows in table", f"{rows:,}")
         table.add_row("duplicates", f"{duplicates:,}")
         table.add_row("missing", f"{missing:,}")
+        if values is not None:
+            table.add_row("values compared", f"{values.compared:,} rows, "
+                          + ("every field as in its source record" if values.first_difference is None
+                             else f"first difference: {values.first_difference}"))
     table.add_row("bad records", f"{summary.bad_records:,}")
     if options.dead_letter_topic:
         table.add_row("dead-lettered", f"{summary.dead_lettered:,} (to {options.dead_letter_topic})")
@@ -325,6 +330,8 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
     console.print(table)
     if verify and (duplicates or missing):
         raise ChandyError(f"exactly-once violated: {duplicates} duplicates, {missing} missing")
+    if verify and values is not None and values.first_difference is not None:
+        raise ChandyError(f"a landed value differs from its source record: {values.first_difference}")
     if summary.signal is not None:
         sys.exit(128 + summary.signal)
     return summary

@@ -495,31 +495,44 @@ class IcebergSink:
         in-flight checkpoints are never referenced by any snapshot, so never touched. Returns the
         deleted paths (relative to the table root), or with ``dry_run`` those that would be.
 
+        A commit of the pipeline between reading the snapshots and expiring them makes the
+        catalog's compare-and-swap fail: vacuum then reads the table again and retries, with
+        backoff, up to ``COMMIT_ATTEMPTS`` times, as the committer does.
+
         Raises:
-            LakeCommitError: no table, or a negative retention.
+            LakeCommitError: no table, a negative retention, or ``COMMIT_ATTEMPTS`` conflicts in a row.
         """
         if retention_hours < 0:
             raise LakeCommitError(f"vacuum retention must be 0 hours or more, got {retention_hours}")
-        table = self._load()
-        if table is None:
-            raise LakeCommitError(f"no Iceberg table {self.table_uri}: nothing to vacuum")
-        cutoff_ms = int((time.time() - retention_hours * 3600) * 1000)
-        current = table.current_snapshot()
-        expired = [s.snapshot_id for s in table.snapshots()
-                   if s.timestamp_ms < cutoff_ms and (current is None or s.snapshot_id != current.snapshot_id)]
-        if not expired:
-            return []
-        before = self._all_referenced(table)
-        if dry_run:
-            kept = {self._relative(f.file_path) for s in table.snapshots() if s.snapshot_id not in expired
-                    for f in self._snapshot_files(table, s)}
-            return sorted(before - kept)
-        table.maintenance.expire_snapshots().by_ids(expired).commit()
-        gone = sorted(before - self._all_referenced(self._load()))
-        for relative in gone:
-            if self.fs.exists(f"{self.root}/{relative}"):
-                self.fs.rm(f"{self.root}/{relative}")
-        return gone
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            table = self._load()
+            if table is None:
+                raise LakeCommitError(f"no Iceberg table {self.table_uri}: nothing to vacuum")
+            cutoff_ms = int((time.time() - retention_hours * 3600) * 1000)
+            current = table.current_snapshot()
+            expired = [s.snapshot_id for s in table.snapshots()
+                       if s.timestamp_ms < cutoff_ms and (current is None or s.snapshot_id != current.snapshot_id)]
+            if not expired:
+                return []
+            before = self._all_referenced(table)
+            if dry_run:
+                kept = {self._relative(f.file_path) for s in table.snapshots() if s.snapshot_id not in expired
+                        for f in self._snapshot_files(table, s)}
+                return sorted(before - kept)
+            try:
+                table.maintenance.expire_snapshots().by_ids(expired).commit()
+            except Exception as exc:  # pyiceberg and the catalogs raise many types
+                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+                    raise LakeCommitError(f"vacuuming {self.table_uri} failed (attempt {attempt}): {exc}") from exc
+                log.warning("vacuum of %s met a concurrent commit (%s): retrying", self.table_uri, exc)
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+                continue
+            gone = sorted(before - self._all_referenced(self._load()))
+            for relative in gone:
+                if self.fs.exists(f"{self.root}/{relative}"):
+                    self.fs.rm(f"{self.root}/{relative}")
+            return gone
+        return []  # not reached
 
     @staticmethod
     def _snapshot_files(table: Any, snapshot: Any) -> Iterator[Any]:

@@ -1365,6 +1365,21 @@ class Pipeline:
         delay = min(opts.restart_backoff_max_ms, opts.restart_backoff_initial_ms * 2 ** (consecutive_failures - 1))
         return delay * (1 + random.uniform(-0.1, 0.1)) / 1000
 
+    def check_values(self) -> Any:
+        """``--verify``'s value check (:func:`connectors.spark.verify.check_values`) after a run:
+        each landed row's value columns against its source record decoded again; None when
+        there is nothing to compare (raw Kafka columns, or a ``--transform`` that reshapes rows).
+
+        Returns:
+            :class:`connectors.spark.verify.ValueCheck` or None.
+        """
+        if self.decoder is None or self._transform is not None:
+            return None
+        from connectors.spark.verify import check_values
+
+        return check_values(self.sink, self.options.bootstrap_servers, self.decoder, self.topic_names,
+                            self.options.consumer_overrides)
+
     @staticmethod
     def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         for signum, handler in previous.items():

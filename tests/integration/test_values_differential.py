@@ -161,3 +161,23 @@ def test_json_values_land_exactly_and_as_from_json_reads_them(lake_spark, kafka_
         problems = [f"{k}: landed {got.get(k)!r}, from_json {theirs.get(k)!r}" for k in want
                     if not vs.same(got.get(k), theirs.get(k))]
         assert problems == []
+
+
+def test_verify_compares_values_and_names_the_first_differing_field(lake_spark, kafka_bootstrap_servers, tmp_path) -> None:
+    """``--verify``'s value check: a run compares equal field by field; a landed value changed
+    afterwards (with deltalake's own UPDATE) is reported by topic, partition, offset and field."""
+    from deltalake import DeltaTable
+
+    texts = [text for text, _ in JSON_CASES]
+    topic = make_topic(kafka_bootstrap_servers, [t.encode() for t in texts], partitions=2, prefix="verify")
+    options = PipelineOptions(table_uri=str(tmp_path / "t"), bootstrap_servers=kafka_bootstrap_servers, topics=(topic,),
+                              stop_when_drained=True, prefix=f"v{uuid.uuid4().hex[:6]}", value_format="json",
+                              value_schema=JSON_DDL)
+    pipeline = Pipeline(options, spark=lake_spark)
+    pipeline.run()
+    check = pipeline.check_values()
+    assert check is not None and (check.compared, check.first_difference) == (len(texts), None)
+    DeltaTable(str(tmp_path / "t")).update(updates={"price": "NULL"}, predicate='"id" = 1')
+    check = pipeline.check_values()
+    assert check is not None and check.first_difference is not None
+    assert check.first_difference.startswith(f"topic {topic} partition 1 offset 0 field price: landed NULL, source")

@@ -145,3 +145,35 @@ def test_a_task_writes_files_without_the_catalog(tmp_path: Path) -> None:
     files = task.write_files(rows(1), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
     assert driver.commit(JOB, 1, files, offsets={("t", 0): 8})
     assert sorted(driver.read_table().column("offset").to_pylist()) == [4, 5, 6, 7]
+
+
+def test_vacuum_racing_commits_retries_instead_of_failing(tmp_path: Path) -> None:
+    """Regression: ``chandy lake vacuum`` on Iceberg failed with CommitFailedException when the
+    pipeline committed at the same moment; it now reads the table again and retries."""
+    sink = make_sink(tmp_path)
+    assert commit(sink, 1, n=3)
+    stop = threading.Event()
+    vacuumed: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def vacuum() -> None:
+        other = make_sink(tmp_path)
+        while not stop.is_set():
+            try:
+                vacuumed.append(other.vacuum(retention_hours=0))
+            except Exception as exc:  # noqa: BLE001 - any failure is reported by the assertion below
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=vacuum)
+    thread.start()
+    try:
+        for checkpoint in range(2, 26):
+            assert commit(sink, checkpoint, n=3)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert len(vacuumed) > 1
+    assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(3, 78))
+    assert sink.committed_checkpoint(JOB) == 25
