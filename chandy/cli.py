@@ -23,6 +23,8 @@ from rich.table import Table
 from coordinator.errors import ChandyError
 
 console = Console()
+#: ``chandy pipeline run``'s exit code for a job canceled with ``chandy job cancel`` (0 would read as success)
+EXIT_CANCELED = 4
 err_console = Console(stderr=True, soft_wrap=True)
 
 
@@ -334,6 +336,8 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
         raise ChandyError(f"a landed value differs from its source record: {values.first_difference}")
     if summary.signal is not None:
         sys.exit(128 + summary.signal)
+    if summary.canceled:
+        sys.exit(EXIT_CANCELED)
     return summary
 
 
@@ -357,6 +361,9 @@ def pipeline() -> None:
               help="Cap per partition per checkpoint (micro-batch).")
 @click.option("--checkpoint-interval", "interval_ms", type=click.IntRange(0), default=0, show_default=True,
               help="Minimum ms between checkpoint triggers (0: back to back while there is lag).")
+@click.option("--kafka-retry-timeout", "kafka_retry_timeout_ms", type=click.IntRange(1), default=180_000,
+              show_default=True, help="ms the running pipeline rides through Kafka being unavailable (a broker's death, "
+                                      "a leader election: retriable errors, retried with backoff) before it stops.")
 @click.option("--checkpoint-timeout", "timeout_ms", type=click.IntRange(1), default=300_000, show_default=True,
               help="execution.checkpointing.timeout in ms.")
 @click.option("--tolerable-failed-checkpoints", type=click.IntRange(0), default=3, show_default=True)
@@ -437,11 +444,20 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
                  resume_from_table: bool, optimize_every: int | None, optimize_target_size: int | None,
                  schema_evolution: bool, schema_registry_url: str | None, registry_conf: tuple[str, ...],
                  metrics_port: int | None, catalog_conf: tuple[str, ...], from_savepoint: str | None,
-                 standby: bool, ship_code: bool | None, write_buffer_bytes: int | None) -> None:
+                 standby: bool, ship_code: bool | None, write_buffer_bytes: int | None,
+                 kafka_retry_timeout_ms: int) -> None:
     """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
 
-    Exit codes: 0 done, 2 an error (the last line says why), 3 fenced by a newer run of the
-    same job, 130 / 143 stopped by Ctrl-C / SIGTERM (after the checkpoint in flight)."""
+    \b
+    Exit codes (for schedulers: cron, Airflow, Kubernetes Jobs):
+      0    done: drained, --max-checkpoints reached, stopped with a savepoint (`chandy job stop`),
+           or a --standby whose job had already ended (FINISHED, CANCELED or FAILED)
+      2    failed: the last line names the root cause (also: a job that ended, started again
+           without --from-savepoint)
+      3    fenced: a newer run of the same job took over
+      4    canceled by `chandy job cancel`
+      130  stopped by Ctrl-C (SIGINT), after the checkpoint in flight
+      143  stopped by SIGTERM, after the checkpoint in flight"""
     from connectors.spark.pipeline import PipelineOptions
 
     if value_schema and value_schema.startswith("@"):
@@ -467,7 +483,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
         schema_registry={**_parse_settings(registry_conf, "--schema-registry-property"),
                          **({"url": schema_registry_url} if schema_registry_url else {})},
         catalog_properties=_parse_settings(catalog_conf, "--catalog-property"), metrics_port=metrics_port,
-        from_savepoint=from_savepoint, standby=standby, ship_code=ship_code,
+        from_savepoint=from_savepoint, standby=standby, ship_code=ship_code, kafka_retry_timeout_ms=kafka_retry_timeout_ms,
         **({} if write_buffer_bytes is None else {"write_buffer_bytes": write_buffer_bytes}),
     )
     run_pipeline_with_progress(options, verify=verify)

@@ -165,6 +165,7 @@ class CheckpointCoordinator:
             self.holders[provider.operator_id] = OperatorCoordinatorHolder(
                 provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job,
                 lambda record: self._commit(Batch(records=[record])), self.checkpoint_pointer,
+                append_batch=self._commit,
             )
         self.decider = CheckpointRequestDecider(options.max_concurrent, options.min_pause_ms)
         self.failure_manager = CheckpointFailureManager(options.tolerable_failed)

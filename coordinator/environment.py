@@ -58,9 +58,22 @@ class Batch:
     outputs: list[OutboundMessage] = dataclasses.field(default_factory=list)
     #: ids of records in ``records`` already applied to the state when they were decided
     pre_applied: set[int] = dataclasses.field(default_factory=set)
+    #: consumer-group offsets committed in the same transaction (Kafka's
+    #: ``sendOffsetsToTransaction``): (group id, ((topic, partition, offset), ...)); a fenced
+    #: coordinator's transaction fails, so it never moves a group (see :class:`SourceOffsets`)
+    source_offsets: list[SourceOffsets] = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.records or self.control or self.events or self.outputs)
+        return bool(self.records or self.control or self.events or self.outputs or self.source_offsets)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOffsets:
+    """Offsets of a consumer group committed atomically with a :class:`Batch`: ``offsets`` are
+    (topic, partition, next offset to read) triples, as Kafka's ``OffsetAndMetadata``."""
+
+    group_id: str
+    offsets: tuple[tuple[str, int, int], ...]
 
 
 class Cancellable(Protocol):
@@ -88,7 +101,9 @@ class CoordinatorEnvironment(Protocol):
         ...
 
     def append(self, batch: Batch, on_committed: Action | None = None) -> None:
-        """Write ``batch`` durably (one transaction); then run ``on_committed`` on the mailbox."""
+        """Write ``batch`` durably (one transaction); then run ``on_committed`` on the mailbox.
+        An environment that cannot commit ``batch.source_offsets`` in the transaction says so
+        with :attr:`transactional_offsets` False, and is never given any."""
         ...
 
 

@@ -27,6 +27,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from coordinator.environment import SourceOffsets
 from coordinator.state import BATCH_CHECKPOINT_ID, NO_CHECKPOINT
 
 __all__ = [
@@ -100,6 +101,14 @@ class OperatorCoordinatorContext(Protocol):
 
     def append_log_record(self, record: Any) -> None:
         """Append a record (e.g. a split assignment) to the coordinator's event-sourced log."""
+        ...
+
+    def commit_source_offsets(self, record: Any, offsets: SourceOffsets) -> bool:
+        """Append ``record`` and commit ``offsets`` to their consumer group in one transaction of
+        the coordinator log (Kafka's ``sendOffsetsToTransaction``), so a coordinator fenced by a
+        newer one commits neither and never moves the group back. Transactions commit in the
+        order they are asked for. Returns False, doing nothing, when the runtime has no such
+        transactions (the caller then commits the offsets itself)."""
         ...
 
     def checkpoint_pointer(self, checkpoint_id: int) -> str | None:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.environment import Batch, CoordinatorEnvironment
+from coordinator.environment import Batch, CoordinatorEnvironment, SourceOffsets
 from coordinator.errors import ChandyError
 from coordinator.messages import OperatorEventMessage
 from coordinator.operator_coordinator import OperatorCoordinator, OperatorCoordinatorProvider, OperatorEvent
@@ -70,6 +70,7 @@ class OperatorCoordinatorHolder:
         fail_job: Callable[[BaseException], None],
         append_record: Callable[[Any], None] | None = None,
         pointer_of: Callable[[int], str | None] | None = None,
+        append_batch: Callable[[Batch], None] | None = None,
     ) -> None:
         self.operator_id = provider.operator_id
         self._parallelism = parallelism
@@ -79,6 +80,7 @@ class OperatorCoordinatorHolder:
         self._fail_job = fail_job
         self._append_record = append_record or (lambda record: None)
         self._pointer_of = pointer_of or (lambda checkpoint_id: None)
+        self._append_batch = append_batch
         self._closed = False
         self.current_attempts: dict[int, int] = {}
         self._valve_closed = False
@@ -137,6 +139,14 @@ class OperatorCoordinatorHolder:
         """Append a record to the coordinator log (applied to the coordinator state at once),
         e.g. a split assignment or an offset commit, so a log replay shows it."""
         self._append_record(record)
+
+    def commit_source_offsets(self, record: Any, offsets: SourceOffsets) -> bool:
+        """See :meth:`OperatorCoordinatorContext.commit_source_offsets`: with an environment
+        whose ``transactional_offsets`` is true (the Kafka runtime), one batch carries both."""
+        if self._append_batch is None or not getattr(self.env, "transactional_offsets", False):
+            return False
+        self._append_batch(Batch(records=[record], source_offsets=[offsets]))
+        return True
 
     def checkpoint_pointer(self, checkpoint_id: int) -> str | None:
         """The directory URL of checkpoint or savepoint ``checkpoint_id`` (see the Context)."""

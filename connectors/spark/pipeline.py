@@ -79,8 +79,8 @@ from coordinator.errors import ChandyError
 from coordinator.failure import CheckpointException, CheckpointFailureReason
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.requests import ControlRequest, ControlRequestType, LeaderElection, RequestOutcome
-from coordinator.kafka.runtime import CoordinatorFencedError, CoordinatorService
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
+from coordinator.kafka.runtime import CoordinatorFencedError, CoordinatorService, JobTerminatedError
+from coordinator.kafka.topics import ChandyTopics, OffsetsUnavailableError, ensure_topics, watermark_offsets
 from coordinator.options import CheckpointingOptions
 from coordinator.storage import CheckpointMetadata, CheckpointStorage
 
@@ -189,6 +189,9 @@ class PipelineOptions:
     #: a subtask writes lake files whenever the Arrow batches it holds reach this many bytes, so its
     #: memory is bounded whatever the checkpoint's size (connectors/spark/datasource.py)
     write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES
+    #: how long the running pipeline rides through Kafka being unavailable (a broker's death, a
+    #: leader election) before it stops with one line: retriable errors are retried with backoff
+    kafka_retry_timeout_ms: int = 180_000
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
@@ -318,6 +321,7 @@ class PipelineSummary:
     tombstones_skipped: int = 0
     signal: int | None = None
     notices: tuple[str, ...] = ()
+    canceled: bool = False  # by a CANCEL request (``chandy job cancel``)
 
 
 def is_local_master(master: str) -> bool:
@@ -866,10 +870,15 @@ class Pipeline:
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
             completion_outputs=self.completion_outputs, checkpoint_id_floor=self._checkpoint_id_floor,
             restore_from=opts.from_savepoint, request_executor=self._execute_request, election=self.election,
-            metrics_port=opts.metrics_port,
+            metrics_port=opts.metrics_port, standby=opts.standby, retry_timeout_s=opts.kafka_retry_timeout_ms / 1000,
         )
         try:
             return service.start(periodic=False)
+        except JobTerminatedError as exc:
+            service.stop()
+            if opts.standby:
+                raise  # run() ends the standby's run with it: nothing to take over
+            raise PipelineError(str(exc)) from exc
         except ChandyError as exc:
             service.stop()
             raise PipelineError(f"job {self.job_id} cannot start: {exc}") from exc
@@ -888,8 +897,13 @@ class Pipeline:
         """Records between the last completed checkpoint's ends and the last stable offsets."""
         ends = self._enumerator_call(lambda e: dict(e.committed_end))
         lag = {}
+        timeout_s = self.options.kafka_retry_timeout_ms / 1000
         for tp, start in sorted(ends.items()):
-            high = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=30, cached=False)[1]
+            try:
+                high = watermark_offsets(consumer, TopicPartition(*tp), timeout_s=timeout_s)[1]
+            except OffsetsUnavailableError as exc:
+                raise PipelineError(f"Kafka unavailable for longer than --kafka-retry-timeout "
+                                    f"({self.options.kafka_retry_timeout_ms} ms): {exc}") from exc
             lag[tp] = max(0, high - start)
         return lag
 
@@ -1095,6 +1109,13 @@ class Pipeline:
         counts = spark.sparkContext.accumulator((0, 0), _Pair())
         try:
             self.service = self._start_coordinator()
+        except JobTerminatedError as exc:  # a standby of a job that ended: it says why and exits 0
+            self._restore_signal_handlers(previous_handlers)
+            if self._spark is None:
+                spark.stop()
+            self._notice(str(exc))
+            return PipelineSummary(opts.table_uri, self.job_id, 0, 0, 0, time.monotonic() - started,
+                                   stopped_because=str(exc), signal=self.stop_signal, notices=tuple(self.notices))
         except BaseException:
             self._restore_signal_handlers(previous_handlers)
             if self._spark is None:
@@ -1117,6 +1138,7 @@ class Pipeline:
             self._notice(f"standby of job {self.job_id} leads: coordinator started {self.takeover_s:.1f} s after "
                          "the election")
         stopped_because = "stopped"
+        canceled = False
         request: tuple[ControlRequest, concurrent.futures.Future] | None = None
         try:
             deadline = time.monotonic() + 60
@@ -1142,6 +1164,7 @@ class Pipeline:
                 if request is not None and request[0].request_type is ControlRequestType.CANCEL:
                     self._cancel(request)
                     stopped_because = f"canceled by request {request[0].request_id}"
+                    canceled = True
                     break
                 lag = self.lag(consumer)
                 if (request is not None and request[0].request_type is ControlRequestType.STOP_WITH_SAVEPOINT
@@ -1237,7 +1260,7 @@ class Pipeline:
                                time.monotonic() - started, stopped_because=stopped_because,
                                bad_records=self.bad_records, dead_lettered=self.dead_lettered,
                                tombstones_skipped=counts.value[1], signal=self.stop_signal,
-                               notices=tuple(self.notices))
+                               notices=tuple(self.notices), canceled=canceled)
 
     def _await(self, trigger: Any, timeout_s: float) -> Any:
         """The trigger's result, waited for in short steps: a fenced or stopped coordinator ends

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
 
 from coordinator.checkpoint_coordinator import CheckpointCoordinator
-from coordinator.environment import Batch, Mailbox
+from coordinator.environment import Batch, Mailbox, SourceOffsets
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
 from coordinator.kafka.log import LoadStats, encode_record, load_state, partition_for
@@ -68,6 +68,16 @@ class CoordinatorStoppedError(ChandyError):
     """The coordinator service is not running."""
 
 
+class JobTerminatedError(CoordinatorStoppedError):
+    """The job's log ends in a globally terminal status (FINISHED, CANCELED, FAILED: Flink's
+    ``JobStatus.isGloballyTerminalState``): a standby does not restart it, and a new run needs an
+    explicit restore (``restore_from``) or a new job ID. ``status`` is the status's name."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def transactional_id_for(prefix: str, job_id: str) -> str:
     """``<prefix>-coordinator-<job id>``: one transactional producer per job, for fencing."""
     return f"{prefix}-coordinator-{job_id}"
@@ -96,8 +106,10 @@ class LogWriter:
         on_fatal: Callable[[BaseException], None],
         producer_overrides: Mapping[str, Any] | None = None,
         log_partitions: int = 1,
+        retry_timeout_s: float = 180.0,
     ) -> None:
         self.topics = topics
+        self.retry_timeout_s = retry_timeout_s
         self.job_id = job_id
         self.codec = codec
         self.post = post
@@ -108,6 +120,9 @@ class LogWriter:
             overrides={"transaction.timeout.ms": 60_000, "retry.backoff.ms": 10, "retry.backoff.max.ms": 100,
                        **(producer_overrides or {})},
         )
+        self.bootstrap_servers = bootstrap_servers
+        self._security = kafka_config.security_settings(producer_overrides)
+        self._group_consumers: dict[str, Any] = {}  # group id -> a consumer that never joins, for its metadata
         self._queue: list[tuple[Batch, Callable[[], None] | None]] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -135,6 +150,9 @@ class LogWriter:
             self._cond.notify()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._group_consumers.clear()
 
     def _produce(self, batch: Batch) -> None:
         key = self.job_id.encode()
@@ -149,6 +167,22 @@ class LogWriter:
                                                                                    topic=self.topics.checkpoint_events), key)
         for output in batch.outputs:
             self.producer.produce(output.topic, output.value, output.key, headers=list(output.headers) or None)
+        for committed in batch.source_offsets:
+            self._send_offsets(committed)
+
+    def _send_offsets(self, committed: SourceOffsets) -> None:
+        offsets = [TopicPartition(t, p, o) for t, p, o in committed.offsets]
+        metadata = self._group_metadata(committed.group_id)
+        self._call_retrying(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, 30.0))
+
+    def _group_metadata(self, group_id: str) -> Any:
+        """``ConsumerGroupMetadata`` of ``group_id`` for ``send_offsets_to_transaction``, from a
+        consumer of the group that never subscribes (generation -1: the broker takes the commit
+        as a simple, memberless group's, as the enumerator's own commits are)."""
+        if group_id not in self._group_consumers:
+            self._group_consumers[group_id] = kafka_config.consumer(self.bootstrap_servers, group_id=group_id,
+                                                                    overrides=self._security)
+        return self._group_consumers[group_id].consumer_group_metadata()
 
     def _run(self) -> None:
         while True:
@@ -184,7 +218,10 @@ class LogWriter:
                 return
             except KafkaException as exc:
                 error = exc.args[0]
-                if _is_fencing(error) or not error.txn_requires_abort():
+                if _is_fencing(error):
+                    raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
+                if not error.txn_requires_abort():
+                    # fatal, or retriable past retry_timeout_s: the coordinator cannot go on
                     raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
                 log.warning("transaction attempt %d failed (%s); aborting and retrying", attempt + 1, error.str())
                 try:
@@ -197,16 +234,23 @@ class LogWriter:
                 time.sleep(0.1 * (attempt + 1))
         raise CoordinatorFencedError("log writer gave up after 5 aborted transactions")
 
-    @staticmethod
-    def _call_retrying(call: Callable[[], None], attempts: int = 10) -> None:
-        for attempt in range(attempts):
+    def _call_retrying(self, call: Callable[[], None]) -> None:
+        """``call`` retried with backoff (10 ms doubling to 1 s) while it fails retriably (a broker's
+        death, a leader election, the transaction coordinator moving), for up to ``retry_timeout_s``."""
+        deadline = time.monotonic() + self.retry_timeout_s
+        attempt = 0
+        while True:
             try:
                 call()
                 return
             except KafkaException as exc:
-                if not exc.args[0].retriable() or attempt == attempts - 1:
+                error = exc.args[0]
+                if not error.retriable() or error.fatal() or time.monotonic() > deadline:
                     raise
-                time.sleep(0.05 * (attempt + 1))
+                attempt += 1
+                if attempt in (1, 10, 50):
+                    log.warning("job %s: coordinator log transaction: %s; retrying", self.job_id, error.str())
+                time.sleep(min(1.0, 0.01 * 2 ** min(attempt, 7)))
 
 
 class AckReader:
@@ -329,6 +373,8 @@ class CoordinatorService:
             :func:`~coordinator.kafka.requests.default_executor`).
         election: an election already joined (a pipeline that stood by before starting);
             the service then closes it on :meth:`stop`.
+        retry_timeout_s: how long the coordinator log's transactions retry retriable errors (a
+            broker's death, a leader election) before the coordinator stops (default 180 s).
     """
 
     def __init__(
@@ -358,6 +404,7 @@ class CoordinatorService:
         accept_requests: bool = True,
         request_executor: RequestExecutor | None = None,
         election: LeaderElection | None = None,
+        retry_timeout_s: float = 180.0,
     ) -> None:
         if not options.checkpoint_dir:
             raise ChandyError("a checkpoint directory (state.checkpoints.dir) is required")
@@ -393,6 +440,7 @@ class CoordinatorService:
         self._writer: LogWriter | None = None
         self._acks: AckReader | None = None
         self._metrics_port = metrics_port
+        self._retry_timeout_s = retry_timeout_s
         self._metrics_address = metrics_address
         self.metrics_server: MetricsServer | None = None
         self._standby = standby
@@ -410,6 +458,9 @@ class CoordinatorService:
 
     def schedule(self, delay_ms: int, action: Callable[[], None]):
         return self.mailbox.schedule(delay_ms, action)
+
+    #: offset commits go into the coordinator log's transactions (``Batch.source_offsets``)
+    transactional_offsets = True
 
     def append(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
         if self._writer is not None:
@@ -452,7 +503,8 @@ class CoordinatorService:
         log_partitions = len(admin.list_topics(self.topics.coordinator_log, timeout=timeout_s)
                              .topics[self.topics.coordinator_log].partitions)
         self._writer = LogWriter(self.bootstrap_servers, self.topics, self.job_id, self.codec, self.transactional_id,
-                                 self.mailbox.execute, self._on_writer_failed, self._producer_overrides, log_partitions)
+                                 self.mailbox.execute, self._on_writer_failed, self._producer_overrides, log_partitions,
+                                 retry_timeout_s=self._retry_timeout_s)
         self._writer.init(timeout_s)  # fences older coordinators of this job
         state, load_stats = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id,
                                        codec=self.codec, consumer_overrides=self._consumer_overrides,
@@ -460,12 +512,15 @@ class CoordinatorService:
         self.load_stats = load_stats
         log.info("job %s: replayed %d log records in %.2f s (epoch %d, next checkpoint %d)", self.job_id,
                  load_stats.applied, load_stats.seconds, state.epoch, state.next_checkpoint_id)
-        if self._standby and state.job_status.is_terminal:
-            # the job was canceled, stopped with a savepoint or failed: nothing to take over (Flink's
-            # HA does not restart a globally terminated job)
-            why = f"job {self.job_id} ended ({state.job_status.value}: {state.job_status_reason}); the standby does not restart it"
+        if state.job_status.is_terminal and (self._standby or self._restore_from is None):
+            # the job was canceled, stopped with a savepoint or failed: it does not run again (Flink's
+            # HA does not restart a globally terminated job; a new submission restores a savepoint)
+            ended = f"job {self.job_id} ended {state.job_status.value} ({state.job_status_reason or 'no reason given'})"
+            why = (f"{ended}; the standby does not restart it" if self._standby else
+                   f"{ended}; a finished, canceled or failed job does not run again: restore it with "
+                   "--from-savepoint PATH (a savepoint or retained checkpoint) or start a new job with --job-id")
             self.stop()
-            raise CoordinatorStoppedError(why)
+            raise JobTerminatedError(why, state.job_status.value)
         coordinator = self.coordinator = CheckpointCoordinator(
             self.job_id, self.options, self, self.storage, self.operators,
             coordinator_providers=self._providers, state=state, transactional_id=self.transactional_id,

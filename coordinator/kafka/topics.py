@@ -148,8 +148,22 @@ def ensure_topics(
     return created
 
 
+#: Errors a running client rides through while a broker dies or a leader moves (librdkafka's
+#: local transport and timeout errors, and the broker's leadership errors).
 _RETRIABLE = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
+                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                        KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_COORDINATOR,
+                        KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                        KafkaError._WAIT_COORD, KafkaError.NETWORK_EXCEPTION, KafkaError.FENCED_LEADER_EPOCH,
+                        KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.NOT_ENOUGH_REPLICAS,
+                        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.KAFKA_STORAGE_ERROR})
+
+
+def is_retriable(error: KafkaError) -> bool:
+    """Whether a running client should retry after ``error`` (a broker's death, a leader
+    election, a coordinator moving), as opposed to a fatal one (fenced, not authorized, a topic
+    or group that is gone for good)."""
+    return error.code() in _RETRIABLE or (error.retriable() and not error.fatal())
 
 
 class OffsetsUnavailableError(TopicError):
@@ -158,15 +172,17 @@ class OffsetsUnavailableError(TopicError):
 
 def watermark_offsets(consumer: Any, partition: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
     """(low, high) watermark offsets of ``partition`` asked of its leader (``cached=False``; high
-    is the last stable offset for a read_committed consumer), retried while the leader is not
-    known yet: a topic created a moment ago, or one whose leader just moved (a broker restart),
-    answers NOT_LEADER_FOR_PARTITION / LEADER_NOT_AVAILABLE for a while. ``consumer`` is a
+    is the last stable offset for a read_committed consumer), retried with backoff (50 ms doubling
+    to 1 s) on :func:`is_retriable` errors: a topic created a moment ago, or one whose leader just
+    moved (a broker's death or restart), answers NOT_LEADER_FOR_PARTITION / LEADER_NOT_AVAILABLE
+    or times out for a while. ``consumer`` is a
     confluent-kafka ``Consumer``; the wait is at most about ``timeout_s`` seconds.
 
     Raises:
         OffsetsUnavailableError: still failing after ``timeout_s`` seconds, or a non-retriable error.
     """
     deadline = time.monotonic() + timeout_s
+    attempt = 0
     while True:
         try:
             low, high = consumer.get_watermark_offsets(partition, timeout=max(0.1, deadline - time.monotonic()),
@@ -174,10 +190,12 @@ def watermark_offsets(consumer: Any, partition: TopicPartition, timeout_s: float
             return int(low), int(high)
         except KafkaException as exc:
             error = exc.args[0]
-            if error.code() not in _RETRIABLE or time.monotonic() > deadline:
+            if not is_retriable(error) or time.monotonic() > deadline:
+                waited = f" (retried for {timeout_s:.0f} s)" if is_retriable(error) else ""
                 raise OffsetsUnavailableError(
-                    f"watermark offsets of {partition.topic}-{partition.partition}: {error.str()}") from exc
-            time.sleep(0.1)
+                    f"watermark offsets of {partition.topic}-{partition.partition}: {error.str()}{waited}") from exc
+            attempt += 1
+            time.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5)))
 
 
 def default_replication_factor(brokers: int) -> int:

@@ -38,6 +38,7 @@ def _writer(producer: _Producer) -> LogWriter:
     writer = LogWriter.__new__(LogWriter)
     writer.producer = producer
     writer._produce = lambda batch: None
+    writer.job_id, writer.retry_timeout_s = "job", 2.0
     return writer
 
 
@@ -63,3 +64,22 @@ def test_fenced_at_the_commit_is_reported_as_fenced_without_an_abort() -> None:
     with pytest.raises(CoordinatorFencedError):
         _writer(producer)._commit([(Batch(), None)])
     assert producer.calls == ["begin", "commit"]
+
+
+RETRIABLE = KafkaError(KafkaError._TIMED_OUT, "the transaction coordinator's broker died", retriable=True)
+
+
+def test_a_retriable_commit_error_is_retried_through_a_brokers_death() -> None:
+    """Issue 36: a broker's death answers the commit with a retriable error for a while; the
+    writer retries the commit itself (with backoff) instead of stopping the coordinator."""
+    producer = _Producer(commits=[RETRIABLE] * 6 + [None], aborts=[])
+    _writer(producer)._commit([(Batch(), None)])
+    assert producer.calls == ["begin"] + ["commit"] * 7
+
+
+def test_a_retriable_error_past_the_retry_timeout_stops_the_writer() -> None:
+    producer = _Producer(commits=[RETRIABLE] * 10_000, aborts=[])
+    writer = _writer(producer)
+    writer.retry_timeout_s = 0.3
+    with pytest.raises(CoordinatorFencedError, match="broker died"):
+        writer._commit([(Batch(), None)])

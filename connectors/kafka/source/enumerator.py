@@ -46,6 +46,7 @@ from connectors.kafka.source.offsets import ConsumerOffsetsRetriever, OffsetsIni
 from connectors.kafka.source.split import KafkaPartitionSplit, split_owner
 from connectors.kafka.source.subscriber import subscribed_topics
 from coordinator import serde
+from coordinator.environment import SourceOffsets
 from coordinator.errors import ChandyError
 from coordinator.kafka import config as kafka_config
 from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorCoordinatorContext, OperatorEvent, SubtaskGateway
@@ -430,7 +431,20 @@ class KafkaSourceEnumerator:
         if committer is None or group_id is None or not ends:
             return
         offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(ends.items())]
+        record = OffsetCommitRecord(self.context.job_id, group_id, checkpoint_id,
+                                    tuple(TopicPartitionOffset(t, p, o) for (t, p), o in sorted(ends.items())),
+                                    int(time.time() * 1000))
+        # with the Kafka runtime: in the coordinator log's transaction (sendOffsetsToTransaction), so
+        # a fenced coordinator commits nothing and the group never moves back, not even for a moment
+        transactional = SourceOffsets(group_id, tuple((t, p, o) for (t, p), o in sorted(ends.items())))
         with self._commit_lock:
+            if checkpoint_id <= self._committed_checkpoint:
+                return
+            if self.context.commit_source_offsets(record, transactional):
+                self._committed_checkpoint = checkpoint_id
+                self._newest_commit = None  # nothing for close to flush: the log writer commits it
+                self.commits_succeeded += 1
+                return
             if self._newest_commit is None or checkpoint_id > self._newest_commit[0]:
                 self._newest_commit = (checkpoint_id, offsets)
 
@@ -453,9 +467,7 @@ class KafkaSourceEnumerator:
                             "checkpoint covers them): %s", checkpoint_id, self.options.group_id, error)
                 return
             self.commits_succeeded += 1
-            self.context.append_log_record(OffsetCommitRecord(
-                self.context.job_id, group_id, checkpoint_id,
-                tuple(TopicPartitionOffset(t, p, o) for (t, p), o in sorted(ends.items())), int(time.time() * 1000)))
+            self.context.append_log_record(record)
 
         self.context.call_async(commit, done)
 

@@ -1,0 +1,164 @@
+"""The pipeline on a three-broker KRaft cluster (``chandy kafka up --nodes 3``: Chandy's topics with
+three replicas and ``min.insync.replicas`` 2), landing into Delta while brokers die (issue 36):
+
+1. the broker that leads the coordinator log's partition is SIGKILLed mid-run: the pipeline goes
+   on committing, and every record is in the table exactly once;
+2. ``chandy job stop`` with a ``--standby`` waiting: the job stays FINISHED and the standby exits 0
+   without running it.
+
+Slow (three broker JVMs and Spark, about four minutes):
+``flock /tmp/chandy-spark.lock .venv/bin/pytest -m slow tests/integration/test_pipeline_cluster.py -s``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from chandy.broker import EmbeddedKafkaBroker
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
+from coordinator.kafka.topics import ChandyTopics
+from tests.fixtures.pipeline import landed
+from tests.fixtures.workers import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafkaBroker]:
+    broker = EmbeddedKafkaBroker(tmp_path_factory.mktemp("cluster"), nodes=3, heap="384m")
+    broker.up()
+    try:
+        yield broker
+    finally:
+        broker.down()
+
+
+def _servers(cluster: EmbeddedKafkaBroker) -> str:
+    info = cluster.status()
+    assert info is not None
+    return info.bootstrap_servers
+
+
+def _topic(servers: str, partitions: int = 2) -> str:
+    from confluent_kafka.admin import NewTopic
+
+    name = f"cl-{uuid.uuid4().hex[:8]}"
+    admin = kafka_config.admin_client(servers)
+    admin.create_topics([NewTopic(name, partitions, 3, config={"min.insync.replicas": "2"})])[name].result()
+    wait_for(lambda: all(p.leader >= 0 for p in admin.list_topics(name, timeout=10).topics[name].partitions.values()),
+             60, "the topic's leaders")
+    return name
+
+
+class _Producer:
+    """Produces ``count`` records to ``topic`` at about ``rate`` per second from a thread (acks=all,
+    idempotent, so a broker's death neither loses nor doubles one)."""
+
+    def __init__(self, servers: str, topic: str, count: int, rate: int) -> None:
+        self.producer = kafka_config.producer(servers, overrides={"enable.idempotence": True, "acks": "all"})
+        self.topic, self.count, self.rate = topic, count, rate
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        for i in range(self.count):
+            self.producer.produce(self.topic, f"v-{i}".encode(), f"k{i}".encode(), partition=i % 2)
+            self.producer.poll(0)
+            time.sleep(1 / self.rate)
+        assert self.producer.flush(120) == 0
+
+    def start(self) -> _Producer:
+        self.thread.start()
+        return self
+
+
+def _pipeline(servers: str, topic: str, table: str, prefix: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic, "-b", servers,
+            "--prefix", prefix, "--max-records-per-checkpoint", "200", "--checkpoint-interval", "300",
+            "--master", "local[1]", *extra]
+
+
+def _commits(table: str) -> int:
+    return DeltaTable(table).version() if DeltaTable.is_deltatable(table) else -1
+
+
+def test_the_pipeline_rides_through_the_death_of_the_coordinator_logs_leader(cluster, tmp_path) -> None:
+    servers = _servers(cluster)
+    topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
+    producer = _Producer(servers, topic, 6000, 400).start()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    run = subprocess.Popen(_pipeline(servers, topic, table, prefix, "--until-drained"), cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: _commits(table) >= 3 or run.poll() is not None, 240, "three commits before the kill")
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        admin = kafka_config.admin_client(servers)
+        log_topic = ChandyTopics(prefix).coordinator_log
+        victim = admin.list_topics(log_topic, timeout=10).topics[log_topic].partitions[0].leader
+        cluster.kill_node(victim)
+        killed_at = _commits(table)
+        wait_for(lambda: _commits(table) >= killed_at + 3 or run.poll() is not None, 180,
+                 "three commits after the broker's death")
+        assert run.poll() is None or run.returncode == 0, run.communicate()[1][-3000:]
+        assert _commits(table) >= killed_at + 3
+        producer.thread.join(120)
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        for node in (1, 2, 3):
+            if node not in cluster.alive_nodes():
+                cluster.start_node(node)
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) == 6000
+
+
+def test_a_stopped_job_stays_finished_with_a_standby_waiting(cluster, tmp_path) -> None:
+    servers = _servers(cluster)
+    topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
+    producer = _Producer(servers, topic, 2000, 400).start()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    args = _pipeline(servers, topic, table, prefix)
+    active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    standby = None
+    try:
+        wait_for(lambda: _commits(table) >= 2 or active.poll() is not None, 240, "the active pipeline's commits")
+        assert active.poll() is None, active.communicate()[1][-3000:]
+        standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(8)  # the standby joins the election group and waits
+        assert standby.poll() is None
+        from connectors.spark.pipeline import default_job_id
+
+        job = default_job_id(table, (topic,))
+        answer = send_request(servers, job, ControlRequestType.STOP_WITH_SAVEPOINT, prefix=prefix, timeout_s=180)
+        assert answer.status is RequestStatus.COMPLETED, answer.failure_message
+        _, err = active.communicate(timeout=180)
+        assert active.returncode == 0, err[-3000:]
+        stopped_at = _commits(table)
+        out, err = standby.communicate(timeout=120)
+        assert standby.returncode == 0, err[-3000:]
+        assert "FINISHED" in err and "does not restart it" in err, err[-3000:]
+        assert _commits(table) == stopped_at  # the standby landed nothing
+    finally:
+        for process in (active, standby):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        producer.thread.join(60)
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) < 2000 or len(rows) == len(set(rows))
