@@ -540,8 +540,25 @@ class IcebergSink:
             yield task.file
 
     def read_table(self) -> pa.Table:
-        """The current snapshot, read with pyiceberg's scan (a reader other than the writer)."""
+        """The current snapshot: its data files as pyiceberg's scan plans them, each read with
+        pyarrow's Parquet reader (readers other than the writer), in the table's schema (columns
+        a file lacks, added later by schema evolution, as nulls).
+
+        Not ``scan().to_arrow()``: pyiceberg 0.12's projection reads a NULL map whose values are
+        records as an empty map (the file holds NULL; found by the differential tests of values).
+        Chandy writes no delete files, so the data files are the snapshot's rows.
+        """
+        import pyarrow.parquet as pq
+
         table = self._load()
         if table is None:
             raise LakeCommitError(f"no Iceberg table {self.table_uri}")
-        return table.scan().to_arrow()
+        schema = table.schema().as_arrow()
+        parts = []
+        for task in table.scan().plan_files():
+            with self._open_file(task.file.file_path) as handle:
+                data = pq.read_table(handle)
+            parts.append(pa.Table.from_arrays(
+                [data.column(f.name).cast(f.type) if f.name in data.schema.names else pa.nulls(data.num_rows, f.type)
+                 for f in schema], schema=schema))
+        return pa.concat_tables(parts) if parts else schema.empty_table()

@@ -515,7 +515,7 @@ class CoordinatorService:
         if state.job_status.is_terminal and (self._standby or self._restore_from is None):
             # the job was canceled, stopped with a savepoint or failed: it does not run again (Flink's
             # HA does not restart a globally terminated job; a new submission restores a savepoint)
-            ended = f"job {self.job_id} ended {state.job_status.value} ({state.job_status_reason or 'no reason given'})"
+            ended = f"job {self.job_id} ended ({state.job_status.value}: {state.job_status_reason or 'no reason given'})"
             why = (f"{ended}; the standby does not restart it" if self._standby else
                    f"{ended}; a finished, canceled or failed job does not run again: restore it with "
                    "--from-savepoint PATH (a savepoint or retained checkpoint) or start a new job with --job-id")

@@ -153,7 +153,7 @@ def test_a_stopped_job_stays_finished_with_a_standby_waiting(cluster, tmp_path) 
         stopped_at = _commits(table)
         out, err = standby.communicate(timeout=120)
         assert standby.returncode == 0, err[-3000:]
-        assert "FINISHED" in err and "does not restart it" in err, err[-3000:]
+        assert "ended (FINISHED" in err and "does not restart it" in err, err[-3000:]
         assert _commits(table) == stopped_at  # the standby landed nothing
     finally:
         for process in (active, standby):

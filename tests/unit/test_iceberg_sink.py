@@ -177,3 +177,15 @@ def test_vacuum_racing_commits_retries_instead_of_failing(tmp_path: Path) -> Non
     assert len(vacuumed) > 1
     assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(3, 78))
     assert sink.committed_checkpoint(JOB) == 25
+
+
+def test_a_null_map_of_records_reads_back_null(tmp_path: Path) -> None:
+    """The differential tests found it: pyiceberg 0.12's scan reads a NULL map<string, struct>
+    as an empty map; the sink reads the snapshot's files with pyarrow and keeps the NULL."""
+    sink = make_sink(tmp_path)
+    kind = pa.map_(pa.string(), pa.struct([("f0", pa.int64())]))
+    data = pa.table({"topic": ["t"] * 3, "partition": pa.array([0] * 3, pa.int32()), "offset": pa.array([0, 1, 2], pa.int64()),
+                     "m": pa.array([None, [("a", {"f0": 1})], []], kind)})
+    files = sink.write_files(data, job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+    assert sink.commit(JOB, 1, files, offsets={("t", 0): 3}, cluster_id="c1")
+    assert sink.read_table().column("m").to_pylist() == [None, [("a", {"f0": 1})], []]
