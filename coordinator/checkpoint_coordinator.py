@@ -446,6 +446,9 @@ class CheckpointCoordinator:
             return R.CHECKPOINT_COORDINATOR_SHUTDOWN
         if self.state.job_status != JobStatus.RUNNING:
             return R.NOT_ALL_REQUIRED_TASKS_RUNNING
+        if self.options.wait_for_running_subtasks and any(
+                (op, i) not in self.current_attempts for op, n in self.operators.items() for i in range(n)):
+            return R.NOT_ALL_REQUIRED_TASKS_RUNNING  # Flink: "Not all required tasks are currently running"
         return None
 
     def _is_triggering(self) -> bool:
@@ -463,6 +466,9 @@ class CheckpointCoordinator:
         refused = self._preflight()
         if refused is not None:
             request.fail(refused, "checkpoint request refused")
+            if periodic and self._periodic_running:
+                # a skipped period is neither a failure nor an ID: the next one tries again
+                self._schedule_periodic(self.options.interval_ms)
             return CheckpointTriggerResult(None, request.future)
         decision = self.decider.choose_request_to_execute(
             request, is_triggering=self._is_triggering(), pending=len(self.pending),

@@ -56,6 +56,12 @@ class CheckpointingOptions:
     checkpoint_dir: str | None = None
     savepoint_dir: str | None = None
     random_initial_delay: bool = True
+    #: Flink's pre-flight check: no checkpoint is triggered (no ID taken, not a failure; a periodic
+    #: trigger tries again next period) until every subtask of every operator has reported a running
+    #: attempt (``SubtaskAttemptReady``) to this coordinator. Off by default: participants report
+    #: once, when they start, so a coordinator that takes over from another would wait for subtasks
+    #: that are running already; the pipeline's Spark tasks run only for a checkpoint
+    wait_for_running_subtasks: bool = False
 
     def __post_init__(self) -> None:
         if self.timeout_ms < 1:

@@ -25,7 +25,7 @@ from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
 from coordinator.pending import AckResult
 from coordinator.records import CheckpointRecord, JobStatusRecord, Tombstone
 from coordinator.state import replay
-from tests.fixtures.coordinator import JOB, OPERATORS, ack, make
+from tests.fixtures.coordinator import JOB, OPERATORS, ack, make, ready_all
 from tests.fixtures.manual_env import ManualEnvironment
 
 
@@ -168,6 +168,7 @@ def test_tolerable_failed_checkpoints_exceeded_fails_the_job(tmp_path: Path) -> 
     cc.on_job_status = lambda status, why: statuses.append((status, why))
     cc.start()
     env.run()
+    ready_all(cc)
     trigger(cc)
     env.advance(100)
     assert cc.job_status == "RUNNING" and cc.state.continuous_failures == 1
@@ -422,6 +423,7 @@ def test_savepoints_share_the_id_counter_and_stop_with_savepoint_finishes(tmp_pa
     cc, env, listener = make(tmp_path, interval_ms=100, random_initial_delay=False, start=False)
     cc.on_job_status = lambda status, why: statuses.append(status)
     cc.start()
+    ready_all(cc)
     cc.start_periodic_scheduler()
     env.advance(100)
     ack_all(cc, 1)
@@ -569,14 +571,13 @@ def test_overlapping_triggers_keep_ids_and_events_in_order(tmp_path: Path) -> No
 
 def test_a_newer_attempt_fails_the_old_one_first_and_aborts_pending(tmp_path: Path) -> None:
     coordinator = RecordingCoordinator("src")
-    cc, env, _ = make(tmp_path, providers=[coordinator], tolerable_failed=0)
-    cc.attempt_ready(SubtaskAttemptReady(JOB, "src", 0, 0))
+    cc, env, _ = make(tmp_path, providers=[coordinator], tolerable_failed=0)  # every subtask ready: attempt 0
     pending = trigger(cc)
     coordinator.future.set_result(b"")
     env.run()
     cc.attempt_ready(SubtaskAttemptReady(JOB, "src", 0, 1))  # the old attempt died silently
     env.run()
-    calls = [c for c in coordinator.calls if c[0] in ("failed", "subtask_reset", "ready")]
+    calls = [c for c in coordinator.calls if c[0] in ("failed", "subtask_reset", "ready") and c[1] == 0]
     assert calls == [("ready", 0, 0), ("failed", 0, 0), ("subtask_reset", 0, NO_CHECKPOINT), ("ready", 0, 1)]
     assert pending.exception(timeout=0).reason.value == "TASK_FAILURE"
     assert cc.job_status == "RUNNING"  # TASK_FAILURE does not count
@@ -591,6 +592,7 @@ def test_a_declined_stop_with_savepoint_fails_the_job_and_periodic_checkpoints_s
     cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, tolerable_failed=5, start=False)
     cc.on_job_status = lambda status, why: statuses.append((status, why))
     cc.start()
+    ready_all(cc)
     cc.start_periodic_scheduler()
     env.advance(1)
     ack_all(cc, 1)
@@ -835,6 +837,7 @@ def test_an_id_is_durable_before_a_hook_or_coordinator_sees_it(tmp_path: Path) -
     cc, env, _ = make(tmp_path, env=env, hooks=[hook], providers=[coordinator], start=False)
     cc.start()
     env.commit()
+    ready_all(cc)
     result = cc.trigger_checkpoint()
     env.run()
     assert result.checkpoint_id == 1
@@ -849,3 +852,19 @@ def test_an_id_is_durable_before_a_hook_or_coordinator_sees_it(tmp_path: Path) -
     (trig,) = env.control_of(TriggerCheckpoint)
     pending_at = next(i for i, r in enumerate(env.log) if isinstance(r, CheckpointRecord) and r.status == "PENDING")
     assert trig.checkpoint_id == 1 and pending_at >= 0
+
+
+def test_no_trigger_before_every_subtask_runs_and_a_skipped_period_is_no_failure(tmp_path: Path) -> None:
+    """Flink's pre-flight check (issue 36): a trigger before every subtask has reported a running
+    attempt takes no ID, is not a failed checkpoint (not counted toward tolerable failures), and
+    the periodic scheduler tries again next period."""
+    cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, tolerable_failed=0, ready=False)
+    refused = trigger(cc)
+    assert refused.exception(timeout=0).reason.value == "NOT_ALL_REQUIRED_TASKS_RUNNING"
+    cc.start_periodic_scheduler()
+    env.advance(350)  # three periods, each skipped
+    assert cc.state.next_checkpoint_id == 1 and cc.state.continuous_failures == 0 and cc.job_status == "RUNNING"
+    assert env.control_of(TriggerCheckpoint) == []
+    ready_all(cc)
+    env.advance(100)  # the next period triggers checkpoint 1
+    assert [m.checkpoint_id for m in env.control_of(TriggerCheckpoint)] == [1]
