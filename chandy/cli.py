@@ -767,7 +767,7 @@ def ui(host: str, port: int, prefix: str, history_size: int, consumer_conf: tupl
 # -- chandy topics ---------------------------------------------------------------------------
 @main.group()
 def topics() -> None:
-    """Chandy's four topics (control, acks, coordinator-log, checkpoint-events)."""
+    """Chandy's five topics (control, acks, coordinator-log, checkpoint-events, requests)."""
 
 
 admin_settings_option = click.option(
@@ -795,17 +795,24 @@ def _admin(bootstrap_servers: str | None, data_dir: Path | None, settings: tuple
 @data_dir_option
 @click.option("--prefix", default="chandy", show_default=True, help="Topic name prefix.")
 @click.option("--partitions", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--log-partitions", type=click.IntRange(1), default=50, show_default=True,
+              help="Partitions of a new coordinator log (each job replays only its own); fixed once created.")
 @click.option("--replication-factor", type=click.IntRange(1), default=None,
               help="Replicas (default: 3 on a cluster of three brokers or more, with min.insync.replicas 2; else 1).")
 @admin_settings_option
 @_handle_errors
 def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: str, partitions: int,
-                  replication_factor: int | None, settings: tuple[str, ...]) -> None:
-    """Create the missing topics with explicit settings, then check them all."""
+                  log_partitions: int, replication_factor: int | None, settings: tuple[str, ...]) -> None:
+    """Create the missing topics with explicit settings, then check them all.
+
+    Size the coordinator log with --log-partitions (default 50, as Kafka's __consumer_offsets): each
+    job's records live in the partition its job ID hashes to, and a coordinator replays only that
+    one, so its start does not grow with other jobs' history. The count is fixed once created."""
     from coordinator.kafka.topics import ChandyTopics, ensure_topics
 
     _, admin = _admin(bootstrap_servers, data_dir, settings)
-    created = ensure_topics(admin, ChandyTopics(prefix), partitions=partitions, replication_factor=replication_factor)
+    created = ensure_topics(admin, ChandyTopics(prefix), partitions=partitions, log_partitions=log_partitions,
+                            replication_factor=replication_factor)
     err_console.print(f"created: {', '.join(created) or 'none'}; all five checked")
 
 

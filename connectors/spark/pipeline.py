@@ -742,9 +742,15 @@ class Pipeline:
                 raise PipelineError(
                     f"the coordinator log of job {self.job_id} {log_state} but table {self.sink.table_uri} holds "
                     f"checkpoint {progress.checkpoint_id}; refusing to guess (--no-resume-from-table)")
-            self._notice(f"the coordinator log of job {self.job_id} {log_state}, the table holds checkpoint "
-                         f"{progress.checkpoint_id}: resuming from the table's offsets ({where}{more}); "
-                         f"checkpoint IDs continue at {progress.checkpoint_id + 1}")
+            if latest is None:
+                self._notice(f"the coordinator log of job {self.job_id} has no completed checkpoint, the table holds "
+                             f"checkpoint {progress.checkpoint_id}: resuming from the table's offsets ({where}{more}); "
+                             f"checkpoint IDs continue at {progress.checkpoint_id + 1}")
+            else:  # the normal case after a stop between the lake commit and its log record
+                self._notice(f"the table already holds checkpoint {progress.checkpoint_id}, ahead of the coordinator "
+                             f"log at {latest} (it was committed to the lake just before the last run stopped): "
+                             f"resuming from the table ({where}{more}); checkpoint IDs continue at "
+                             f"{progress.checkpoint_id + 1}")
         self._rewind_group_past_table(progress.offsets)
 
     def _rewind_group_past_table(self, table_offsets: Mapping[TP, int]) -> None:

@@ -15,6 +15,7 @@ holds one job's messages in order while many jobs share the topics (see docs/des
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +24,13 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from coordinator.errors import ChandyError
+
+log = logging.getLogger(__name__)
+
+#: Partitions of a new coordinator log, as Kafka's internal ``__consumer_offsets`` and
+#: ``__transaction_state`` (``offsets.topic.num.partitions``): each job's records live in one
+#: partition, and a coordinator replays only that one.
+DEFAULT_LOG_PARTITIONS = 50
 
 DEFAULT_PREFIX = "chandy"
 
@@ -72,14 +80,21 @@ class ChandyTopics:
         self,
         *,
         partitions: int = 1,
+        log_partitions: int | None = None,
         retention_ms: int = 7 * 24 * 3600 * 1000,
         min_compaction_lag_ms: int = 60_000,
         replication_factor: int = 1,
     ) -> list[TopicSpec]:
-        """The four topics with their settings.
+        """The five topics with their settings.
 
         Args:
-            partitions: partitions of each topic; a job always maps to one partition by its key.
+            partitions: partitions of the control, acks and events topics; a job always maps to one
+                partition by its key.
+            log_partitions: partitions of the coordinator log (default :data:`DEFAULT_LOG_PARTITIONS`,
+                as Kafka's ``__consumer_offsets``): a coordinator replays only its job's partition,
+                so a start does not grow with other jobs' history. Fixed once created: a job's
+                partition is ``crc32(job id) mod`` the count (:func:`coordinator.kafka.log.partition_for`),
+                so adding partitions would move jobs away from their history.
             retention_ms: retention of the delete-policy topics (default 7 days).
             min_compaction_lag_ms: how long a log record stays uncompacted (default 60 s), so a
                 replay soon after a run still sees every step.
@@ -96,7 +111,7 @@ class ChandyTopics:
         return [
             TopicSpec(self.control, partitions, delete),
             TopicSpec(self.acks, partitions, delete),
-            TopicSpec(self.coordinator_log, partitions, log),
+            TopicSpec(self.coordinator_log, DEFAULT_LOG_PARTITIONS if log_partitions is None else log_partitions, log),
             TopicSpec(self.checkpoint_events, partitions, delete),
             # always one partition: the election gives it to exactly one coordinator per job
             TopicSpec(self.requests, 1, delete),
@@ -108,6 +123,7 @@ def ensure_topics(
     topics: ChandyTopics,
     *,
     partitions: int = 1,
+    log_partitions: int | None = None,
     replication_factor: int | None = None,
     timeout_s: float = 30.0,
     **spec_options: int,
@@ -117,6 +133,7 @@ def ensure_topics(
     ``replication_factor`` None (the default) picks it from the cluster: 3 replicas with
     ``min.insync.replicas`` 2 on a cluster of three brokers or more (one broker may die without
     stopping a write with ``acks=all``), else 1 (see :func:`default_replication_factor`).
+    ``log_partitions``: see :meth:`ChandyTopics.specs` (an existing log keeps its count).
 
     Returns the names of the topics created by this call (empty when all existed).
 
@@ -126,7 +143,8 @@ def ensure_topics(
     metadata = admin.list_topics(timeout=timeout_s)
     if replication_factor is None:
         replication_factor = default_replication_factor(len(metadata.brokers))
-    specs = topics.specs(partitions=partitions, replication_factor=replication_factor, **spec_options)
+    specs = topics.specs(partitions=partitions, log_partitions=log_partitions, replication_factor=replication_factor,
+                         **spec_options)
     existing = set(metadata.topics)
     missing = [spec for spec in specs if spec.name not in existing]
     created: list[str] = []
@@ -237,6 +255,7 @@ def check_topics(admin: AdminClient, topics: ChandyTopics, *, timeout_s: float =
     if missing:
         raise TopicError(f"missing Chandy topics: {', '.join(missing)} (create them with ensure_topics)")
     resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in specs]
+    brokers = len(metadata.brokers)
     for resource, entries in _describe_configs(admin, resources, timeout_s).items():
         policy = entries["cleanup.policy"].value if "cleanup.policy" in entries else "delete"
         wanted = specs[resource.name].config["cleanup.policy"]
@@ -244,6 +263,13 @@ def check_topics(admin: AdminClient, topics: ChandyTopics, *, timeout_s: float =
             raise TopicError(
                 f"topic {resource.name} has cleanup.policy={policy}, Chandy needs cleanup.policy={wanted}"
             )
+        if brokers >= 3 and resource.name == topics.coordinator_log:
+            replicas = min(len(p.replicas) for p in metadata.topics[resource.name].partitions.values())
+            min_isr = int(entries["min.insync.replicas"].value) if "min.insync.replicas" in entries else 1
+            if replicas < 3 or min_isr < 2:
+                log.warning("topic %s has %d replica(s) and min.insync.replicas=%d on a cluster of %d brokers: one "
+                            "broker's death can stop or lose the coordinator's decisions (Chandy creates it with 3 and 2)",
+                            resource.name, replicas, min_isr, brokers)
 
 
 def _describe_configs(admin: AdminClient, resources: list[ConfigResource], timeout_s: float) -> dict:

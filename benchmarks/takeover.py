@@ -1,0 +1,152 @@
+"""Take-over: SIGKILL of the active pipeline driver's process group to the standby's first
+completed checkpoint (its first lake commit), as an operator sees it.
+
+Each run starts ``chandy pipeline run`` (the active driver, Spark ``local[1]``) on a topic fed at a
+steady rate, then the same command with ``--standby`` (a warm standby: its Spark is up, it waits in
+the job's election group), lets the active one land a few checkpoints, SIGKILLs the active driver's
+whole process group (driver, Spark JVM, Python workers) and times, from the kill, until the table
+holds a commit of a checkpoint the killed driver never made. Prints each run, then
+min / median / max. ``--other-jobs N`` first writes N coordinator-log records of 50 other jobs
+(about an hour of 50 jobs checkpointing every second before compaction), each to the partition of
+the log its job maps to, so the replay's share of the take-over shows.
+
+    .venv/bin/python benchmarks/takeover.py [--runs 5] [--other-jobs 1000000]
+
+Uses ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker in a temporary directory. Run it
+alone (it starts Spark twice per run): ``flock /tmp/chandy-spark.lock .venv/bin/python benchmarks/takeover.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from confluent_kafka.admin import NewTopic
+from deltalake import DeltaTable
+
+from benchmarks.history import write_history
+from chandy.broker import EmbeddedKafkaBroker
+from coordinator.kafka import config as kafka_config
+from coordinator.kafka.log import partition_for
+from coordinator.kafka.topics import ChandyTopics, ensure_topics
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _checkpoints(table: str) -> list[int]:
+    """The checkpoint IDs of the table's commits (Chandy records them in commitInfo)."""
+    if not DeltaTable.is_deltatable(table):
+        return []
+    return [int(h["chandy.checkpoint_id"]) for h in DeltaTable(table).history() if "chandy.checkpoint_id" in h]
+
+
+def _feed(servers: str, topic: str, stop: threading.Event, rate: int = 500) -> None:
+    producer = kafka_config.producer(servers)
+    i = 0
+    while not stop.is_set():
+        producer.produce(topic, json.dumps({"id": i}).encode(), partition=i % 2)
+        producer.poll(0)
+        i += 1
+        time.sleep(1 / rate)
+    producer.flush(30)
+
+
+def _wait(predicate, timeout_s: float, what: str, poll_s: float = 0.02):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise TimeoutError(f"no {what} within {timeout_s} s")
+
+
+def one_run(servers: str, prefix: str, tmp: Path) -> dict:
+    topic = f"takeover-{uuid.uuid4().hex[:8]}"
+    admin = kafka_config.admin_client(servers)
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result()
+    table = str(tmp / topic)
+    stop = threading.Event()
+    feeder = threading.Thread(target=_feed, args=(servers, topic, stop), daemon=True)
+    feeder.start()
+    args = [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic, "-b", servers,
+            "--prefix", prefix, "--value-format", "json", "--value-schema", "id BIGINT", "--checkpoint-interval", "500",
+            "--master", "local[1]"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    standby_log = tmp / f"{topic}-standby.log"
+    with open(standby_log, "w") as err:
+        standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                   start_new_session=True)
+    try:
+        _wait(lambda: len(_checkpoints(table)) >= 3, 240, "three commits of the active driver", 0.2)
+        _wait(lambda: "waiting until the active coordinator stops" in standby_log.read_text(), 240, "a waiting standby", 0.2)
+        time.sleep(3)  # the standby's Spark is warm and it is a member of the election group
+        before = max(_checkpoints(table))
+        killed = time.monotonic()
+        os.killpg(active.pid, signal.SIGKILL)
+        first = _wait(lambda: max(_checkpoints(table)) > before and max(_checkpoints(table)), 120, "commit of the standby")
+        took = time.monotonic() - killed
+        return {"seconds": took, "before": before, "first": first}
+    finally:
+        stop.set()
+        for process in (active, standby):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(30)
+        feeder.join(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--other-jobs", type=int, default=0, metavar="RECORDS",
+                        help="coordinator-log records of 50 other jobs written first (default 0: an empty log)")
+    args = parser.parse_args()
+    broker = None
+    servers = kafka_config.bootstrap_from_env()
+    with tempfile.TemporaryDirectory() as tmp:
+        if not servers:
+            broker = EmbeddedKafkaBroker(Path(tmp) / "kafka", heap="1g")
+            servers = broker.up().bootstrap_servers
+        try:
+            prefix = f"takeover-{uuid.uuid4().hex[:6]}"
+            topics = ChandyTopics(prefix)
+            admin = kafka_config.admin_client(servers)
+            ensure_topics(admin, topics)
+            partitions = len(admin.list_topics(topics.coordinator_log, timeout=30).topics[topics.coordinator_log].partitions)
+            if args.other_jobs:
+                jobs = [uuid.uuid4().hex for _ in range(50)]
+                for job in jobs:
+                    write_history(servers, topics.coordinator_log, partition_for(job, partitions), job,
+                                  args.other_jobs // len(jobs))
+            print(f"coordinator log: {partitions} partition(s), {args.other_jobs:,} records of other jobs")
+            results = []
+            for run in range(1, args.runs + 1):
+                r = one_run(servers, prefix, Path(tmp))
+                results.append(r["seconds"])
+                print(f"run {run}: SIGKILL -> standby's first checkpoint {r['seconds']:.2f} s "
+                      f"(active's last {r['before']}, standby's first {r['first']})", flush=True)
+        finally:
+            if broker is not None:
+                broker.down()
+    print(f"take-over: min {min(results):.2f} s, median {statistics.median(results):.2f} s, "
+          f"max {max(results):.2f} s over {len(results)} runs (target median < 4 s: ratio "
+          f"{statistics.median(results) / 4:.2f})")
+
+
+if __name__ == "__main__":
+    main()
