@@ -11,7 +11,7 @@ Run: ``.venv/bin/python benchmarks/checkpoint_latency.py`` (or ``make bench``); 
 2. Checkpoint end-to-end latency with 1, 16, 64, 256 and 1,000 subtasks: a manual trigger until its
    future completes (trigger transaction, workers' acks, ``_metadata`` write, completion
    transaction), every subtask a real subtask attempt registered with one
-   :class:`~coordinator.kafka.host.ParticipantHost` (one control consumer and one acks producer
+   :class:`~chandy.coordinator.kafka.host.ParticipantHost` (one control consumer and one acks producer
    for all, as a Flink TaskExecutor hosts its tasks) in a worker process of its own
    (``--workers thread``: in the coordinator's process). Targets: 1,000-subtask p50 ≤ 250 ms;
    16-subtask p50 ≤ 1.5 × the checkpoint floor.
@@ -42,11 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.history import write_history
 from chandy.broker import EmbeddedKafkaBroker
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.log import load_state, read_log
+from chandy.coordinator.kafka.replay import replay
 from chandy.demo import run_checkpoints
 from chandy.roundtrip import round_trip
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.log import load_state, read_log
-from coordinator.kafka.replay import replay
 
 
 def pct(values: list[float], q: float) -> float:

@@ -8,10 +8,10 @@ the history restores nothing (a later real coordinator's checkpoints are the onl
 
 from __future__ import annotations
 
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.log import encode_record
-from coordinator.records import CheckpointIdCounterRecord, CheckpointRecord, LogKey, LogRecord, Tombstone
-from schemas.codec import SingleObjectCodec
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.log import encode_record
+from chandy.coordinator.records import CheckpointIdCounterRecord, CheckpointRecord, LogKey, LogRecord, Tombstone
+from chandy.schemas.codec import SingleObjectCodec
 
 
 def history(job: str, records: int, *, epoch: int = 1, subsume_last: bool = False) -> list[LogRecord]:

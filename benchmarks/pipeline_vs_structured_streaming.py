@@ -52,9 +52,9 @@ from confluent_kafka.admin import NewTopic
 
 from benchmarks.procs import PeakWorkerRss
 from chandy.broker import EmbeddedKafkaBroker
+from chandy.connectors.spark.pipeline import Pipeline, PipelineOptions
+from chandy.coordinator.kafka import config as kafka_config
 from chandy.flights import topic_record_count
-from connectors.spark.pipeline import Pipeline, PipelineOptions
-from coordinator.kafka import config as kafka_config
 
 PARTITIONS = 8
 

@@ -43,13 +43,13 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from benchmarks.history import write_history
 from chandy.broker import EmbeddedKafkaBroker
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.host import ParticipantHost
-from coordinator.kafka.log import partition_for
-from coordinator.kafka.runtime import CoordinatorService
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
-from coordinator.messages import StateHandle
-from coordinator.options import CheckpointingOptions
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.host import ParticipantHost
+from chandy.coordinator.kafka.log import partition_for
+from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+from chandy.coordinator.messages import StateHandle
+from chandy.coordinator.options import CheckpointingOptions
 
 
 def _coordinator(servers: str, job: str, prefix: str, checkpoint_dir: str, subtasks: int, spawned_at: float,
@@ -63,8 +63,8 @@ def _coordinator(servers: str, job: str, prefix: str, checkpoint_dir: str, subta
     if os.environ.get("RECOVERY_DEBUG") and role == "B":
         import functools
 
-        import coordinator.kafka.runtime as rt
-        from coordinator.checkpoint_coordinator import CheckpointCoordinator
+        import chandy.coordinator.kafka.runtime as rt
+        from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator
 
         def timed(owner: Any, name: str) -> None:
             original = getattr(owner, name)
@@ -180,7 +180,7 @@ def one_run(servers: str, records: int, subtasks: int, tmp: Path) -> dict:
         import cProfile
         import pstats
 
-        from coordinator.kafka.log import load_state
+        from chandy.coordinator.kafka.log import load_state
         for _ in range(3):
             profile = cProfile.Profile()
             profile.enable()

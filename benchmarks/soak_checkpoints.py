@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.procs import status
 from chandy.broker import EmbeddedKafkaBroker
-from coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka import config as kafka_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

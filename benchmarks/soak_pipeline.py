@@ -38,9 +38,9 @@ from confluent_kafka.admin import NewTopic
 
 from benchmarks.procs import cmdline, descendants, status
 from chandy.broker import EmbeddedKafkaBroker
-from connectors.lake.sinks import open_sink
-from connectors.spark.pipeline import verify_table
-from coordinator.kafka import config as kafka_config
+from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.spark.pipeline import verify_table
+from chandy.coordinator.kafka import config as kafka_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -38,9 +38,9 @@ from deltalake import DeltaTable
 
 from benchmarks.history import write_history
 from chandy.broker import EmbeddedKafkaBroker
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.log import partition_for
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.log import partition_for
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
 

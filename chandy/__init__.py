@@ -21,35 +21,35 @@ except _metadata.PackageNotFoundError:  # running from a source tree that is not
     __version__ = "0.0.0"
 
 _EXPORTS = {
-    "CheckpointingOptions": "coordinator.options",
-    "CheckpointFailureReason": "coordinator.failure",
-    "CheckpointException": "coordinator.failure",
-    "ChandyError": "coordinator.errors",
-    "StateHandle": "coordinator.messages",
-    "CoordinatorService": "coordinator.kafka.runtime",
-    "CheckpointParticipant": "coordinator.kafka.participant",
-    "subscribe": "coordinator.kafka.subscriber",
-    "subscribe_async": "coordinator.kafka.subscriber",
-    "Pipeline": "connectors.spark.pipeline",
-    "PipelineOptions": "connectors.spark.pipeline",
-    "verify_table": "connectors.spark.pipeline",
+    "CheckpointingOptions": "chandy.coordinator.options",
+    "CheckpointFailureReason": "chandy.coordinator.failure",
+    "CheckpointException": "chandy.coordinator.failure",
+    "ChandyError": "chandy.coordinator.errors",
+    "StateHandle": "chandy.coordinator.messages",
+    "CoordinatorService": "chandy.coordinator.kafka.runtime",
+    "CheckpointParticipant": "chandy.coordinator.kafka.participant",
+    "subscribe": "chandy.coordinator.kafka.subscriber",
+    "subscribe_async": "chandy.coordinator.kafka.subscriber",
+    "Pipeline": "chandy.connectors.spark.pipeline",
+    "PipelineOptions": "chandy.connectors.spark.pipeline",
+    "verify_table": "chandy.connectors.spark.pipeline",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:
-    from connectors.spark.pipeline import Pipeline as Pipeline
-    from connectors.spark.pipeline import PipelineOptions as PipelineOptions
-    from connectors.spark.pipeline import verify_table as verify_table
-    from coordinator.errors import ChandyError as ChandyError
-    from coordinator.failure import CheckpointException as CheckpointException
-    from coordinator.failure import CheckpointFailureReason as CheckpointFailureReason
-    from coordinator.kafka.participant import CheckpointParticipant as CheckpointParticipant
-    from coordinator.kafka.runtime import CoordinatorService as CoordinatorService
-    from coordinator.kafka.subscriber import subscribe as subscribe
-    from coordinator.kafka.subscriber import subscribe_async as subscribe_async
-    from coordinator.messages import StateHandle as StateHandle
-    from coordinator.options import CheckpointingOptions as CheckpointingOptions
+    from chandy.connectors.spark.pipeline import Pipeline as Pipeline
+    from chandy.connectors.spark.pipeline import PipelineOptions as PipelineOptions
+    from chandy.connectors.spark.pipeline import verify_table as verify_table
+    from chandy.coordinator.errors import ChandyError as ChandyError
+    from chandy.coordinator.failure import CheckpointException as CheckpointException
+    from chandy.coordinator.failure import CheckpointFailureReason as CheckpointFailureReason
+    from chandy.coordinator.kafka.participant import CheckpointParticipant as CheckpointParticipant
+    from chandy.coordinator.kafka.runtime import CoordinatorService as CoordinatorService
+    from chandy.coordinator.kafka.subscriber import subscribe as subscribe
+    from chandy.coordinator.kafka.subscriber import subscribe_async as subscribe_async
+    from chandy.coordinator.messages import StateHandle as StateHandle
+    from chandy.coordinator.options import CheckpointingOptions as CheckpointingOptions
 
 
 def __getattr__(name: str) -> Any:

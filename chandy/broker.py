@@ -42,8 +42,8 @@ from pathlib import Path
 import platformdirs
 from confluent_kafka import KafkaException
 
-from coordinator.errors import ChandyError
-from coordinator.kafka import config as kafka_config
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.kafka import config as kafka_config
 
 #: The pinned Apache Kafka release (Maven Central ``org.apache.kafka:kafka_2.13``).
 KAFKA_VERSION = "4.1.0"

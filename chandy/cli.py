@@ -1,6 +1,6 @@
 """The ``chandy`` command line. It only parses arguments and calls the library.
 
-Every :class:`~coordinator.errors.ChandyError` becomes a one-line message on stderr and exit
+Every :class:`~chandy.coordinator.errors.ChandyError` becomes a one-line message on stderr and exit
 code 2; Kafka settings are passed through as ``-X key=value`` under librdkafka's names.
 """
 
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from coordinator.errors import ChandyError
+from chandy.coordinator.errors import ChandyError
 
 console = Console()
 #: ``chandy pipeline run``'s exit code for a job canceled with ``chandy job cancel`` (0 would read as success)
@@ -53,7 +53,7 @@ def _parse_settings(values: tuple[str, ...], option: str = "-X") -> dict[str, st
 def _bootstrap(bootstrap_servers: str | None, data_dir: Path | None) -> str:
     """The given bootstrap servers, else $CHANDY_BOOTSTRAP_SERVERS, else the running embedded broker."""
     from chandy.broker import EmbeddedKafkaBroker
-    from coordinator.kafka import config as kafka_config
+    from chandy.coordinator.kafka import config as kafka_config
 
     if bootstrap_servers:
         return bootstrap_servers
@@ -162,7 +162,7 @@ def down(data_dir: Path | None, timeout: float) -> None:
 def status(data_dir: Path | None, fmt: str) -> None:
     """Show the broker's version, address and topics; exit 1 when it is not running."""
     from chandy.broker import EmbeddedKafkaBroker
-    from coordinator.kafka import config as kafka_config
+    from chandy.coordinator.kafka import config as kafka_config
 
     info = EmbeddedKafkaBroker(data_dir).status()
     if info is None:
@@ -286,7 +286,7 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
     143; a fenced run exits 3; a failed one prints the root cause in its last line and exits 2."""
     from rich.live import Live
 
-    from connectors.spark.pipeline import Pipeline, PipelineFencedError, verify_table
+    from chandy.connectors.spark.pipeline import Pipeline, PipelineFencedError, verify_table
 
     pipeline = Pipeline(options)
     if not options.standby:  # a standby checks once it leads: the active run changes the table and the log
@@ -458,7 +458,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
       4    canceled by `chandy job cancel`
       130  stopped by Ctrl-C (SIGINT), after the checkpoint in flight
       143  stopped by SIGTERM, after the checkpoint in flight"""
-    from connectors.spark.pipeline import PipelineOptions
+    from chandy.connectors.spark.pipeline import PipelineOptions
 
     if value_schema and value_schema.startswith("@"):
         try:
@@ -496,7 +496,7 @@ def lake() -> None:
 
 
 def _lake_sink(table_uri: str, storage_conf: tuple[str, ...], catalog_conf: tuple[str, ...]) -> Any:
-    from connectors.lake.sinks import open_sink
+    from chandy.connectors.lake.sinks import open_sink
 
     return open_sink(table_uri, storage_options=_parse_settings(storage_conf, "--storage-option"),
                      catalog_properties=_parse_settings(catalog_conf, "--catalog-property"))
@@ -556,8 +556,8 @@ def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_chec
     import os
 
     from chandy.broker import EmbeddedKafkaBroker
+    from chandy.connectors.spark.pipeline import PipelineOptions
     from chandy.flights import load_flights
-    from connectors.spark.pipeline import PipelineOptions
 
     servers = os.environ.get("CHANDY_BOOTSTRAP_SERVERS")
     if not servers:
@@ -609,9 +609,9 @@ def log_replay(job_id: str | None, until_checkpoint: int | None, until: str | No
                prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
     """Show what the coordinator knew: a timeline and the resulting state."""
     _register_connector_log_kinds()
-    from coordinator.kafka.log import LoadStats
-    from coordinator.kafka.replay import read_logged, replay
-    from coordinator.kafka.topics import ChandyTopics
+    from chandy.coordinator.kafka.log import LoadStats
+    from chandy.coordinator.kafka.replay import read_logged, replay
+    from chandy.coordinator.kafka.topics import ChandyTopics
 
     servers = None if from_file else _bootstrap(bootstrap_servers, data_dir)
     stats = LoadStats()
@@ -661,7 +661,7 @@ def _state_json(state: Any) -> dict[str, Any]:
 
 def _describe(record: Any) -> dict[str, Any]:
     """A connector record's fields as its registered ``describe`` gives them (without ``event``)."""
-    from coordinator.records import record_kind
+    from chandy.coordinator.records import record_kind
 
     kind = record_kind(record.KIND)
     if kind is None or kind.describe is None:
@@ -674,7 +674,7 @@ def _register_connector_log_kinds() -> None:
     registered is skipped and counted as unknown)."""
     import importlib
 
-    importlib.import_module("connectors.kafka.source")
+    importlib.import_module("chandy.connectors.kafka.source")
 
 
 @log_group.command("export")
@@ -686,8 +686,8 @@ def _register_connector_log_kinds() -> None:
 @_handle_errors
 def log_export(job_id: str | None, output: Path, prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
     """Write the coordinator log to a file, for `chandy log replay --from-file` elsewhere."""
-    from coordinator.kafka.replay import export_log
-    from coordinator.kafka.topics import ChandyTopics
+    from chandy.coordinator.kafka.replay import export_log
+    from chandy.coordinator.kafka.topics import ChandyTopics
 
     count = export_log(_bootstrap(bootstrap_servers, data_dir), ChandyTopics(prefix).coordinator_log, output, job_id=job_id)
     err_console.print(f"{count} records written to {output}")
@@ -714,7 +714,7 @@ def events_tail(job_id: str | None, from_beginning: bool, group_id: str | None, 
     """Follow checkpoint events (Ctrl-C stops)."""
     import dataclasses
 
-    from coordinator.kafka.subscriber import subscribe
+    from chandy.coordinator.kafka.subscriber import subscribe
 
     start = "committed" if group_id else ("earliest" if from_beginning else "latest")
     seen = 0
@@ -780,7 +780,7 @@ def _admin(bootstrap_servers: str | None, data_dir: Path | None, settings: tuple
     """(bootstrap servers, AdminClient) with the ``-X`` settings, else, on the embedded broker,
     its super user's (``client_settings`` of broker.json: topics and ACLs are an administrator's)."""
     from chandy.broker import EmbeddedKafkaBroker
-    from coordinator.kafka import config as kafka_config
+    from chandy.coordinator.kafka import config as kafka_config
 
     servers = _bootstrap(bootstrap_servers, data_dir)
     admin_settings = _parse_settings(settings)
@@ -808,7 +808,7 @@ def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: 
     Size the coordinator log with --log-partitions (default 50, as Kafka's __consumer_offsets): each
     job's records live in the partition its job ID hashes to, and a coordinator replays only that
     one, so its start does not grow with other jobs' history. The count is fixed once created."""
-    from coordinator.kafka.topics import ChandyTopics, ensure_topics
+    from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 
     _, admin = _admin(bootstrap_servers, data_dir, settings)
     created = ensure_topics(admin, ChandyTopics(prefix), partitions=partitions, log_partitions=log_partitions,
@@ -843,8 +843,8 @@ def topics_acls(bootstrap_servers: str | None, data_dir: Path | None, prefix: st
                 dry_run: bool, settings: tuple[str, ...]) -> None:
     """Print and create the minimal ACLs of Chandy's topics, and of a pipeline's source, group and
     dead-letter topics (Kafka's CreateAcls, as an administrator)."""
-    from coordinator.kafka.acls import apply_acls, chandy_acls
-    from coordinator.kafka.topics import ChandyTopics
+    from chandy.coordinator.kafka.acls import apply_acls, chandy_acls
+    from chandy.coordinator.kafka.topics import ChandyTopics
 
     acls = chandy_acls(ChandyTopics(prefix), coordinator=coordinator_principal, workers=workers, readers=readers,
                        reader_group_prefix=reader_group_prefix, source_topics=source_topics, group=group_id,
@@ -870,7 +870,7 @@ def topics_acls(bootstrap_servers: str | None, data_dir: Path | None, prefix: st
 @_handle_errors
 def topics_check(bootstrap_servers: str | None, data_dir: Path | None, prefix: str, settings: tuple[str, ...]) -> None:
     """Check that the topics exist and the coordinator log is compacted (exit 2 if not)."""
-    from coordinator.kafka.topics import ChandyTopics, check_topics
+    from chandy.coordinator.kafka.topics import ChandyTopics, check_topics
 
     check_topics(_admin(bootstrap_servers, data_dir, settings)[1], ChandyTopics(prefix))
     err_console.print("ok")
@@ -888,7 +888,7 @@ def _request(kind_name: str, job_id: str, prefix: str, bootstrap_servers: str | 
              timeout_s: float, *, target_directory: str | None = None, drain: bool = False) -> None:
     """Send one control request, show its progress, print the pointer or the reason; exit 1 on
     failure (refused, failed, not running, no answer in time)."""
-    from coordinator.kafka.requests import ControlRequestType, RequestError, RequestStatus, send_request
+    from chandy.coordinator.kafka.requests import ControlRequestType, RequestError, RequestStatus, send_request
 
     kind = ControlRequestType(kind_name)
     servers = _bootstrap(bootstrap_servers, data_dir)
@@ -994,7 +994,7 @@ def job_list(prefix: str, fmt: str, bootstrap_servers: str | None, data_dir: Pat
     """Jobs seen on the checkpoint-events topic: status, coordinator, last checkpoint and savepoint."""
     import dataclasses
 
-    from coordinator.kafka.requests import list_jobs
+    from chandy.coordinator.kafka.requests import list_jobs
 
     with err_console.status("reading the checkpoint events"):
         jobs = list_jobs(_bootstrap(bootstrap_servers, data_dir), prefix=prefix)

@@ -2,7 +2,7 @@
 
 Used by ``chandy checkpoint demo`` (part of ``make demo``) and by
 ``benchmarks/checkpoint_latency.py``. Each worker is a real subtask attempt registered with one
-:class:`~coordinator.kafka.host.ParticipantHost` (one control consumer and one acks producer for
+:class:`~chandy.coordinator.kafka.host.ParticipantHost` (one control consumer and one acks producer for
 all of them, as a Flink TaskExecutor hosts its tasks), acknowledging every checkpoint with one
 small inline state handle.
 """
@@ -18,14 +18,14 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.host import ParticipantHost
-from coordinator.kafka.runtime import CoordinatorService
-from coordinator.kafka.topics import ChandyTopics
-from coordinator.messages import StateHandle
-from coordinator.options import CheckpointingOptions
-from coordinator.records import CheckpointRecord
-from schemas.errors import ChandyError
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.host import ParticipantHost
+from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.kafka.topics import ChandyTopics
+from chandy.coordinator.messages import StateHandle
+from chandy.coordinator.options import CheckpointingOptions
+from chandy.coordinator.records import CheckpointRecord
+from chandy.schemas.errors import ChandyError
 
 
 @dataclasses.dataclass
@@ -58,7 +58,7 @@ def run_checkpoints(
     """Start a coordinator for a new job with ``subtasks`` participants, run ``warmup`` untimed
     and then ``checkpoints`` timed manual checkpoints one after the other (``pause_ms`` apart),
     and stop. ``metrics_port`` serves the coordinator's Prometheus metrics (see
-    :mod:`coordinator.kafka.metrics`); ``on_started(service)`` is called once it runs.
+    :mod:`chandy.coordinator.kafka.metrics`); ``on_started(service)`` is called once it runs.
 
     Without ``prefix`` the run uses topics of its own (``chandy-demo-<job id[:6]>.*``) and
     deletes them when it ends (Kafka's DeleteTopics), unless ``keep_topics``; topics under a

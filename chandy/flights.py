@@ -18,8 +18,8 @@ import pyarrow.csv as pv
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from coordinator.errors import ChandyError
-from coordinator.kafka import config as kafka_config
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.kafka import config as kafka_config
 
 FLIGHTS = 336_776
 

@@ -18,9 +18,9 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from coordinator.errors import ChandyError
-from coordinator.kafka import config as kafka_config
-from schemas.codec import Codec, SingleObjectCodec, location_of
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.schemas.codec import Codec, SingleObjectCodec, location_of
 
 
 class RoundTripError(ChandyError):

@@ -1,6 +1,6 @@
 """``chandy ui``: a read-only REST server and checkpoint dashboard for every job, from the events topic.
 
-Endpoints (JSON bodies in Flink's REST shapes, see :mod:`coordinator.checkpoint_view`):
+Endpoints (JSON bodies in Flink's REST shapes, see :mod:`chandy.coordinator.checkpoint_view`):
 
 =============================================== ==================================================
 ``GET /health``                                 ``{"status": "UP"|"STARTING", "topic", "events_read",
@@ -29,8 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 
-from coordinator.errors import ChandyError
-from coordinator.kafka.jobs_view import JobsViewReader
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.kafka.jobs_view import JobsViewReader
 
 log = logging.getLogger(__name__)
 

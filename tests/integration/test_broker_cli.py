@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chandy.broker import EmbeddedKafkaBroker, JavaNotFoundError, find_java
-from coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka import config as kafka_config
 
 CHANDY = [sys.executable, "-m", "chandy.cli"]
 

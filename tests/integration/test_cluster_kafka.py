@@ -21,9 +21,9 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from chandy.broker import EmbeddedKafkaBroker
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.runtime import CoordinatorService
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 from tests.fixtures.workers import Worker, options, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

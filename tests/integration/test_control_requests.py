@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.requests import (
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.requests import (
     ControlRequest,
     ControlRequestType,
     JobNotRunningError,
@@ -25,10 +25,10 @@ from coordinator.kafka.requests import (
     RequestStatus,
     send_request,
 )
-from coordinator.kafka.runtime import CoordinatorService
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
-from coordinator.records import CheckpointStatus, JobStatus
-from schemas.codec import SingleObjectCodec
+from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+from chandy.coordinator.records import CheckpointStatus, JobStatus
+from chandy.schemas.codec import SingleObjectCodec
 from tests.fixtures.workers import Worker, options, read_events, wait_for
 
 pytestmark = pytest.mark.integration
@@ -261,7 +261,7 @@ def test_the_cli_triggers_a_savepoint_and_lists_the_job(kafka_bootstrap_servers,
 
 
 def test_a_standby_does_not_restart_a_canceled_job(kafka_bootstrap_servers, topic_prefix, job, tmp_path) -> None:
-    from coordinator.kafka.runtime import CoordinatorStoppedError
+    from chandy.coordinator.kafka.runtime import CoordinatorStoppedError
 
     active = CoordinatorService(job, kafka_bootstrap_servers, options(tmp_path), {"src": 1},
                                 prefix=topic_prefix).start(periodic=False)

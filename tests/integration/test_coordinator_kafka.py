@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
-from coordinator.failure import CheckpointException
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.log import load_state, read_log
-from coordinator.kafka.runtime import CoordinatorService
-from coordinator.kafka.topics import ChandyTopics
-from coordinator.messages import TriggerCheckpoint
-from coordinator.options import CheckpointingOptions
-from coordinator.records import CheckpointRecord, CoordinatorEpochRecord
-from schemas.codec import SingleObjectCodec
+from chandy.coordinator.failure import CheckpointException
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.log import load_state, read_log
+from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.kafka.topics import ChandyTopics
+from chandy.coordinator.messages import TriggerCheckpoint
+from chandy.coordinator.options import CheckpointingOptions
+from chandy.coordinator.records import CheckpointRecord, CoordinatorEpochRecord
+from chandy.schemas.codec import SingleObjectCodec
 from tests.fixtures.workers import Worker, options, read_events, wait_for
 from tests.procs.common import RecordingHook
 
@@ -120,7 +120,7 @@ def test_bad_bytes_on_the_acks_topic_are_skipped_and_the_coordinator_goes_on(kaf
 
 
 def test_workers_drop_control_messages_of_an_older_epoch(kafka_bootstrap_servers, topic_prefix, job, tmp_path):
-    from coordinator.kafka.topics import TopicError, ensure_topics
+    from chandy.coordinator.kafka.topics import TopicError, ensure_topics
 
     with pytest.raises(TopicError, match="does not exist"):
         Worker(kafka_bootstrap_servers, job, topic_prefix, "src", 0).start()
@@ -170,7 +170,7 @@ def test_a_second_coordinator_fences_the_first(kafka_bootstrap_servers, topic_pr
 
 def test_sigkill_mid_checkpoint_then_restart_aborts_it_restores_and_continues_ids(
         kafka_bootstrap_servers, topic_prefix, job, tmp_path):
-    from coordinator.kafka.topics import ensure_topics
+    from chandy.coordinator.kafka.topics import ensure_topics
 
     checkpoint_dir = f"file://{tmp_path}/chk"
     ensure_topics(kafka_config.admin_client(kafka_bootstrap_servers), ChandyTopics(topic_prefix))
@@ -214,7 +214,7 @@ def test_sigkill_mid_checkpoint_then_restart_aborts_it_restores_and_continues_id
 
 
 def test_loading_an_empty_or_marker_ended_log_does_not_hang(kafka_bootstrap_servers, topic_prefix, job, tmp_path):
-    from coordinator.kafka.topics import ensure_topics
+    from chandy.coordinator.kafka.topics import ensure_topics
 
     topics = ChandyTopics(topic_prefix)
     ensure_topics(kafka_config.admin_client(kafka_bootstrap_servers), topics)
@@ -225,7 +225,11 @@ def test_loading_an_empty_or_marker_ended_log_does_not_hang(kafka_bootstrap_serv
     producer = kafka_config.producer(kafka_bootstrap_servers, transactional_id=f"t-{job}")
     producer.init_transactions(10)
     producer.begin_transaction()
-    producer.produce(topics.coordinator_log, b"never committed", b"k")
+    from chandy.coordinator.kafka.log import partition_for
+
+    count = len(kafka_config.admin_client(kafka_bootstrap_servers).list_topics(topics.coordinator_log, timeout=10)
+                .topics[topics.coordinator_log].partitions)
+    producer.produce(topics.coordinator_log, b"never committed", b"k", partition=partition_for(job, count))  # the job's partition
     producer.flush(10)
     producer.abort_transaction(10)
     state, stats = load_state(kafka_bootstrap_servers, topics.coordinator_log, job, timeout_s=10)
@@ -236,9 +240,9 @@ def test_loading_an_empty_or_marker_ended_log_does_not_hang(kafka_bootstrap_serv
 def test_loading_decodes_only_the_newest_record_of_each_key(kafka_bootstrap_servers, topic_prefix, job):
     """load_state reads as compaction would leave the log: a superseded record is never decoded
     (even unreadable bytes), and the newest one of each key is (an unreadable newest one fails)."""
-    from coordinator.kafka.log import LogRecordCorruptError, encode_record, partition_for
-    from coordinator.kafka.topics import ensure_topics
-    from coordinator.records import Tombstone
+    from chandy.coordinator.kafka.log import LogRecordCorruptError, encode_record, partition_for
+    from chandy.coordinator.kafka.topics import ensure_topics
+    from chandy.coordinator.records import Tombstone
 
     topics = ChandyTopics(topic_prefix)
     admin = kafka_config.admin_client(kafka_bootstrap_servers)

@@ -20,19 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.log import (
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.log import (
     KEY_SCHEMA,
     LoadStats,
     LogRecordCorruptError,
     partition_for,
     read_log,
 )
-from coordinator.kafka.runtime import CoordinatorService
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
-from coordinator.options import CheckpointingOptions
-from coordinator.records import LogKey
-from schemas.codec import SingleObjectCodec
+from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+from chandy.coordinator.options import CheckpointingOptions
+from chandy.coordinator.records import LogKey
+from chandy.schemas.codec import SingleObjectCodec
 from tests.fixtures.workers import Worker, options, wait_for
 from tests.procs.common import RecordingHook
 

@@ -10,7 +10,7 @@ import os
 import pytest
 from playwright import sync_api
 
-from coordinator.failure import CheckpointException
+from chandy.coordinator.failure import CheckpointException
 from tests.fixtures.ui import CHROMIUM, CHROMIUM_ARGS, chandy_ui, get_json, running_job
 
 pytestmark = pytest.mark.integration

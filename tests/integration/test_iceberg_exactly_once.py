@@ -19,9 +19,9 @@ from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import NewTopic
 from pyiceberg.catalog import load_catalog
 
-from connectors.spark.pipeline import default_job_id
-from coordinator.faults import POINTS
-from coordinator.kafka import config as kafka_config
+from chandy.connectors.spark.pipeline import default_job_id
+from chandy.coordinator.faults import POINTS
+from chandy.coordinator.kafka import config as kafka_config
 
 pytestmark = pytest.mark.integration
 

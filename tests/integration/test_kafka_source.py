@@ -18,8 +18,8 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import NewPartitions, NewTopic
 
-from connectors.kafka.source import offsets
-from connectors.kafka.source.enumerator import (
+from chandy.connectors.kafka.source import offsets
+from chandy.connectors.kafka.source.enumerator import (
     ADD_SPLITS,
     OFFSET_RANGES,
     KafkaSourceConfigError,
@@ -27,21 +27,21 @@ from connectors.kafka.source.enumerator import (
     KafkaSourceOptions,
     SplitsEvent,
 )
-from connectors.kafka.source.reader import KafkaRangeReader
-from connectors.kafka.source.split import KafkaPartitionSplit, java_string_hash, split_owner
-from coordinator.checkpoint_coordinator import CheckpointCoordinator
-from coordinator.kafka import config as kafka_config
-from coordinator.messages import (
+from chandy.connectors.kafka.source.reader import KafkaRangeReader
+from chandy.connectors.kafka.source.split import KafkaPartitionSplit, java_string_hash, split_owner
+from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.messages import (
     AcknowledgeCheckpoint,
     DeclineCheckpoint,
     OperatorEventMessage,
     SubtaskAttemptFailed,
     SubtaskAttemptReady,
 )
-from coordinator.operator_coordinator import OperatorEvent
-from coordinator.options import CheckpointingOptions
-from coordinator.state import replay
-from coordinator.storage import CheckpointStorage
+from chandy.coordinator.operator_coordinator import OperatorEvent
+from chandy.coordinator.options import CheckpointingOptions
+from chandy.coordinator.state import replay
+from chandy.coordinator.storage import CheckpointStorage
 from tests.fixtures.manual_env import ManualEnvironment
 
 JOB = "5e1f00c0ffee4a60a1b2c3d4e5f60718"
@@ -265,7 +265,7 @@ def test_offsets_are_committed_only_after_completion_and_never_for_an_aborted_ch
     assert group_offsets(kafka_bootstrap_servers, group) == {(orders, 0): 10, (orders, 1): 7}
     assert source.enumerator.commits_succeeded == 2 and source.enumerator.commits_failed == 0
     # the commits are in the coordinator log too
-    from connectors.kafka.source.log_records import OffsetCommitRecord
+    from chandy.connectors.kafka.source.log_records import OffsetCommitRecord
 
     commits = [r for r in source.env.log if isinstance(r, OffsetCommitRecord)]
     assert [c.checkpoint_id for c in commits] == [1, 3]

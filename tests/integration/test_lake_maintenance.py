@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from chandy.cli import main
-from connectors.lake.delta import DeltaLakeSink
-from connectors.spark.pipeline import Pipeline, PipelineOptions, verify_table
+from chandy.connectors.lake.delta import DeltaLakeSink
+from chandy.connectors.spark.pipeline import Pipeline, PipelineOptions, verify_table
 from tests.fixtures.lake_pipeline import all_offsets, make_topic, produce, topic_ends
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,9 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.failure import CheckpointException
-from coordinator.kafka.metrics import MetricsError
-from coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.failure import CheckpointException
+from chandy.coordinator.kafka.metrics import MetricsError
+from chandy.coordinator.kafka.runtime import CoordinatorService
 from tests.fixtures.ui import chandy_ui, get, get_json, running_job
 from tests.fixtures.workers import options, wait_for
 

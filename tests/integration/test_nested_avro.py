@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from connectors.spark.pipeline import Pipeline, PipelineOptions, verify_table
+from chandy.connectors.spark.pipeline import Pipeline, PipelineOptions, verify_table
 from tests.fixtures.lake_pipeline import make_topic
 from tests.fixtures.nested_avro import ARROW_TYPES, CREATED, SCHEMA, TRACE, confluent_bytes, value
 

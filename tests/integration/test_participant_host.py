@@ -9,13 +9,13 @@ import uuid
 
 import pytest
 
-from coordinator.failure import CheckpointException
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.host import HostError, ParticipantHost
-from coordinator.kafka.runtime import CoordinatorService
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
-from coordinator.messages import StateHandle, TriggerCheckpoint
-from schemas.codec import SingleObjectCodec
+from chandy.coordinator.failure import CheckpointException
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.host import HostError, ParticipantHost
+from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+from chandy.coordinator.messages import StateHandle, TriggerCheckpoint
+from chandy.schemas.codec import SingleObjectCodec
 from tests.fixtures.workers import options, wait_for
 
 pytestmark = pytest.mark.integration

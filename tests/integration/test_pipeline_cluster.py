@@ -26,9 +26,9 @@ import pytest
 from deltalake import DeltaTable
 
 from chandy.broker import EmbeddedKafkaBroker
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
-from coordinator.kafka.topics import ChandyTopics
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
+from chandy.coordinator.kafka.topics import ChandyTopics
 from tests.fixtures.pipeline import landed
 from tests.fixtures.workers import wait_for
 
@@ -143,7 +143,7 @@ def test_a_stopped_job_stays_finished_with_a_standby_waiting(cluster, tmp_path) 
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         time.sleep(8)  # the standby joins the election group and waits
         assert standby.poll() is None
-        from connectors.spark.pipeline import default_job_id
+        from chandy.connectors.spark.pipeline import default_job_id
 
         job = default_job_id(table, (topic,))
         answer = send_request(servers, job, ControlRequestType.STOP_WITH_SAVEPOINT, prefix=prefix, timeout_s=180)

@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka.admin import NewTopic
 from deltalake import DeltaTable
 
-from connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, verify_table
-from coordinator.kafka import config as kafka_config
-from schemas.codec import Schema, SchemaRepository, SingleObjectCodec
+from chandy.connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, verify_table
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.schemas.codec import Schema, SchemaRepository, SingleObjectCodec
 
 pytestmark = pytest.mark.integration
 

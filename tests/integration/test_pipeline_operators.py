@@ -19,10 +19,10 @@ import pytest
 from confluent_kafka import TopicPartition
 from deltalake import DeltaTable, write_deltalake
 
-from connectors.kafka.source.reader import KafkaRangeReader
-from connectors.kafka.source.split import KafkaPartitionSplit
-from connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, default_job_id, verify_table
-from coordinator.kafka import config as kafka_config
+from chandy.connectors.kafka.source.reader import KafkaRangeReader
+from chandy.connectors.kafka.source.split import KafkaPartitionSplit
+from chandy.connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, default_job_id, verify_table
+from chandy.coordinator.kafka import config as kafka_config
 from tests.fixtures.pipeline import all_offsets, group_offsets, landed, make_topic, options, produce
 
 pytestmark = pytest.mark.integration
@@ -218,8 +218,8 @@ def test_sigterm_finishes_the_checkpoint_in_flight_and_exits_143(kafka_bootstrap
 
 
 def test_a_fenced_run_stops_at_once_and_says_so(kafka_bootstrap_servers, tmp_path) -> None:
-    from coordinator.kafka.runtime import CoordinatorService
-    from coordinator.options import CheckpointingOptions
+    from chandy.coordinator.kafka.runtime import CoordinatorService
+    from chandy.coordinator.options import CheckpointingOptions
 
     topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(20000)])
     table = str(tmp_path / "t")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from connectors.spark.pipeline import Pipeline
-from coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
+from chandy.connectors.spark.pipeline import Pipeline
+from chandy.coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
 from tests.fixtures.pipeline import all_offsets, group_offsets, landed, make_topic, options
 from tests.fixtures.workers import wait_for
 

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.failure import CheckpointException
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.log import read_log
-from coordinator.kafka.replay import ExportFileError, export_log, read_export, replay
-from coordinator.kafka.runtime import CoordinatorService
-from coordinator.kafka.subscriber import subscribe
-from coordinator.kafka.topics import ChandyTopics
-from coordinator.messages import CheckpointEvent
-from coordinator.options import CheckpointingOptions
-from schemas.codec import Schema, SingleObjectCodec, default_repository
+from chandy.coordinator.failure import CheckpointException
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.log import read_log
+from chandy.coordinator.kafka.replay import ExportFileError, export_log, read_export, replay
+from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.kafka.subscriber import subscribe
+from chandy.coordinator.kafka.topics import ChandyTopics
+from chandy.coordinator.messages import CheckpointEvent
+from chandy.coordinator.options import CheckpointingOptions
+from chandy.schemas.codec import Schema, SingleObjectCodec, default_repository
 from tests.fixtures.workers import Worker, read_events, wait_for
 
 pytestmark = pytest.mark.integration
@@ -145,7 +145,7 @@ def test_a_subscriber_process_receives_every_event_in_order_across_a_restart(
 
 
 def test_a_subscriber_decodes_an_event_of_a_newer_schema_version(kafka_bootstrap_servers, topic_prefix) -> None:
-    from coordinator.kafka.topics import ensure_topics
+    from chandy.coordinator.kafka.topics import ensure_topics
 
     topics = ChandyTopics(topic_prefix)
     ensure_topics(kafka_config.admin_client(kafka_bootstrap_servers), topics)

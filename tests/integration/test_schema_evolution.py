@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, verify_table
+from chandy.connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, verify_table
 from tests.fixtures.lake_pipeline import all_offsets, make_topic
 
 pytestmark = pytest.mark.integration

@@ -21,13 +21,13 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from chandy.broker import EmbeddedKafkaBroker
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.log import encode_record
-from coordinator.kafka.runtime import CoordinatorService, transactional_id_for
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
-from coordinator.messages import NotifyCheckpointComplete
-from coordinator.records import CoordinatorEpochRecord
-from schemas.codec import SingleObjectCodec
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.log import encode_record
+from chandy.coordinator.kafka.runtime import CoordinatorService, transactional_id_for
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+from chandy.coordinator.messages import NotifyCheckpointComplete
+from chandy.coordinator.records import CoordinatorEpochRecord
+from chandy.schemas.codec import SingleObjectCodec
 from tests.fixtures.workers import Worker, options, read_events, wait_for
 
 pytestmark = pytest.mark.integration

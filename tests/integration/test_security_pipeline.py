@@ -36,13 +36,13 @@ from confluent_kafka.admin import (
 )
 
 from chandy.broker import BrokerInfo, EmbeddedKafkaBroker
-from connectors.kafka.source.reader import KafkaRangeReader
-from connectors.kafka.source.split import KafkaPartitionSplit
-from connectors.lake.sinks import open_sink
-from connectors.spark.pipeline import verify_table
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.acls import chandy_acls
-from coordinator.kafka.topics import ChandyTopics
+from chandy.connectors.kafka.source.reader import KafkaRangeReader
+from chandy.connectors.kafka.source.split import KafkaPartitionSplit
+from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.spark.pipeline import verify_table
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.acls import chandy_acls
+from chandy.coordinator.kafka.topics import ChandyTopics
 from tests.fixtures.lake_pipeline import make_topic, topic_ends
 
 pytestmark = pytest.mark.integration

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from connectors.lake.sinks import open_sink
-from connectors.spark.pipeline import default_job_id, verify_table
+from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.spark.pipeline import default_job_id, verify_table
 from tests.fixtures.lake_pipeline import make_topic, topic_ends
 from tests.fixtures.pipeline import group_offsets
 from tests.fixtures.spark_cluster import (
@@ -119,9 +119,9 @@ def source(servers: str) -> tuple[str, list[bytes]]:
 def test_pipeline_on_a_standalone_cluster_lands_exactly_once_from_the_executors(
         kafka_bootstrap_servers: str, topic_prefix: str, cluster: SparkStandaloneCluster, tmp_path: Path) -> None:
     executor_python = python_without_chandy(tmp_path / "executor-python")
-    probe = subprocess.run([str(executor_python), "-c", "import pyarrow, confluent_kafka, deltalake; import connectors"],
+    probe = subprocess.run([str(executor_python), "-c", "import pyarrow, confluent_kafka, deltalake; import chandy"],
                            cwd=tmp_path, capture_output=True, text=True)
-    assert "No module named 'connectors'" in probe.stderr, probe  # the dependencies, not Chandy
+    assert "No module named 'chandy'" in probe.stderr, probe  # the dependencies, not Chandy
     topic, values = source(kafka_bootstrap_servers)
     table, events = tmp_path / "lake" / "orders", tmp_path / "spark-events"
     run_on_cluster(cluster, kafka_bootstrap_servers, topic, table, topic_prefix, events,

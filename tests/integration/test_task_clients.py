@@ -9,9 +9,9 @@ import uuid
 import pytest
 from confluent_kafka.admin import NewTopic
 
-from connectors.spark import clients
-from connectors.spark.datasource import TaskOptions, read_ranges
-from coordinator.kafka import config as kafka_config
+from chandy.connectors.spark import clients
+from chandy.connectors.spark.datasource import TaskOptions, read_ranges
+from chandy.coordinator.kafka import config as kafka_config
 
 pytestmark = pytest.mark.integration
 

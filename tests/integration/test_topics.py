@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import ConfigResource, NewTopic
 
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.topics import ChandyTopics, TopicError, check_topics, ensure_topics
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.topics import ChandyTopics, TopicError, check_topics, ensure_topics
 
 pytestmark = pytest.mark.integration
 

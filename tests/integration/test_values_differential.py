@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from connectors.spark.pipeline import Pipeline, PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline, PipelineOptions
 from tests.fixtures import value_schemas as vs
 from tests.fixtures.lake_pipeline import make_topic
 

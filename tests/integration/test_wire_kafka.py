@@ -9,10 +9,10 @@ import time
 import pytest
 from confluent_kafka import TopicPartition
 
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 from chandy.roundtrip import round_trip
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.topics import ChandyTopics, ensure_topics
-from schemas.codec import BadMagicError, SingleObjectCodec, TruncatedMessageError, UnknownSchemaError, load_schemas, location_of
+from chandy.schemas.codec import BadMagicError, SingleObjectCodec, TruncatedMessageError, UnknownSchemaError, load_schemas, location_of
 from tests.fixtures.avro_values import example_value
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
-from coordinator.kafka.runtime import CoordinatorService
-from coordinator.options import CheckpointingOptions
+from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.options import CheckpointingOptions
 from tests.procs.common import RecordingHook
 
 

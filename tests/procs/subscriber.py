@@ -9,7 +9,7 @@ import dataclasses
 import json
 import sys
 
-from coordinator.kafka.subscriber import subscribe
+from chandy.coordinator.kafka.subscriber import subscribe
 
 
 def main() -> None:

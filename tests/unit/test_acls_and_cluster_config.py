@@ -11,9 +11,9 @@ import pytest
 from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
 
 from chandy.broker import BrokerStartError, EmbeddedKafkaBroker, KafkaLauncherError
-from coordinator.kafka import config as kafka_config
-from coordinator.kafka.acls import AclError, chandy_acls, principal
-from coordinator.kafka.topics import ChandyTopics, default_replication_factor
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.acls import AclError, chandy_acls, principal
+from chandy.coordinator.kafka.topics import ChandyTopics, default_replication_factor
 
 
 def _grants(acls, who: str) -> set[tuple[str, str, str]]:

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from connectors.spark.avro import AvroValueSchemaError, value_fields, value_struct
-from connectors.spark.decode import ValueDecoder
-from connectors.spark.records import to_record_batch
+from chandy.connectors.spark.avro import AvroValueSchemaError, value_fields, value_struct
+from chandy.connectors.spark.decode import ValueDecoder
+from chandy.connectors.spark.records import to_record_batch
 from tests.fixtures.nested_avro import ARROW_TYPES, SCHEMA, confluent_bytes, value
 
 
@@ -85,7 +85,7 @@ def test_each_record_is_read_with_its_writer_schema_from_the_registry() -> None:
     import fastavro
     from confluent_kafka.schema_registry import Schema
 
-    from connectors.spark.decode import registry_client
+    from chandy.connectors.spark.decode import registry_client
 
     settings = {"url": "mock://chandy-unit"}
     v1 = {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}]}
@@ -114,7 +114,7 @@ def test_each_record_is_read_with_its_writer_schema_from_the_registry() -> None:
 
 
 def test_a_schema_registry_needs_confluent_framed_avro() -> None:
-    from connectors.spark.pipeline import PipelineError, PipelineOptions
+    from chandy.connectors.spark.pipeline import PipelineError, PipelineOptions
 
     schema = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]})
     with pytest.raises(PipelineError, match="needs --value-format avro --avro-framing confluent"):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.checkpoint_coordinator import CheckpointCoordinator, RestoreError
-from coordinator.failure import CheckpointException
-from coordinator.hooks import HookRestoreError
-from coordinator.messages import (
+from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator, RestoreError
+from chandy.coordinator.failure import CheckpointException
+from chandy.coordinator.hooks import HookRestoreError
+from chandy.coordinator.messages import (
     AcknowledgeCheckpoint,
     DeclineCheckpoint,
     NotifyCheckpointAborted,
@@ -21,10 +21,10 @@ from coordinator.messages import (
     SubtaskAttemptReady,
     TriggerCheckpoint,
 )
-from coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
-from coordinator.pending import AckResult
-from coordinator.records import CheckpointRecord, JobStatusRecord, Tombstone
-from coordinator.state import replay
+from chandy.coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
+from chandy.coordinator.pending import AckResult
+from chandy.coordinator.records import CheckpointRecord, JobStatusRecord, Tombstone
+from chandy.coordinator.state import replay
 from tests.fixtures.coordinator import JOB, OPERATORS, ack, make, ready_all
 from tests.fixtures.manual_env import ManualEnvironment
 
@@ -404,8 +404,8 @@ def test_operator_coordinator_events_before_and_after_the_checkpoint_future(tmp_
 
 
 def test_events_to_a_failed_attempt_fail(tmp_path: Path) -> None:
-    from coordinator.messages import SubtaskAttemptFailed
-    from coordinator.operator_coordinator_holder import SubtaskAttemptGoneError
+    from chandy.coordinator.messages import SubtaskAttemptFailed
+    from chandy.coordinator.operator_coordinator_holder import SubtaskAttemptGoneError
 
     coordinator = RecordingCoordinator("src")
     cc, env, _ = make(tmp_path, providers=[coordinator])
@@ -651,7 +651,7 @@ def test_a_stop_with_savepoint_failing_on_the_coordinator_restarts_periodic_chec
 
 
 def test_a_compacted_log_counts_aborted_checkpoints_like_the_live_one() -> None:
-    from coordinator.records import CheckpointRecord as Rec
+    from chandy.coordinator.records import CheckpointRecord as Rec
 
     aborted = [Rec(JOB, i, "CHECKPOINT", "ABORTED", 1, 0, 0, 1, failure_reason="CHECKPOINT_EXPIRED") for i in (1, 2)]
     live = replay(JOB, [Rec(JOB, 1, "CHECKPOINT", "PENDING", 1, 0, 0, 1), aborted[0],
@@ -661,7 +661,7 @@ def test_a_compacted_log_counts_aborted_checkpoints_like_the_live_one() -> None:
 
 
 def test_abort_checkpoint_aborts_a_pending_checkpoint_at_once(tmp_path: Path) -> None:
-    from coordinator.failure import CheckpointFailureReason
+    from chandy.coordinator.failure import CheckpointFailureReason
 
     cc, env, listener = make(tmp_path, tolerable_failed=5)
     future = trigger(cc)
@@ -751,7 +751,7 @@ def test_a_pending_savepoint_counts_towards_max_concurrent(tmp_path: Path) -> No
 
 
 def test_user_requests_beyond_the_queue_limit_are_refused(tmp_path: Path) -> None:
-    from coordinator.request_decider import CheckpointRequestDecider
+    from chandy.coordinator.request_decider import CheckpointRequestDecider
 
     cc, _env, _ = make(tmp_path, max_concurrent=1)
     cc.decider = CheckpointRequestDecider(1, 0, max_queued=2)
@@ -820,7 +820,7 @@ class DeferredCommitEnvironment(ManualEnvironment):
 
 def test_an_id_is_durable_before_a_hook_or_coordinator_sees_it(tmp_path: Path) -> None:
     """Flink's CheckpointIDCounter.getAndIncrement precedes the master hooks and coordinators."""
-    from coordinator.records import CheckpointIdCounterRecord
+    from chandy.coordinator.records import CheckpointIdCounterRecord
 
     seen: list[tuple[int, int]] = []
     env = DeferredCommitEnvironment()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.checkpoint_view import JobCheckpointsView, quantile, summary
-from coordinator.kafka.metrics import checkpoint_gauge_values
-from coordinator.messages import CheckpointEvent
+from chandy.coordinator.checkpoint_view import JobCheckpointsView, quantile, summary
+from chandy.coordinator.kafka.metrics import checkpoint_gauge_values
+from chandy.coordinator.messages import CheckpointEvent
 
 JOB = "3f2a9c1e5b7d4a60a1b2c3d4e5f60718"
 
@@ -132,7 +132,7 @@ def test_gauges_use_minus_one_before_any_completion_as_flink():
 
 def test_job_list_summary_reads_a_restart_after_suspended_as_running():
     """`chandy job list` and `GET /jobs` agree: a status holds until a later coordinator epoch speaks."""
-    from coordinator.kafka.requests import JobSummary
+    from chandy.coordinator.kafka.requests import JobSummary
 
     def status_change(status: str, epoch: int, at: int) -> CheckpointEvent:
         return CheckpointEvent(job_id=JOB, checkpoint_id=2, event_type="JOB_STATUS_CHANGED", checkpoint_type="CHECKPOINT",

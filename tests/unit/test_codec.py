@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import SCHEMA_DIR
-from schemas.codec import (
+from chandy.schemas import SCHEMA_DIR
+from chandy.schemas.codec import (
     BadMagicError,
     ConfluentCodec,
     EncodeError,

@@ -3,17 +3,17 @@ CheckpointRequestDecider, CheckpointFailureManager and CompletedCheckpointStore.
 
 from __future__ import annotations
 
-from coordinator.completed_checkpoint_store import CompletedCheckpointStore
-from coordinator.failure_manager import (
+from chandy.coordinator.completed_checkpoint_store import CompletedCheckpointStore
+from chandy.coordinator.failure_manager import (
     CheckpointFailureManager,
     counts_towards_tolerable,
 )
-from coordinator.records import CheckpointRecord, CheckpointStatus, CheckpointType
-from coordinator.request_decider import (
+from chandy.coordinator.records import CheckpointRecord, CheckpointStatus, CheckpointType
+from chandy.coordinator.request_decider import (
     CheckpointRequestDecider,
     CheckpointTriggerRequest,
 )
-from coordinator.state import CoordinatorState, apply
+from chandy.coordinator.state import CoordinatorState, apply
 
 JOB = "job"
 CP, SP, STOP = CheckpointType.CHECKPOINT, CheckpointType.SAVEPOINT, CheckpointType.SAVEPOINT_TERMINATE
@@ -78,7 +78,7 @@ def test_a_full_queue_refuses_new_user_requests_and_drops_periodic_ones_first() 
 
 
 def test_abort_all_fails_every_queued_request() -> None:
-    from coordinator.failure import CheckpointFailureReason
+    from chandy.coordinator.failure import CheckpointFailureReason
 
     decider = CheckpointRequestDecider(max_concurrent=1, min_pause_ms=0)
     queued = [request(at=i) for i in range(3)]

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import load_catalog
 
-from connectors.lake.delta import LakeSchemaError
-from connectors.lake.iceberg import IcebergSink, parse_iceberg_uri
-from connectors.lake.sinks import open_sink
-from connectors.lake.uri import TableUriError
+from chandy.connectors.lake.delta import LakeSchemaError
+from chandy.connectors.lake.iceberg import IcebergSink, parse_iceberg_uri
+from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.uri import TableUriError
 
 JOB = "fedcba9876543210fedcba9876543210"
 URI = "iceberg://local/lake.orders"

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from connectors.lake.delta import DeltaLakeSink, LakeCommitError
-from connectors.lake.sinks import open_sink
+from chandy.connectors.lake.delta import DeltaLakeSink, LakeCommitError
+from chandy.connectors.lake.sinks import open_sink
 
 JOB = "0123456789abcdef0123456789abcdef"
 
@@ -163,8 +163,8 @@ def test_the_committer_refuses_a_checkpoint_whose_files_were_cleaned_up(tmp_path
     """An intermediate savepoint's files are cleaned up once later checkpoints land its ranges;
     committing it later (a restore from it) must fail with a clear error and leave the table
     readable, never add files that are gone."""
-    from connectors.lake.committer import LakeCommitter
-    from coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
+    from chandy.connectors.lake.committer import LakeCommitter
+    from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
 
     class Context:
         job_id, operator_id = JOB, "lake"

@@ -9,15 +9,15 @@ from typing import Any, ClassVar
 
 import pytest
 
-from connectors.kafka.source.log_records import (
+from chandy.connectors.kafka.source.log_records import (
     OffsetCommitRecord,
     SplitAssignment,
     SplitAssignmentRecord,
     TopicPartitionOffset,
 )
-from coordinator.kafka.log import LoadStats, decode_message, encode_record
-from coordinator.kafka.replay import replay as replay_timeline
-from coordinator.records import (
+from chandy.coordinator.kafka.log import LoadStats, decode_message, encode_record
+from chandy.coordinator.kafka.replay import replay as replay_timeline
+from chandy.coordinator.records import (
     CheckpointIdCounterRecord,
     LogKey,
     LogRecordBase,
@@ -28,8 +28,8 @@ from coordinator.records import (
     record_type_for,
     register_record_kind,
 )
-from coordinator.state import CoordinatorState, apply, replay
-from schemas.codec import SingleObjectCodec
+from chandy.coordinator.state import CoordinatorState, apply, replay
+from chandy.schemas.codec import SingleObjectCodec
 
 JOB = "job-1"
 

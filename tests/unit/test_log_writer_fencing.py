@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from coordinator.environment import Batch
-from coordinator.kafka.runtime import CoordinatorFencedError, LogWriter
+from chandy.coordinator.environment import Batch
+from chandy.coordinator.kafka.runtime import CoordinatorFencedError, LogWriter
 
 
 class _Producer:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from coordinator.environment import Mailbox
+from chandy.coordinator.environment import Mailbox
 
 
 def test_cancelled_timers_are_swept_and_live_ones_kept() -> None:

@@ -5,8 +5,8 @@ the driver's credentials; without ``--worker-property`` the tasks use the driver
 
 from __future__ import annotations
 
-from connectors.spark.pipeline import PipelineOptions
-from coordinator.kafka import config as kafka_config
+from chandy.connectors.spark.pipeline import PipelineOptions
+from chandy.coordinator.kafka import config as kafka_config
 
 DRIVER = {**kafka_config.sasl_settings("coordinator", "c-pw", protocol="SASL_SSL"), "ssl.ca.location": "/ca.pem",
           "fetch.wait.max.ms": 20}

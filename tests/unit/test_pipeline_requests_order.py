@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions
-from coordinator.kafka.requests import ControlRequest, ControlRequestType
+from chandy.connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions
+from chandy.coordinator.kafka.requests import ControlRequest, ControlRequestType
 
 
 def request(kind: ControlRequestType, request_id: str, *, deadline_in_ms: int = 60_000, drain: bool = False) -> ControlRequest:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from connectors.kafka.source.reader import RangeReadError, _in_range
-from connectors.spark.records import ARROW_SCHEMA, to_record_batch
+from chandy.connectors.kafka.source.reader import RangeReadError, _in_range
+from chandy.connectors.spark.records import ARROW_SCHEMA, to_record_batch
 
 
 def record(offset: int, **kwargs: Any) -> Message:

@@ -10,14 +10,14 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.messages import (
+from chandy.coordinator.messages import (
     DeclineCheckpoint,
     NotifyCheckpointComplete,
     SubtaskAttemptReady,
 )
-from coordinator.records import CheckpointRecord
-from coordinator.state import replay
-from schemas.codec import SingleObjectCodec
+from chandy.coordinator.records import CheckpointRecord
+from chandy.coordinator.state import replay
+from chandy.schemas.codec import SingleObjectCodec
 from tests.fixtures.coordinator import JOB, OPERATORS, ack, make
 from tests.fixtures.manual_env import ManualEnvironment
 
@@ -97,7 +97,7 @@ def test_replaying_the_log_rebuilds_the_live_state(operations: list, config: dic
 @given(operations=st.lists(operation, max_size=25))
 def test_log_records_survive_the_wire_format(operations: list) -> None:
     """Every record a run produces encodes and decodes back equal through the Avro codec."""
-    from coordinator.records import Tombstone, record_type_for
+    from chandy.coordinator.records import Tombstone, record_type_for
 
     codec = SingleObjectCodec()
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 from pathlib import Path
 
-from coordinator.kafka.requests import (
+from chandy.coordinator.kafka.requests import (
     ControlRequest,
     ControlRequestType,
     RequestHandler,
@@ -14,7 +14,7 @@ from coordinator.kafka.requests import (
     RequestRecord,
     RequestStatus,
 )
-from coordinator.records import Tombstone
+from chandy.coordinator.records import Tombstone
 from tests.fixtures.coordinator import JOB, make
 
 HOUR_MS = 60 * 60 * 1000

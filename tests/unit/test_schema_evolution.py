@@ -11,10 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from connectors.lake.delta import LakeSchemaError
-from connectors.lake.sinks import open_sink
-from connectors.spark.decode import BadRecordError, SchemaChangeError, ValueDecoder, concat_evolving
-from connectors.spark.records import to_record_batch
+from chandy.connectors.lake.delta import LakeSchemaError
+from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.spark.decode import BadRecordError, SchemaChangeError, ValueDecoder, concat_evolving
+from chandy.connectors.spark.records import to_record_batch
 
 JOB = "00112233445566778899aabbccddeeff"
 

@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from connectors.spark.pipeline import (
+from chandy.connectors.spark.pipeline import (
     TASK_PACKAGES,
     PipelineOptions,
     default_parallelism,
@@ -57,30 +57,32 @@ def test_task_code_zip_imports_with_its_schemas_where_chandy_is_not_installed(tm
     code = task_code_zip()
     assert task_code_zip() == code  # once per process
     names = zipfile.ZipFile(code).namelist()
-    assert {n.split("/")[0] for n in names} == set(TASK_PACKAGES)
-    assert "schemas/chandy.v1.AcknowledgeCheckpoint.avsc" in names and "connectors/spark/datasource.py" in names
+    assert {".".join(n.split("/")[:2]) for n in names if n.count("/") >= 2} == set(TASK_PACKAGES)
+    assert "chandy/__init__.py" in names
+    assert "chandy/schemas/chandy.v1.AcknowledgeCheckpoint.avsc" in names and "chandy/connectors/spark/datasource.py" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    assert not [n for n in names if n.startswith(("chandy/cli", "chandy/ui/", "chandy/broker"))]  # the tasks' code only
     # -S: no site-packages .pth files, so not the editable install's finder; the dependencies come
     # from our site-packages as a plain path, Chandy only from the zip
     script = ("import sys; sys.path[:0] = sys.argv[1:3]\n"
-              "import connectors.spark.datasource, coordinator.kafka.participant\n"
-              "from schemas.codec import default_repository\n"
-              "print(connectors.__file__); print(len(default_repository().names()))\n")
+              "import chandy.connectors.spark.datasource, chandy.coordinator.kafka.participant\n"
+              "from chandy.schemas.codec import default_repository\n"
+              "print(chandy.connectors.__file__); print(len(default_repository().names()))\n")
     probe = subprocess.run([sys.executable, "-S", "-c", script, code, sysconfig.get_paths()["purelib"]],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr[-2000:]
     location, schemas = probe.stdout.split()
     assert location.startswith(code)
     assert int(schemas) > 10
-    unshipped = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path[:0] = sys.argv[1:2]; import connectors",
+    unshipped = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path[:0] = sys.argv[1:2]; import chandy",
                                 sysconfig.get_paths()["purelib"]], cwd=tmp_path, capture_output=True, text=True)
-    assert unshipped.returncode != 0 and "No module named 'connectors'" in unshipped.stderr
+    assert unshipped.returncode != 0 and "No module named 'chandy'" in unshipped.stderr
 
 
 def test_a_transform_needs_the_executors_python_path_to_run_on_the_driver_too(tmp_path, monkeypatch) -> None:
     """Spark plans a transform's Python data sources on the driver with the executors' Python:
     a path that only the executors' unpacked archive has fails before Spark starts, in one line."""
-    from connectors.spark.pipeline import Pipeline, PipelineError
+    from chandy.connectors.spark.pipeline import Pipeline, PipelineError
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
@@ -99,7 +101,7 @@ def test_a_transform_needs_the_executors_python_path_to_run_on_the_driver_too(tm
 
 
 def test_a_py4j_error_without_a_python_cause_is_reported_by_its_java_cause() -> None:
-    from connectors.spark.pipeline import root_cause
+    from chandy.connectors.spark.pipeline import root_cause
 
     text = ("An error occurred while calling o53.load.\n: org.apache.spark.SparkException: [PYTHON_WORKER] failed\n"
             "\tat org.apache.spark.api.python.PythonWorkerFactory.create(PythonWorkerFactory.scala:1)\n"

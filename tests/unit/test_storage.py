@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.failure import CheckpointFailureReason
-from coordinator.messages import StateHandle
-from coordinator.options import CheckpointingOptions, InvalidOptionsError
-from coordinator.storage import (
+from chandy.coordinator.failure import CheckpointFailureReason
+from chandy.coordinator.messages import StateHandle
+from chandy.coordinator.options import CheckpointingOptions, InvalidOptionsError
+from chandy.coordinator.storage import (
     CheckpointMetadata,
     CheckpointPointerError,
     CheckpointStorage,
@@ -27,7 +27,7 @@ from coordinator.storage import (
     encode_path_as_reference,
     serialize_metadata,
 )
-from schemas import SCHEMA_DIR
+from chandy.schemas import SCHEMA_DIR
 
 JOB = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
 

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
+from chandy.coordinator.kafka.jobs_view import JobsViewReader
 from chandy.ui.server import UiHttpServer
-from coordinator.kafka.jobs_view import JobsViewReader
 
 
 @pytest.fixture(scope="module")

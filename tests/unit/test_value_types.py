@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from connectors.spark.avro import AvroValueSchemaError, value_struct
-from connectors.spark.ddl import parse_ddl
-from connectors.spark.decode import BadRecordError, ValueDecoder
-from connectors.spark.records import ARROW_SCHEMA
-from connectors.type_mapping import AVRO_TYPES, JSON_TYPES, markdown_table, to_lake_types, utc_schema
+from chandy.connectors.spark.avro import AvroValueSchemaError, value_struct
+from chandy.connectors.spark.ddl import parse_ddl
+from chandy.connectors.spark.decode import BadRecordError, ValueDecoder
+from chandy.connectors.spark.records import ARROW_SCHEMA
+from chandy.connectors.type_mapping import AVRO_TYPES, JSON_TYPES, markdown_table, to_lake_types, utc_schema
 from tests.fixtures import value_schemas as vs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,7 +185,7 @@ def test_zoned_timestamps_become_utc_at_every_depth() -> None:
 def test_unsupported_types_are_refused_naming_the_field_and_type() -> None:
     with pytest.raises(AvroValueSchemaError, match=r"field R.a.member1: record R contains itself"):
         value_struct(json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": ["null", "int", "R"]}]}))
-    from connectors.spark.ddl import DdlError
+    from chandy.connectors.spark.ddl import DdlError
 
     with pytest.raises(DdlError, match="expected a Spark SQL type"):
         parse_ddl("a INTERVAL")

@@ -1,0 +1,159 @@
+"""Offsets initializers (Flink's OffsetsInitializer): where a newly discovered split starts.
+
+``earliest()``, ``latest()``, ``committed(reset_strategy)``, ``timestamp(ms)`` and
+``offsets({(topic, partition): offset}, reset_strategy)``. Each resolves a set of partitions to
+concrete offsets through a :class:`OffsetsRetriever` backed by a real consumer. "latest" is the
+last stable offset: Chandy's consumers read ``read_committed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from confluent_kafka import OFFSET_INVALID, TopicPartition
+
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.kafka.topics import watermark_offsets
+
+TP = tuple[str, int]
+
+
+class NoOffsetForPartitionError(ChandyError):
+    """The committed offset was asked for, the group has none, and no reset strategy is set."""
+
+
+class OffsetsRetriever(Protocol):
+    def earliest(self, partitions: Iterable[TP]) -> dict[TP, int]: ...
+    def latest(self, partitions: Iterable[TP]) -> dict[TP, int]: ...
+    def committed(self, partitions: Iterable[TP]) -> dict[TP, int | None]: ...
+    def for_timestamp(self, partitions: Iterable[TP], timestamp_ms: int) -> dict[TP, int]: ...
+
+
+class ConsumerOffsetsRetriever:
+    """:class:`OffsetsRetriever` over a confluent-kafka ``Consumer`` (read_committed; with the
+    consumer group ``group.id`` for committed offsets). Timeouts in seconds."""
+
+    def __init__(self, consumer, timeout_s: float = 30.0) -> None:
+        self.consumer = consumer
+        self.timeout_s = timeout_s
+
+    def earliest(self, partitions: Iterable[TP]) -> dict[TP, int]:
+        return {tp: watermark_offsets(self.consumer, TopicPartition(*tp), self.timeout_s)[0]
+                for tp in partitions}
+
+    def latest(self, partitions: Iterable[TP]) -> dict[TP, int]:
+        return {tp: watermark_offsets(self.consumer, TopicPartition(*tp), self.timeout_s)[1]
+                for tp in partitions}
+
+    def committed(self, partitions: Iterable[TP]) -> dict[TP, int | None]:
+        tps = [TopicPartition(*tp) for tp in partitions]
+        if not tps:
+            return {}
+        result = self.consumer.committed(tps, timeout=self.timeout_s)
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 and tp.offset != OFFSET_INVALID else None)
+                for tp in result}
+
+    def for_timestamp(self, partitions: Iterable[TP], timestamp_ms: int) -> dict[TP, int]:
+        tps = [TopicPartition(topic, partition, timestamp_ms) for topic, partition in partitions]
+        if not tps:
+            return {}
+        found = self.consumer.offsets_for_times(tps, timeout=self.timeout_s)
+        latest = self.latest((tp.topic, tp.partition) for tp in found if tp.offset < 0)
+        # no record at or after the timestamp: start at the end, as Flink's TimestampOffsetsInitializer
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else latest[(tp.topic, tp.partition)]
+                for tp in found}
+
+
+class OffsetsInitializer(Protocol):
+    def get_partition_offsets(self, partitions: Iterable[TP], retriever: OffsetsRetriever) -> dict[TP, int]:
+        """Concrete starting offsets for ``partitions``."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _Earliest:
+    def get_partition_offsets(self, partitions, retriever):
+        return retriever.earliest(list(partitions))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Latest:
+    def get_partition_offsets(self, partitions, retriever):
+        return retriever.latest(list(partitions))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Timestamp:
+    timestamp_ms: int
+
+    def get_partition_offsets(self, partitions, retriever):
+        return retriever.for_timestamp(list(partitions), self.timestamp_ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Committed:
+    reset_strategy: str | None  # "earliest", "latest" or None
+
+    def get_partition_offsets(self, partitions, retriever):
+        partitions = list(partitions)
+        committed = retriever.committed(partitions)
+        missing = [tp for tp in partitions if committed.get(tp) is None]
+        if missing and self.reset_strategy is None:
+            raise NoOffsetForPartitionError(
+                f"no committed offset for {', '.join(f'{t}-{p}' for t, p in missing)} and no reset strategy: "
+                "use committed(reset_strategy='earliest'|'latest')"
+            )
+        fallback = _fallback(self.reset_strategy, missing, retriever)
+        return {tp: committed[tp] if committed.get(tp) is not None else fallback[tp] for tp in partitions}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Specific:
+    offsets: Mapping[TP, int]
+    reset_strategy: str
+
+    def get_partition_offsets(self, partitions, retriever):
+        partitions = list(partitions)
+        missing = [tp for tp in partitions if tp not in self.offsets]
+        fallback = _fallback(self.reset_strategy, missing, retriever)
+        return {tp: self.offsets[tp] if tp in self.offsets else fallback[tp] for tp in partitions}
+
+
+def _fallback(strategy: str | None, partitions: list[TP], retriever: OffsetsRetriever) -> dict[TP, int]:
+    if not partitions:
+        return {}
+    if strategy == "earliest":
+        return retriever.earliest(partitions)
+    if strategy == "latest":
+        return retriever.latest(partitions)
+    raise ValueError(f"reset strategy must be 'earliest' or 'latest', got {strategy!r}")
+
+
+def earliest() -> OffsetsInitializer:
+    """Start at the earliest offset of each partition."""
+    return _Earliest()
+
+
+def latest() -> OffsetsInitializer:
+    """Start at the last stable offset of each partition (only records produced later)."""
+    return _Latest()
+
+
+def committed(reset_strategy: str | None = None) -> OffsetsInitializer:
+    """Start at the consumer group's committed offsets; partitions without one use
+    ``reset_strategy`` ("earliest"/"latest"), or raise :class:`NoOffsetForPartitionError`."""
+    if reset_strategy not in (None, "earliest", "latest"):
+        raise ValueError(f"reset strategy must be 'earliest' or 'latest', got {reset_strategy!r}")
+    return _Committed(reset_strategy)
+
+
+def timestamp(timestamp_ms: int) -> OffsetsInitializer:
+    """Start at the first record with a timestamp >= ``timestamp_ms`` (ms since the Unix epoch)."""
+    return _Timestamp(timestamp_ms)
+
+
+def offsets(specific: Mapping[TP, int], reset_strategy: str = "earliest") -> OffsetsInitializer:
+    """Start at the given offsets; other partitions use ``reset_strategy``."""
+    return _Specific(dict(specific), reset_strategy)

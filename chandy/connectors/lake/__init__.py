@@ -1,0 +1,3 @@
+"""Lake sinks and the lake committer. Delta Lake (deltalake / delta-rs) is the default,
+Apache Iceberg (pyiceberg) for ``iceberg://`` URIs; a sink is anything with the methods of
+:class:`chandy.connectors.lake.sinks.LakeSink` (see :func:`chandy.connectors.lake.sinks.open_sink`)."""

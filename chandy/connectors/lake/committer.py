@@ -1,0 +1,278 @@
+"""The lake committer: an operator coordinator that makes a completed checkpoint's files visible.
+
+Protocol, in order (docs/design.md, "The pipeline's commit protocol"):
+
+1. the write tasks (subtasks of this operator) write Parquet files into the table location and
+   acknowledge checkpoint N with them as state handles; the files are in N's ``_metadata``;
+2. ``notify_checkpoint_complete(N)``: read N's ``_metadata``: its files, and (through
+   ``offsets_of``) the offset range of every (topic, partition) it covers;
+3. check the table, which is the truth about what landed: if the table already holds N (its app
+   transaction version is N or later) the commit is skipped, but only when the table's recorded
+   offsets cover N's ranges; if a range starts below what the table holds, landing it would
+   duplicate records, so nothing is committed and the job fails, naming the partition;
+4. commit N's files in one Delta commit with app transaction (job id, N) and ``commitInfo``
+   recording the end offsets of every partition landed so far (cumulative);
+5. only then does the Kafka source, notified next, commit the consumer-group offsets: offsets
+   are never committed past what the table holds.
+
+The commit runs on the mailbox thread, on purpose: it must finish before the source commits its
+offsets, and that order is the order of notifications. ``reset_to_checkpoint(N)`` (a restart)
+commits N as well, since restoring implies completion, and then deletes the job's data files
+that no commit references (written by aborted or crashed checkpoints).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from chandy.connectors.lake.delta import FILE_KIND, TP, DataFile, LakeCommitError, LakeSchemaError
+from chandy.connectors.lake.sinks import LakeSink
+from chandy.coordinator.faults import crash_point
+from chandy.coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
+from chandy.coordinator.storage import (
+    CheckpointMetadata,
+    CheckpointStorage,
+    CheckpointStorageError,
+    resolve_checkpoint_pointer,
+)
+
+log = logging.getLogger(__name__)
+
+#: (topic, partition) -> (start offset, end offset) of a checkpoint's ranges
+OffsetRanges = Mapping[TP, tuple[int, int]]
+
+
+class LakeCommitter:
+    """The lake sink's operator coordinator (see the module docstring).
+
+    Args:
+        context: the operator coordinator context.
+        sink: the table.
+        storage: the job's checkpoint storage, to read ``_metadata``.
+        offsets_of: the offset ranges a checkpoint covers, read from its ``_metadata`` (the
+            source's state); None when the source has no offsets (nothing is recorded or checked).
+        cluster_id: the Kafka cluster's ID, recorded with each commit.
+        optimize_every: compact the table (``sink.optimize``) after every checkpoint whose ID is
+            a multiple of this, on a thread of its own, concurrently with the next checkpoints;
+            None: never. A failed compaction is logged, never fails the job.
+        optimize_target_size: the compacted files' size in bytes (None: the sink's default).
+    """
+
+    def __init__(self, context: Any, sink: LakeSink, storage: CheckpointStorage, *,
+                 offsets_of: Callable[[CheckpointMetadata], OffsetRanges] | None = None,
+                 cluster_id: str | None = None, optimize_every: int | None = None,
+                 optimize_target_size: int | None = None) -> None:
+        self.context = context
+        self.sink = sink
+        self.storage = storage
+        self._foreign_checkpoint: int | None = None  # restored from another table's savepoint
+        self.offsets_of = offsets_of
+        self.cluster_id = cluster_id
+        self.optimize_every = optimize_every
+        self.optimize_target_size = optimize_target_size
+        self.committed_checkpoints: list[int] = []
+        self.records_committed = 0
+        self.table_offsets: dict[TP, int] = {}  # what the table holds for this job, per partition
+        self.optimizations: list[dict[str, Any]] = []  # metrics of the compactions this run did
+        self.last_commit_ms: float | None = None  # the latest notify_checkpoint_complete's lake commit, in ms
+        self._optimizer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._optimizing: concurrent.futures.Future | None = None
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._optimizer is not None:
+            self._optimizer.shutdown(wait=True)
+
+    def _maybe_optimize(self, checkpoint_id: int) -> None:
+        """Start a compaction after every ``optimize_every``-th checkpoint, unless one still runs."""
+        if not self.optimize_every or checkpoint_id % self.optimize_every:
+            return
+        if self._optimizing is not None and not self._optimizing.done():
+            log.info("checkpoint %d: the previous compaction still runs; not starting another", checkpoint_id)
+            return
+        if self._optimizer is None:
+            self._optimizer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chandy-optimize")
+        target_size = self.optimize_target_size
+
+        def optimize() -> None:
+            try:
+                self.optimizations.append(self.sink.optimize(target_size=target_size))
+            except Exception as exc:  # noqa: BLE001 - storage and delta-rs errors alike: the next one may succeed
+                log.warning("compaction after checkpoint %d failed (the pipeline goes on): %s", checkpoint_id, exc)
+
+        self._optimizing = self._optimizer.submit(optimize)
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result_future: concurrent.futures.Future) -> None:
+        # the files are the subtasks' state; the committer's own is the table they belong to, so a
+        # job restored from this checkpoint or savepoint into another table knows they are not its
+        result_future.set_result(json.dumps({"table_uri": self.sink.table_uri}).encode())
+
+    def _metadata(self, checkpoint_id: int) -> CheckpointMetadata:
+        """The ``_metadata`` of checkpoint or savepoint ``checkpoint_id``: where the coordinator
+        says it is (a savepoint lives in the savepoint directory), else the checkpoint directory."""
+        pointer = self.context.checkpoint_pointer(checkpoint_id) or self.storage.checkpoint_directory(checkpoint_id)
+        _, metadata = resolve_checkpoint_pointer(pointer, self.storage.storage_options)
+        return metadata
+
+    def files_of(self, checkpoint_id: int, metadata: CheckpointMetadata | None = None) -> list[DataFile]:
+        """The data files checkpoint ``checkpoint_id`` references, from its ``_metadata``."""
+        metadata = metadata or self._metadata(checkpoint_id)
+        operator = metadata.operator(self.context.operator_id)
+        if operator is None:
+            return []
+        return [DataFile.from_state_handle(h) for s in operator.subtask_states for h in s.state_handles
+                if h.kind == FILE_KIND]
+
+    def _check_ranges(self, checkpoint_id: int, ranges: OffsetRanges, already_committed: int | None) -> None:
+        """Step 3 of the module docstring. Raises LakeCommitError instead of losing or duplicating."""
+        held = self.table_offsets
+        if already_committed is not None and already_committed >= checkpoint_id:
+            behind = {tp: (end, held.get(tp)) for tp, (start, end) in ranges.items()
+                      if end > start and held.get(tp, -1) < end}
+            if behind:
+                (topic, partition), (end, has) = sorted(behind.items())[0]
+                raise LakeCommitError(
+                    f"table {self.sink.table_uri} holds checkpoint {already_committed} of job {self.context.job_id}, "
+                    f"so checkpoint {checkpoint_id} would be skipped, but the table holds {topic}-{partition} only up "
+                    f"to offset {has} and checkpoint {checkpoint_id} reads up to {end}: its checkpoint IDs do not match "
+                    "the table's (was the coordinator log deleted or recreated?); refusing to skip records")
+            return
+        for (topic, partition), (start, end) in sorted(ranges.items()):
+            has = held.get((topic, partition))
+            if has is None or end <= start:
+                continue
+            if start < has:
+                raise LakeCommitError(
+                    f"checkpoint {checkpoint_id} would land {topic}-{partition} offsets [{start}, {end}) but table "
+                    f"{self.sink.table_uri} already holds that partition up to offset {has}: refusing to duplicate")
+            if start > has:
+                log.warning("checkpoint %d starts %s-%d at offset %d, but the table holds it only up to %d: "
+                            "offsets [%d, %d) are not in the table", checkpoint_id, topic, partition, start, has,
+                            has, start)
+
+    def _commit(self, checkpoint_id: int) -> None:
+        crash_point("before-lake-commit", checkpoint_id)
+        metadata = self._metadata(checkpoint_id)
+        files = self.files_of(checkpoint_id, metadata)
+        ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
+        done = self.sink.committed_checkpoint(self.context.job_id)
+        self._check_ranges(checkpoint_id, ranges, done)
+        offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
+        missing = self.sink.missing_files(files) if done is None or done < checkpoint_id else []
+        if missing:
+            # never commit a file that is gone: the table would reference data it cannot read
+            raise LakeCommitError(
+                f"checkpoint {checkpoint_id} references {len(missing)} data file(s) no longer in table "
+                f"{self.sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
+                "intermediate savepoint's files are cleaned up once a later checkpoint lands the same ranges), "
+                "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
+        try:
+            committed = self.sink.commit(self.context.job_id, checkpoint_id, files, offsets=offsets or None,
+                                         cluster_id=self.cluster_id)
+        except LakeSchemaError as exc:  # say which records did not fit
+            where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
+                              if end > start)
+            raise LakeSchemaError(f"{exc} (records: {where or 'none'})") from exc
+        if committed:
+            self.table_offsets = offsets
+            self.committed_checkpoints.append(checkpoint_id)
+            self.records_committed += sum(f.records for f in files)
+            log.info("checkpoint %d: %d file(s), %d record(s) committed to %s", checkpoint_id, len(files),
+                     sum(f.records for f in files), self.sink.table_uri)
+            self._maybe_optimize(checkpoint_id)
+        crash_point("before-offset-commit", checkpoint_id)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Commit the checkpoint (steps 2 to 4). An exception fails the job and stops the
+        notification of the coordinators after this one (the offset commit); the checkpoint
+        stays complete, and a restart commits it."""
+        if checkpoint_id == self._foreign_checkpoint:
+            return
+        started = time.monotonic()
+        self._commit(checkpoint_id)
+        self.last_commit_ms = (time.monotonic() - started) * 1000
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        job_id = self.context.job_id
+        self.context.call_async(lambda: self.sink.delete_unreferenced(job_id, keep_checkpoints_after=checkpoint_id),
+                                lambda deleted, error: error and log.warning("cleanup failed: %s", error))
+
+    def reset_to_checkpoint(self, checkpoint_id: int, checkpoint_data: bytes | None) -> None:
+        """Restore (a restart): read what the table holds, commit ``checkpoint_id`` if the table
+        lacks it (restoring implies completion), delete files no commit references.
+
+        Raises:
+            LakeCommitError: the restored checkpoint disagrees with the table (see step 3), or
+                its ``_metadata`` is unreadable while the table does not hold it.
+        """
+        self.table_offsets = dict(self.sink.progress(self.context.job_id).offsets)
+        source_table = _table_of(checkpoint_data)
+        if checkpoint_id != NO_CHECKPOINT and source_table not in (None, self.sink.table_uri):
+            # a savepoint of another table (Flink's `flink run -s` into a new sink): its files stay
+            # there; this table starts at the savepoint's offsets, recorded with an empty commit
+            ranges = self.offsets_of(self._metadata(checkpoint_id)) if self.offsets_of is not None else {}
+            offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
+            self.sink.commit(self.context.job_id, checkpoint_id, [], offsets=offsets or None, cluster_id=self.cluster_id)
+            self.table_offsets = offsets  # the next commit records them (a new table gets no empty commit)
+            self._foreign_checkpoint = checkpoint_id  # its completion notice (restoring implies it) lands nothing
+            log.warning("restored checkpoint %d of table %s: its records stay in that table; %s starts at its "
+                        "offsets", checkpoint_id, source_table, self.sink.table_uri)
+        elif checkpoint_id != NO_CHECKPOINT:
+            try:
+                self._commit(checkpoint_id)
+            except CheckpointStorageError as exc:
+                done = self.sink.committed_checkpoint(self.context.job_id)
+                if done is None or done < checkpoint_id:
+                    raise LakeCommitError(
+                        f"restored checkpoint {checkpoint_id} is not in table {self.sink.table_uri} and its _metadata "
+                        f"is not readable ({exc}): its records cannot be committed") from exc
+                log.info("restored checkpoint %d is already in the table; its _metadata is gone (%s)", checkpoint_id, exc)
+        self.sink.delete_unreferenced(self.context.job_id)
+
+    def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
+        pass
+
+    def execution_attempt_failed(self, subtask: int, attempt_number: int, reason: BaseException | None) -> None:
+        pass
+
+    def execution_attempt_ready(self, subtask: int, attempt_number: int, gateway: Any) -> None:
+        pass
+
+    def handle_event_from_operator(self, subtask: int, attempt_number: int, event: OperatorEvent) -> None:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class LakeCommitterProvider:
+    """Creates the :class:`LakeCommitter` of operator ``operator_id``."""
+
+    operator_id: str
+    sink: LakeSink
+    storage: CheckpointStorage
+    offsets_of: Callable[[CheckpointMetadata], OffsetRanges] | None = None
+    cluster_id: str | None = None
+    optimize_every: int | None = None
+    optimize_target_size: int | None = None
+
+    def create(self, context: Any) -> LakeCommitter:
+        return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id,
+                             optimize_every=self.optimize_every, optimize_target_size=self.optimize_target_size)
+
+
+def _table_of(checkpoint_data: bytes | None) -> str | None:
+    """The table URI a lake committer's checkpoint state names (None: older, empty state)."""
+    if not checkpoint_data:
+        return None
+    try:
+        value = json.loads(checkpoint_data)
+    except ValueError:
+        return None
+    return value.get("table_uri") if isinstance(value, dict) else None

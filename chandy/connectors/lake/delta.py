@@ -1,0 +1,562 @@
+"""The Delta Lake sink, written with the ``deltalake`` package (delta-rs), readable by Spark,
+DuckDB, Polars and pyarrow.
+
+Tasks write Parquet files into the table location (:meth:`DeltaLakeSink.write_files`); the files
+are invisible until the lake committer adds them in one Delta commit that also records an *app
+transaction* ``(app id = job id, version = checkpoint id)``. delta-rs does not skip a repeated
+commit by itself, so :meth:`DeltaLakeSink.commit` reads ``transaction_version(job id)`` first and
+skips a checkpoint that is already in the table: committing after a restart is idempotent.
+
+Each commit also records, in its ``commitInfo``, ``chandy.job_id``, ``chandy.checkpoint_id``,
+``chandy.offsets`` (JSON ``{topic: {partition: end offset}}``: every partition the job has landed,
+cumulative) and ``chandy.kafka_cluster_id``, so the table itself says what landed
+(:meth:`DeltaLakeSink.progress`); the pipeline reconciles with it at start.
+
+Data files are named ``part-chandy-<job id[:8]>-<checkpoint:010d>-<subtask:05d>-a<attempt>-<uuid>.parquet``
+(under ``<column>=<value>/`` directories for partitioned tables, without the partition columns
+inside the files, as Delta lays them out), so files that no commit references can be found and
+deleted.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+from chandy.connectors.type_mapping import to_lake_types, utc_schema
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.messages import StateHandle
+
+log = logging.getLogger(__name__)
+
+FILE_KIND = "lake-file"
+_NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoint>\d{10})-(?P<subtask>\d{5})-a(?P<attempt>\d+)-[0-9a-f]+\.parquet$")
+
+
+class LakeCommitError(ChandyError):
+    """A lake commit failed (storage error), or would land records the table already holds."""
+
+
+class LakeSchemaError(LakeCommitError):
+    """The data's schema does not fit the table's (a column the table lacks, or another type)."""
+
+
+TP = tuple[str, int]
+
+#: attempts of a commit (or an OPTIMIZE) that meets a concurrent commit delta-rs cannot rebase
+COMMIT_ATTEMPTS = 8
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    """A commit lost to a concurrent one (delta-rs ``CommitFailedError``, or its text)."""
+    from deltalake.exceptions import CommitFailedError
+
+    text = str(exc).lower()
+    return isinstance(exc, CommitFailedError) or "conflict" in text or "version already exists" in text
+
+
+@dataclasses.dataclass(frozen=True)
+class TableProgress:
+    """What a table says it holds for one job, from its app transactions and ``commitInfo``.
+
+    ``checkpoint_id``: the job's newest committed checkpoint (its app transaction version), or
+    None; ``offsets``: end offset (exclusive) per (topic, partition) landed by the job;
+    ``cluster_id``: the Kafka cluster the job's newest commit read from; ``other_jobs``: the
+    offsets other jobs recorded in the same table, by job ID.
+    """
+
+    checkpoint_id: int | None
+    offsets: Mapping[TP, int]
+    cluster_id: str | None
+    other_jobs: Mapping[str, Mapping[TP, int]]
+
+
+def _offsets_to_json(offsets: Mapping[TP, int]) -> str:
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        nested.setdefault(topic, {})[str(partition)] = int(offset)
+    return json.dumps(nested, separators=(",", ":"))
+
+
+def _offsets_from_json(text: str | None) -> dict[TP, int]:
+    if not text:
+        return {}
+    try:
+        nested = json.loads(text)
+        return {(topic, int(p)): int(o) for topic, parts in nested.items() for p, o in parts.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise LakeCommitError(f"the table's chandy.offsets commit metadata is not readable: {text[:200]!r}: {exc}") from exc
+
+
+def _type_shape(delta_type_json: Any) -> Any:
+    """A Delta type's JSON without nullability and metadata, for comparing types."""
+    if isinstance(delta_type_json, dict):
+        return {k: _type_shape(v) for k, v in delta_type_json.items()
+                if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
+    if isinstance(delta_type_json, list):
+        return [_type_shape(v) for v in delta_type_json]
+    return delta_type_json
+
+
+def _type_text(delta_type_json: Any) -> str:
+    return delta_type_json if isinstance(delta_type_json, str) else json.dumps(_type_shape(delta_type_json))
+
+
+def delta_fields(data: pa.Schema) -> dict[str, Any]:
+    """``data``'s columns as Delta types (name -> Delta type JSON), zoned timestamps as UTC at
+    every depth (:func:`~chandy.connectors.type_mapping.utc_schema`)."""
+    from deltalake import Schema as DeltaSchema
+
+    return {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(utc_schema(data)).to_json())["fields"]}
+
+
+def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any], *, add_columns: bool = False) -> list[str]:
+    """What stops ``data`` (Arrow) from landing in a table whose columns are ``table_fields``
+    (name -> Delta type JSON); empty when it fits. Columns of the table the data lacks are fine
+    (they land as nulls); a column of another type is a difference, and so is a column the table
+    lacks unless ``add_columns`` (schema evolution: the commit adds it)."""
+    mine = delta_fields(data)
+    problems = []
+    for name, kind in mine.items():
+        if name not in table_fields:
+            if not add_columns:
+                problems.append(f"column {name} ({_type_text(kind)}) is not in the table")
+        elif _type_shape(kind) != _type_shape(table_fields[name]):
+            problems.append(f"column {name} is {_type_text(kind)} in the data but "
+                            f"{_type_text(table_fields[name])} in the table")
+    return problems
+
+
+EVOLUTION_NOTE = "new columns are added with schema evolution; a column of another type is refused"
+
+
+def merge_schemas(schemas: Sequence[pa.Schema], *, where: str = "") -> pa.Schema:
+    """The union of ``schemas`` by column name (first appearance order), as Iceberg's
+    ``union_by_name`` and Delta's schema merge do; a missing column is fine.
+
+    Raises:
+        LakeSchemaError: one column of two types, naming it and both types.
+    """
+    seen: dict[str, pa.Field] = {}
+    kinds: dict[str, Any] = {}
+    for schema in schemas:
+        for name, kind in delta_fields(schema).items():
+            if name not in seen:
+                seen[name], kinds[name] = schema.field(name), kind
+            elif _type_shape(kinds[name]) != _type_shape(kind):
+                raise LakeSchemaError(f"{where}column {name} is {_type_text(kind)} in one file but "
+                                      f"{_type_text(kinds[name])} in another: nothing was committed")
+    return pa.schema(list(seen.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """A Parquet file written into the table location, not yet committed.
+
+    ``path`` is relative to the table root; ``size`` in bytes; ``records`` rows; ``schema`` the
+    table's Arrow schema (with the partition columns) as base64 IPC.
+    """
+
+    path: str
+    size: int
+    records: int
+    partition_values: Mapping[str, str | None]
+    modification_time: int
+    schema: str
+
+    def to_state_handle(self) -> StateHandle:
+        return StateHandle(FILE_KIND, self.path, None, self.size, {
+            "records": str(self.records), "partition_values": json.dumps(dict(self.partition_values)),
+            "modification_time": str(self.modification_time), "schema": self.schema})
+
+    @classmethod
+    def from_state_handle(cls, handle: StateHandle) -> DataFile:
+        p = handle.properties
+        return cls(handle.path or "", handle.state_size, int(p["records"]), json.loads(p["partition_values"]),
+                   int(p["modification_time"]), p["schema"])
+
+
+def _schema_to_b64(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def _schema_from_b64(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def _partition_string(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+class DeltaLakeSink:
+    """A Delta table at any fsspec/object-store URL (see the module docstring).
+
+    Args:
+        table_uri: where the table lives (``file:///...``, ``s3://...``, a local path).
+        partition_by: partition columns (their values become ``<col>=<value>`` directories).
+        storage_options: options for fsspec and delta-rs, under their own names.
+        add_columns: schema evolution: a column the data has and the table lacks is added to
+            the table (an ADD COLUMN commit before the checkpoint's, as Delta's schema merge
+            would); a column of another type is still refused.
+    """
+
+    def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
+                 storage_options: Mapping[str, str] | None = None, add_columns: bool = False) -> None:
+        from chandy.connectors.lake.uri import normalize_table_uri
+
+        self.table_uri = normalize_table_uri(table_uri)
+        self.add_columns = add_columns
+        self.partition_by = list(partition_by)
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.root = url_to_fs(self.table_uri, **self.storage_options)
+
+    @property
+    def _delta_uri(self) -> str:
+        # delta-rs takes local tables as plain paths
+        return self.root if self.table_uri.startswith("file://") else self.table_uri
+
+    @property
+    def _delta_options(self) -> dict[str, str] | None:
+        return {k: str(v) for k, v in self.storage_options.items()} or None
+
+    # -- task side ------------------------------------------------------------------------------------
+    def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int) -> list[DataFile]:
+        """Write ``table`` as Parquet files (one per partition value), not yet visible. Returns them."""
+        if table.num_rows == 0:
+            return []
+        table = to_lake_types(table)
+        schema = _schema_to_b64(table.schema)
+        stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        if not self.partition_by:
+            return [self._write_one(table, stem, {}, schema)]
+        missing = [c for c in self.partition_by if c not in table.column_names]
+        if missing:
+            raise LakeCommitError(f"partition column(s) {missing} are not in the data: {table.column_names}")
+        files = []
+        keys = table.select(self.partition_by).group_by(self.partition_by).aggregate([]).to_pylist()
+        for key in keys:
+            mask = None
+            for column, value in key.items():
+                cond = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
+                mask = cond if mask is None else pc.and_(mask, cond)
+            part = table.filter(mask).drop_columns(self.partition_by)
+            values = {c: _partition_string(v) for c, v in key.items()}
+            directory = "/".join(f"{c}={quote(v if v is not None else '__HIVE_DEFAULT_PARTITION__', safe='')}"
+                                 for c, v in values.items())
+            files.append(self._write_one(part, f"{directory}/{stem}", values, schema))
+        return files
+
+    def _write_one(self, table: pa.Table, relative: str, partition_values: dict, schema: str) -> DataFile:
+        path = f"{self.root}/{relative}"
+        parent = path.rsplit("/", 1)[0]
+        self.fs.makedirs(parent, exist_ok=True)
+        with self.fs.open(path, "wb") as handle:
+            pq.write_table(table, handle, compression="zstd")
+        size = self.fs.size(path)
+        return DataFile(relative, size, table.num_rows, partition_values, int(time.time() * 1000), schema)
+
+    # -- committer side ----------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        from deltalake import DeltaTable
+
+        return DeltaTable.is_deltatable(self._delta_uri, self._delta_options)
+
+    def _open(self) -> Any:
+        """The table's current version (a ``deltalake.DeltaTable``), or None when there is none."""
+        from deltalake import DeltaTable
+
+        if not self.exists():
+            return None
+        return DeltaTable(self._delta_uri, storage_options=self._delta_options)
+
+    @staticmethod
+    def _fields_of(table: Any) -> dict[str, Any]:
+        return {f["name"]: f["type"] for f in json.loads(table.schema().to_json())["fields"]}
+
+    def committed_checkpoint(self, job_id: str) -> int | None:
+        """The newest checkpoint of ``job_id`` in the table (its app transaction version), or None."""
+        table = self._open()
+        return None if table is None else table.transaction_version(job_id)
+
+    def table_fields(self) -> dict[str, Any] | None:
+        """The table's columns (name -> Delta type JSON), or None when there is no table yet."""
+        table = self._open()
+        return None if table is None else self._fields_of(table)
+
+    def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
+        """Refuse data that does not fit the table (see :func:`schema_differences`).
+
+        Raises:
+            LakeSchemaError: one line naming every column that differs, with both types.
+        """
+        fields = self.table_fields() if table_fields is None else table_fields
+        if fields is None:
+            return
+        problems = schema_differences(data, fields, add_columns=self.add_columns)
+        if problems:
+            raise LakeSchemaError(f"{where}the data does not fit table {self.table_uri}: {'; '.join(problems)} "
+                                  f"({EVOLUTION_NOTE}: nothing was committed)")
+
+    def progress(self, job_id: str) -> TableProgress:
+        """What the table holds for ``job_id`` (and which partitions other jobs landed), read from
+        its app transactions and the ``commitInfo`` of its commits (newest first)."""
+        table = self._open()
+        if table is None:
+            return TableProgress(None, {}, None, {})
+        done = table.transaction_version(job_id)
+        offsets: dict[TP, int] | None = None
+        cluster_id = None
+        others: dict[str, dict[TP, int]] = {}
+        for commit in table.history():  # newest first
+            owner = commit.get("chandy.job_id")
+            if owner is None or "chandy.offsets" not in commit:
+                continue
+            if owner == job_id:
+                if offsets is None:
+                    offsets = _offsets_from_json(commit["chandy.offsets"])
+                    cluster_id = commit.get("chandy.kafka_cluster_id")
+            elif owner not in others:
+                others[owner] = _offsets_from_json(commit["chandy.offsets"])
+        return TableProgress(done, offsets or {}, cluster_id, others)
+
+    def missing_files(self, files: Iterable[DataFile]) -> list[str]:
+        """Paths (relative to the table root) of ``files`` that are not in the table's location:
+        written once, then deleted (for example by a cleanup of files no commit referenced)."""
+        return [f.path for f in files if not self.fs.exists(f"{self.root}/{f.path}")]
+
+    def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
+               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> bool:
+        """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id)
+        and ``commitInfo`` recording the job, the checkpoint and the ``offsets`` (end offset per
+        (topic, partition), cumulative) it covers.
+
+        Returns False (and commits nothing) when the table already holds this checkpoint or a
+        later one of the job, or when there are neither files nor offsets to record (a commit
+        with offsets but no files records progress: records that were all filtered out or
+        dead-lettered are landed too).
+
+        Raises:
+            LakeSchemaError: the files' schema does not fit the table's.
+            LakeCommitError: delta-rs refused the commit.
+        """
+        from deltalake.transaction import AddAction, CommitProperties, Transaction, create_table_with_add_actions
+
+        files = list(files)
+        table = self._open()  # one read of the table's state for the whole commit
+        done = None if table is None else table.transaction_version(job_id)
+        if done is not None and done >= checkpoint_id:
+            log.info("checkpoint %d of job %s is already in %s (version %d): skipped", checkpoint_id, job_id,
+                     self.table_uri, done)
+            return False
+        if not files and (not offsets or table is None):
+            return False
+        actions = [
+            AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True,
+                      json.dumps({"numRecords": f.records}))
+            for f in files
+        ]
+        metadata = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id)}
+        if offsets:
+            metadata["chandy.offsets"] = _offsets_to_json(offsets)
+        if cluster_id:
+            metadata["chandy.kafka_cluster_id"] = cluster_id
+        properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
+        fields = None if table is None else self._fields_of(table)
+        schemas = [_schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
+        for schema in schemas:
+            self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
+        merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
+        if table is not None and merged is not None and self.add_columns:
+            table = self._add_columns(table, merged, checkpoint_id)
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                if fields is None:
+                    from deltalake import Schema as DeltaSchema
+
+                    schema = merged if merged is not None else _schema_from_b64(files[0].schema)
+                    create_table_with_add_actions(
+                        self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
+                        partition_by=self.partition_by or None, storage_options=self._delta_options,
+                        commit_properties=properties)
+                else:
+                    table.create_write_transaction(actions, mode="append", schema=table.schema(),
+                                                   partition_by=self.partition_by or None, commit_properties=properties)
+                return True
+            except Exception as exc:  # delta-rs raises several exception types
+                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+                    raise LakeCommitError(f"committing checkpoint {checkpoint_id} to {self.table_uri} failed "
+                                          f"(attempt {attempt}): {exc}") from exc
+                # a concurrent commit (e.g. an OPTIMIZE) won the version: re-read the table; if
+                # our commit landed after all, it is done, else commit again on the new version
+                table = self._open()
+                done = None if table is None else table.transaction_version(job_id)
+                if done is not None and done >= checkpoint_id:
+                    log.info("checkpoint %d: commit conflicted but is in %s: done", checkpoint_id, self.table_uri)
+                    return True
+                fields = None if table is None else self._fields_of(table)
+                log.warning("checkpoint %d: concurrent commit to %s (%s): retrying (attempt %d of %d)", checkpoint_id,
+                            self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+        return False  # not reached
+
+    def _add_columns(self, table: Any, data: pa.Schema, checkpoint_id: int) -> Any:
+        """Schema evolution: add ``data``'s columns the table lacks (one ADD COLUMN commit, made
+        before the checkpoint's commit; adding nullable columns changes no row, so a crash between
+        the two loses nothing). Returns the table as it is now."""
+        from deltalake import Schema as DeltaSchema
+
+        have = self._fields_of(table)
+        new = [f for f in DeltaSchema.from_arrow(to_lake_types(data.empty_table()).schema).fields
+               if f.name not in have]
+        if not new:
+            return table
+        try:
+            table.alter.add_columns(new)
+        except Exception as exc:  # delta-rs raises several exception types
+            raise LakeCommitError(f"checkpoint {checkpoint_id}: adding column(s) {[f.name for f in new]} to "
+                                  f"{self.table_uri} failed: {exc}") from exc
+        log.info("checkpoint %d: added column(s) %s to %s", checkpoint_id, ", ".join(f.name for f in new), self.table_uri)
+        return self._open()
+
+    def referenced_files(self) -> set[str]:
+        """Paths (relative to the table root) of the files in the table's current version."""
+        from deltalake import DeltaTable
+
+        if not self.exists():
+            return set()
+        table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
+        return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+
+    def removed_files(self) -> set[str]:
+        """Paths (relative to the table root) of files a commit removed (e.g. an OPTIMIZE) that
+        are still on storage: older versions reference them until :meth:`vacuum` deletes them."""
+        table = self._open()
+        if table is None:
+            return set()
+        return set(table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False))
+
+    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]:
+        """Delete this job's data files that no version of the table references (written by
+        aborted or crashed checkpoints), except those of checkpoints above
+        ``keep_checkpoints_after`` (still in flight). Files a compaction removed are left to
+        :meth:`vacuum` and its retention, so readers of older versions keep working. Returns
+        what was deleted."""
+        referenced = self.referenced_files() | self.removed_files()
+        deleted = []
+        for path in self.fs.find(self.root):
+            relative = path[len(self.root):].lstrip("/")
+            if relative.startswith("_delta_log/"):
+                continue
+            match = _NAME.search(relative)
+            if match is None or not job_id.startswith(match["job"]) or relative in referenced:
+                continue
+            if keep_checkpoints_after is not None and int(match["checkpoint"]) > keep_checkpoints_after:
+                continue
+            self.fs.rm(path)
+            deleted.append(relative)
+        if deleted:
+            log.info("deleted %d data file(s) no completed checkpoint references", len(deleted))
+        return deleted
+
+    # -- maintenance -----------------------------------------------------------------------------------
+    def optimize(self, *, target_size: int | None = None) -> dict[str, Any]:
+        """Compact small files into files of about ``target_size`` bytes (delta-rs
+        ``DeltaTable.optimize.compact``; default its 100 MiB), in one OPTIMIZE commit
+        (``dataChange=false``) that neither adds nor removes rows. Safe while the pipeline runs:
+        the app transactions and the pipeline's ``commitInfo`` stay in the log, and a pipeline
+        commit that meets the OPTIMIZE commit is rebased (or retried, see :meth:`commit`); an
+        OPTIMIZE that meets a pipeline commit is retried here. Two OPTIMIZEs of one local table
+        never overlap (see :meth:`_maintenance_lock`). The removed files stay on storage until
+        :meth:`vacuum`. Returns delta-rs's metrics (``numFilesAdded``, ``numFilesRemoved``, ...).
+
+        Raises:
+            LakeCommitError: there is no table, or delta-rs failed ``COMMIT_ATTEMPTS`` times.
+        """
+        with self._maintenance_lock():
+            return self._optimize(target_size)
+
+    @contextlib.contextmanager
+    def _maintenance_lock(self) -> Iterator[None]:
+        """One OPTIMIZE of a local table at a time, across processes (``flock`` on
+        ``_chandy_maintenance.lock`` in the table root). delta-rs (since its PR #3982) lets two
+        concurrent OPTIMIZE commits that remove the same files both succeed, which doubles their
+        rows; the pipeline's appends are not affected. On object stores there is no such lock:
+        run one compaction at a time there."""
+        if not self.table_uri.startswith("file://"):
+            log.warning("%s: no cross-process lock on object stores; never run two compactions of it at once",
+                        self.table_uri)
+            yield
+            return
+        os.makedirs(self.root, exist_ok=True)
+        with open(os.path.join(self.root, "_chandy_maintenance.lock"), "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _optimize(self, target_size: int | None) -> dict[str, Any]:
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            table = self._open()
+            if table is None:
+                raise LakeCommitError(f"no Delta table at {self.table_uri}: nothing to optimize")
+            try:
+                metrics: dict[str, Any] = table.optimize.compact(target_size=target_size)
+                log.info("optimized %s: %s file(s) removed, %s added", self.table_uri, metrics.get("numFilesRemoved"),
+                         metrics.get("numFilesAdded"))
+                return metrics
+            except Exception as exc:  # delta-rs raises several exception types
+                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+                    raise LakeCommitError(f"optimizing {self.table_uri} failed (attempt {attempt}): {exc}") from exc
+                log.warning("optimize of %s met a concurrent commit (%s): retrying", self.table_uri, exc)
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+        return {}  # not reached
+
+    def vacuum(self, *, retention_hours: float, dry_run: bool = False) -> list[str]:
+        """Delete files that the table removed (compacted away, or overwritten) more than
+        ``retention_hours`` ago (delta-rs ``DeltaTable.vacuum``, lite mode: files no version
+        ever referenced are the pipeline's to delete, see :meth:`delete_unreferenced`). A
+        retention below the table's ``delta.deletedFileRetentionDuration`` (default 168 h) is
+        allowed on purpose: a reader still on an older version then fails. Returns the paths
+        (relative to the table root) deleted, or with ``dry_run`` those that would be.
+
+        Raises:
+            LakeCommitError: there is no table, a negative retention, or delta-rs failed.
+        """
+        if retention_hours < 0:
+            raise LakeCommitError(f"vacuum retention must be 0 hours or more, got {retention_hours}")
+        table = self._open()
+        if table is None:
+            raise LakeCommitError(f"no Delta table at {self.table_uri}: nothing to vacuum")
+        try:
+            # delta-rs takes whole hours; round up so nothing younger than asked is deleted
+            hours = int(retention_hours) + (0 if float(retention_hours).is_integer() else 1)
+            return list(table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False))
+        except Exception as exc:  # delta-rs raises several exception types
+            raise LakeCommitError(f"vacuuming {self.table_uri} failed: {exc}") from exc
+
+    def read_table(self) -> pa.Table:
+        """The committed table, read with pyarrow through deltalake (a reader other than the writer)."""
+        from deltalake import DeltaTable
+
+        return DeltaTable(self._delta_uri, storage_options=self._delta_options).to_pyarrow_table()

@@ -1,0 +1,287 @@
+"""PySpark Python data sources (Spark 4's ``pyspark.sql.datasource``) for one micro-batch.
+
+- ``chandy_kafka_ranges`` reads the offset ranges the Kafka source enumerator fixed for a
+  checkpoint: Spark partition *i* is reader subtask *i* and reads exactly its ranges with
+  :class:`~chandy.connectors.kafka.source.reader.KafkaRangeReader`, yielding Arrow batches.
+- ``chandy_lake_files`` writes each Spark partition (= subtask) as Parquet files into the lake
+  table location (invisible until committed) and acknowledges the checkpoint with them as state
+  handles; an attempt that fails on its last allowed try declines the checkpoint instead.
+
+Both run inside Spark tasks; what they need travels as one typed :class:`TaskOptions`, set by
+:mod:`chandy.connectors.spark.pipeline`.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import pickle
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
+
+from chandy.connectors.spark.decode import SchemaChangeError, ValueDecoder, concat_evolving, decode_batches, offset_ranges
+from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
+
+RANGES_FORMAT = "chandy_kafka_ranges"
+LAKE_FILES_FORMAT = "chandy_lake_files"
+TASK_OPTION = "chandy.task"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """What a Spark task of micro-batch N needs, as one typed, picklable object.
+
+    It reaches the tasks in the closure of an RDD function, or as the single data source option
+    :data:`TASK_OPTION` (:meth:`encode` / :meth:`decode`), never as loose strings.
+    ``table_fields`` are the table's columns (name -> Delta type JSON) when the table exists, so
+    a task refuses data of another shape before writing anything (with ``add_columns``, schema
+    evolution, new columns pass and only other types are refused); ``decoder`` decodes values in
+    the task (None: raw Kafka columns); ``checkpoint_dir`` is where dead letters go.
+    ``write_buffer_bytes`` bounds a subtask's memory: it writes its records as lake files
+    whenever the Arrow batches it holds reach that size (bytes), not once per checkpoint.
+    """
+
+    table_uri: str
+    job_id: str
+    checkpoint_id: int
+    epoch: int
+    operator_id: str
+    bootstrap_servers: str
+    prefix: str
+    checkpoint_dir: str
+    partition_by: tuple[str, ...] = ()
+    storage_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    producer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    consumer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    max_task_failures: int = 1
+    table_fields: Mapping[str, Any] | None = None
+    decoder: ValueDecoder | None = None
+    batch_size: int = 20_000
+    catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    add_columns: bool = False
+    table_location: str | None = None  # Iceberg: the table's root URL, so tasks need no catalog
+    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES  # Arrow bytes a subtask holds before writing them as files
+
+    def encode(self) -> str:
+        return base64.b64encode(pickle.dumps(self)).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> TaskOptions:
+        options = pickle.loads(base64.b64decode(text))
+        if not isinstance(options, cls):
+            raise TypeError(f"{TASK_OPTION} holds a {type(options).__name__}, not TaskOptions")
+        return options
+
+
+@dataclasses.dataclass
+class RangesPartition(InputPartition):
+    """One subtask's ranges: [(topic, partition, start, stop), ...]."""
+
+    subtask: int
+    ranges: list
+
+
+def read_ranges(options: TaskOptions, ranges: list) -> Iterator[pa.RecordBatch]:
+    """A subtask's ranges ([topic, partition, start, stop], ...) as Arrow batches of at most
+    ``options.batch_size`` records, in order, read with a reader pooled in this process
+    (:mod:`chandy.connectors.spark.clients`)."""
+    from chandy.connectors.kafka.source.split import KafkaPartitionSplit
+    from chandy.connectors.spark.clients import range_reader
+    from chandy.coordinator.faults import crash_point
+
+    checkpoint_id = options.checkpoint_id
+    with range_reader(options.bootstrap_servers, options.consumer_overrides) as reader:
+        for topic, p, start, stop in ranges:
+            for messages in reader.read_batches(KafkaPartitionSplit(topic, p, start, stop), options.batch_size):
+                yield to_record_batch(messages)
+                crash_point("task-read", checkpoint_id)
+
+
+def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,
+                             counts: Any = None) -> Iterator[pa.RecordBatch]:
+    """Decode a subtask's batches with ``options.decoder``; bad records are written, at the end
+    of the input, to the checkpoint's dead-letter file of this subtask (see
+    :mod:`chandy.connectors.spark.dead_letters`). ``counts``: a Spark accumulator of (bad, skipped)."""
+    from chandy.connectors.spark.dead_letters import DeadLetterFile
+
+    assert options.decoder is not None
+    dead = DeadLetterFile(options.checkpoint_dir, options.job_id, options.checkpoint_id, subtask,
+                          options.storage_options)
+    yield from decode_batches(batches, options.decoder, dead.add, dead.add_skipped)
+    dead.close()
+    if counts is not None and (dead.count or dead.skipped):
+        counts.add((dead.count, dead.skipped))
+
+
+def buffered(batches: Iterator[pa.RecordBatch], limit_bytes: int) -> Iterator[list[pa.RecordBatch]]:
+    """``batches`` regrouped into lists that hold at least ``limit_bytes`` Arrow bytes each
+    (the last one less), so a subtask holds one such list at a time, whatever its checkpoint's size."""
+    held: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        held.append(batch)
+        size += batch.nbytes
+        if size >= limit_bytes:
+            yield held
+            held, size = [], 0
+    if held:
+        yield held
+
+
+def _check_same_types(table: pa.Table, seen: dict[str, tuple[pa.DataType, str]], where: str) -> None:
+    """Refuse a part whose column has another type than in an earlier part of the same
+    checkpoint (what :func:`concat_evolving` checks within a part), before anything of it is written.
+
+    Raises:
+        SchemaChangeError: names the column, both types and both parts' offset ranges.
+    """
+    ranges = None
+    for field in table.schema:
+        earlier = seen.get(field.name)
+        if earlier is None:
+            ranges = ranges or offset_ranges(table)
+            seen[field.name] = (field.type, ranges)
+        elif not field.type.equals(earlier[0]):
+            raise SchemaChangeError(
+                f"{where}field {field.name} changed type: {earlier[0]} at {earlier[1]} but {field.type} at "
+                f"{offset_ranges(table)}; nothing of it was landed")
+
+
+def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,
+                          attempt: int) -> tuple[int, int]:
+    """Write one subtask's batches as lake files and acknowledge the checkpoint with them; on
+    failure decline it when this is the last allowed attempt, and re-raise. Returns (files, rows).
+
+    Memory stays bounded: the batches are written as files every ``options.write_buffer_bytes``
+    (:func:`buffered`), each part checked against the table before it is written. Files of a
+    part written before a later part failed stay unreferenced: nothing acknowledges them, and
+    they are deleted with the aborted checkpoint's files.
+
+    Raises:
+        LakeSchemaError: the data does not fit the table (checked before its part is written).
+    """
+    from chandy.connectors.lake.sinks import open_sink
+    from chandy.connectors.spark.clients import ack_sender, discard_sender
+    from chandy.coordinator.failure import CheckpointFailureReason
+    from chandy.coordinator.faults import crash_point
+
+    o = options
+    sender = ack_sender(o.bootstrap_servers, o.job_id, prefix=o.prefix, producer_overrides=o.producer_overrides)
+    try:
+        where = f"checkpoint {o.checkpoint_id}: "
+        sink = open_sink(o.table_uri, partition_by=o.partition_by, storage_options=o.storage_options,
+                         catalog_properties=o.catalog_properties, add_columns=o.add_columns,
+                         location=o.table_location)
+        files, rows = [], 0
+        seen: dict[str, tuple[pa.DataType, str]] = {}  # a column's type in the parts before, where it came from
+        for part in buffered(batches, o.write_buffer_bytes):
+            table = concat_evolving(part, where=where)
+            del part
+            _check_same_types(table, seen, where)
+            if o.table_fields is not None:
+                sink.check_schema(table.schema, o.table_fields,
+                                  where=f"checkpoint {o.checkpoint_id} ({offset_ranges(table)}): ")
+            files += sink.write_files(table, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask,
+                                      attempt=attempt)
+            rows += table.num_rows
+            del table
+        crash_point("task-written", o.checkpoint_id)
+        sender.acknowledge(o.epoch, o.checkpoint_id, o.operator_id, subtask, attempt, [f.to_state_handle() for f in files])
+        return len(files), rows
+    except Exception as exc:
+        # Spark retries a failed task; only its last allowed attempt declines the checkpoint
+        if attempt + 1 >= o.max_task_failures:
+            try:
+                sender.decline(o.epoch, o.checkpoint_id, o.operator_id, subtask, attempt,
+                               CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}")
+            except Exception:  # noqa: BLE001 - the checkpoint then expires instead
+                pass
+        discard_sender(sender)
+        raise
+
+
+def read_write_and_acknowledge(options: TaskOptions, counts: Any = None) -> Callable[[int, Iterator[list]], Iterator[tuple[int, int]]]:
+    """For ``rdd.mapPartitionsWithIndex``: a task that reads its ranges, decodes them (with a
+    decoder), writes them and acknowledges, all in one Python worker (no round trip through the
+    JVM): the path without a transform."""
+
+    def task(index: int, ranges: Iterator[list]) -> Iterator[tuple[int, int]]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        subtask = context.partitionId()
+        mine = [r for subtask_ranges in ranges for r in subtask_ranges]
+        batches = read_ranges(options, mine)
+        if options.decoder is not None:
+            batches = decode_with_dead_letters(options, batches, subtask, counts)
+        yield write_and_acknowledge(options, batches, subtask, context.attemptNumber())
+
+    return task
+
+
+class _RangesReader(DataSourceReader):
+    def __init__(self, options: dict) -> None:
+        self.options = options
+
+    def partitions(self) -> list[RangesPartition]:
+        per_subtask = json.loads(self.options["ranges"])
+        return [RangesPartition(i, ranges) for i, ranges in enumerate(per_subtask)]
+
+    def read(self, partition: RangesPartition) -> Iterator[pa.RecordBatch]:
+        return read_ranges(TaskOptions.decode(self.options[TASK_OPTION]), partition.ranges)
+
+
+class KafkaRangesDataSource(DataSource):
+    """``spark.read.format("chandy_kafka_ranges")``: a checkpoint's offset ranges as rows."""
+
+    @classmethod
+    def name(cls) -> str:
+        return RANGES_FORMAT
+
+    def schema(self) -> str:
+        return SPARK_DDL
+
+    def reader(self, schema) -> DataSourceReader:
+        return _RangesReader(self.options)
+
+
+@dataclasses.dataclass
+class FilesWritten(WriterCommitMessage):
+    subtask: int
+    attempt: int
+    files: int
+    records: int
+
+
+class _LakeFilesWriter(DataSourceArrowWriter):
+    def __init__(self, options: dict) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesWritten:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        subtask, attempt = context.partitionId(), context.attemptNumber()
+        files, rows = write_and_acknowledge(TaskOptions.decode(self.options[TASK_OPTION]), iterator, subtask, attempt)
+        return FilesWritten(subtask, attempt, files, rows)
+
+    def commit(self, messages: list[FilesWritten]) -> None:
+        pass  # the lake committer commits, on checkpoint completion
+
+    def abort(self, messages: list[FilesWritten]) -> None:
+        pass  # unreferenced files are deleted when the checkpoint aborts
+
+
+class LakeFilesDataSource(DataSource):
+    """``df.write.format("chandy_lake_files")``: lake files plus checkpoint acknowledgements."""
+
+    @classmethod
+    def name(cls) -> str:
+        return LAKE_FILES_FORMAT
+
+    def writer(self, schema, overwrite: bool) -> DataSourceArrowWriter:
+        return _LakeFilesWriter(self.options)

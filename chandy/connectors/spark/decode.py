@@ -1,0 +1,403 @@
+"""Kafka values (JSON or Avro) decoded into columns inside the Spark tasks, record by record, so
+that a record that does not decode is never silent.
+
+A record is *bad* when its value is not valid JSON / Avro, is not a JSON object, has a field of
+another type than its column, has a field the table has no column for (when the columns come from
+the table or an inferred schema), is empty, or is a tombstone (a null value) while tombstones are
+errors. What happens to bad records follows Kafka Connect's error handling:
+
+- ``errors_tolerance="none"`` (the default): the micro-batch fails with a :class:`BadRecordError`
+  naming the first bad record's topic, partition, offset and the parse error;
+- ``errors_tolerance="all"``: bad records are left out of the table and kept, raw, as
+  :data:`BAD_RECORDS_SCHEMA` rows (the pipeline counts them, logs them and, with a dead-letter
+  topic, publishes them exactly once with the checkpoint, see :mod:`chandy.connectors.spark.dead_letters`).
+
+Tombstones have their own setting: ``"error"`` (a bad record, the default), ``"skip"`` (left out,
+counted) or ``"null"`` (a row whose value columns are null).
+
+Avro framing is validated: single-object encoding checks the magic ``C3 01`` and the schema
+fingerprint; the Confluent wire format checks the magic byte ``0`` and, when given, the schema ID;
+every framing checks that the Avro binary is consumed exactly (no trailing bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import decimal
+import io
+import json
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from chandy.connectors.type_mapping import Unfit, json_converter, parse_json, plain_numbers
+from chandy.coordinator.errors import ChandyError
+
+#: The Kafka record's columns, in the order they are landed.
+KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestamp_type", "headers")
+
+#: A bad record, raw, with why it was bad (the columns of a dead-letter file).
+BAD_RECORDS_SCHEMA = pa.schema([
+    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+    ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ("error_class", pa.string()), ("error_message", pa.string()),
+])
+
+
+class BadRecordError(ChandyError):
+    """A record that does not decode, under ``errors_tolerance="none"``: the message names its
+    topic, partition and offset and what was wrong."""
+
+
+class _Bad(Exception):
+    """Internal: why one record is bad."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueDecoder:
+    """How values become columns (picklable: it travels to the Spark tasks).
+
+    Args:
+        value_format: ``"json"`` or ``"avro"``.
+        columns: the value's columns as landed (Arrow), in order.
+        source_names: the field name in the value for each column (a field named like a Kafka
+            column lands as ``value_<name>``).
+        keep: the Kafka columns kept before the value columns.
+        avro_schema: the Avro writer schema (JSON) for ``"avro"``.
+        avro_framing: ``"single-object"``, ``"confluent"`` or ``"raw"``.
+        avro_schema_id: with Confluent framing, the only schema ID accepted (None: any).
+        schema_registry: with Confluent framing, the Schema Registry client's settings (``url``
+            and the others under ``SchemaRegistryClient``'s names) as sorted pairs: each record's
+            writer schema is fetched by its ID (cached per process) and resolved against
+            ``avro_schema`` by Avro's schema resolution (fields the reader lacks are dropped,
+            fields the writer lacks take their defaults); an ID the registry does not know makes
+            a bad record, an unreachable registry fails the task (Spark retries it).
+        unknown_fields: ``"ignore"`` (fields without a column are dropped, as Spark's
+            ``from_json``), ``"error"`` (a bad record: the columns are fixed by the table) or
+            ``"add"`` (schema evolution: a field without a column becomes a new column after
+            the known ones, its Arrow type inferred from the batch's first non-null value, so
+            a batch's schema may have more columns than :attr:`output_schema`; a value of
+            another type than that is a bad record).
+        tombstones: ``"error"``, ``"skip"`` or ``"null"`` (see the module docstring).
+        errors_tolerance: ``"none"`` or ``"all"`` (Kafka Connect's ``errors.tolerance``).
+        session_time_zone: the zone of JSON timestamps without an offset (Spark's
+            ``spark.sql.session.timeZone``, as ``from_json``).
+
+    Values become columns as :mod:`chandy.connectors.type_mapping` says, exactly: a value that
+    does not fit its column (a fraction into an integer, a number beyond its column's range) is
+    a bad record naming the field, never rounded, truncated or landed as NULL.
+    """
+
+    value_format: str
+    columns: pa.Schema
+    source_names: tuple[str, ...]
+    keep: tuple[str, ...]
+    avro_schema: str | None = None
+    avro_framing: str = "single-object"
+    avro_schema_id: int | None = None
+    unknown_fields: str = "ignore"
+    schema_registry: tuple[tuple[str, str], ...] = ()
+    tombstones: str = "error"
+    errors_tolerance: str = "none"
+    session_time_zone: str = "UTC"
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        """The decoded batches' schema: the kept Kafka columns, then the value columns."""
+        from chandy.connectors.spark.records import ARROW_SCHEMA
+
+        return pa.schema([ARROW_SCHEMA.field(c) for c in self.keep] + list(self.columns))
+
+    def _parser(self) -> Callable[[bytes], dict[str, Any]]:
+        if self.value_format == "json":
+            return _parse_json
+        import fastavro
+
+        from chandy.connectors.spark.avro import reader_schema
+        from chandy.schemas.codec import WireFormatError, fingerprint, split_single_object
+
+        assert self.avro_schema is not None
+        definition = json.loads(self.avro_schema)
+        parsed = fastavro.parse_schema(reader_schema(definition))  # the same bytes, read into the columns' values
+        expected_fp = fingerprint(definition)
+        framing, schema_id = self.avro_framing, self.avro_schema_id
+        registry = dict(self.schema_registry)
+        writers: dict[int, Any] = {}
+
+        def writer_schema(found: int) -> Any:
+            if found not in writers:
+                from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+                try:
+                    text = registry_client(registry).get_schema(found).schema_str
+                except SchemaRegistryError as exc:
+                    if exc.http_status_code == 404:
+                        raise _Bad("UnknownSchemaId", f"schema ID {found} is not in the Schema Registry") from exc
+                    raise
+                try:
+                    writers[found] = fastavro.parse_schema(reader_schema(json.loads(text)))
+                except Exception as exc:  # not Avro (JSON Schema, Protobuf) or not JSON: a bad record
+                    raise _Bad("UnknownSchemaId", f"schema ID {found} is not an Avro schema: {exc}") from exc
+            return writers[found]
+
+        def parse_avro(raw: bytes) -> dict[str, Any]:
+            body, writer = raw, parsed
+            if framing == "single-object":
+                try:
+                    found_fp, body = split_single_object(raw)
+                except WireFormatError as exc:
+                    raise _Bad("WireFormatError", str(exc).split(" (at ")[0]) from exc
+                if found_fp != expected_fp:
+                    raise _Bad("WireFormatError", f"unknown writer schema fingerprint {found_fp.hex()} "
+                                                  f"(the value schema's is {expected_fp.hex()})")
+            elif framing == "confluent":
+                if len(raw) < 5 or raw[0] != 0:
+                    raise _Bad("WireFormatError", f"not the Confluent wire format: magic byte {raw[:1].hex() or 'missing'}, "
+                                                  "expected 00 followed by a 4-byte schema ID")
+                found = struct.unpack(">I", raw[1:5])[0]
+                if schema_id is not None and found != schema_id:
+                    raise _Bad("WireFormatError", f"schema ID {found}, expected {schema_id}")
+                body = raw[5:]
+                writer = writer_schema(found) if registry else parsed
+            stream = io.BytesIO(body)
+            try:
+                value = fastavro.schemaless_reader(stream, writer, parsed if writer is not parsed else None)
+            except Exception as exc:  # fastavro raises many types on bad bytes
+                raise _Bad(type(exc).__name__, f"not Avro of the value schema: {exc}") from exc
+            if stream.tell() != len(body):
+                raise _Bad("WireFormatError", f"{len(body) - stream.tell()} trailing byte(s) after the Avro record")
+            if not isinstance(value, dict):
+                raise _Bad("WireFormatError", "the Avro value is not a record")
+            return value
+
+        return parse_avro
+
+    def decode(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch | None, int]:
+        """One batch of Kafka records (:data:`~chandy.connectors.spark.records.ARROW_SCHEMA`): returns
+        (decoded rows, bad records as :data:`BAD_RECORDS_SCHEMA` or None, tombstones skipped).
+
+        Raises:
+            BadRecordError: a bad record under ``errors_tolerance="none"``.
+        """
+        parse = self._parser()
+        raws = batch.column("value").to_pylist()
+        known = set(self.source_names)
+        extra_names: list[str] = []
+        rows: list[dict[str, Any] | None] = []
+        keep_rows: list[int] = []
+        bad: dict[int, _Bad] = {}
+        skipped = 0
+        for i, raw in enumerate(raws):
+            try:
+                if raw is None:
+                    if self.tombstones == "skip":
+                        skipped += 1
+                        continue
+                    if self.tombstones == "null":
+                        rows.append(None)
+                        keep_rows.append(i)
+                        continue
+                    raise _Bad("Tombstone", "a tombstone (null value); choose what tombstones do with --tombstones skip|null")
+                if not raw:
+                    raise _Bad("EmptyValue", "an empty value")
+                value = parse(raw)
+                if self.unknown_fields == "add":
+                    for name in value:
+                        if name not in known and name not in extra_names:
+                            extra_names.append(name)
+                elif self.unknown_fields == "error":
+                    extra = sorted(set(value) - known)
+                    if extra:
+                        raise _Bad("UnknownField", f"field(s) {', '.join(extra)} have no column in the table "
+                                                   "(--schema-evolution adds them; a transform fixes the columns)")
+                rows.append(value)
+                keep_rows.append(i)
+            except _Bad as exc:
+                bad[i] = exc
+                self._check_tolerance(batch, i, exc)
+        fields, names = list(self.columns), list(self.source_names)
+        for name in extra_names:
+            kind = _inferred_type([None if r is None else r.get(name) for r in rows])
+            if kind is not None:
+                fields.append(pa.field(f"value_{name}" if name in KAFKA_COLUMNS else name, kind))
+                names.append(name)
+        columns, type_bad = self._columns(rows, fields, names)
+        if type_bad:
+            for position in sorted(type_bad):
+                exc = type_bad[position]
+                bad[keep_rows[position]] = exc
+                self._check_tolerance(batch, keep_rows[position], exc)
+            good = [p for p in range(len(rows)) if p not in type_bad]
+            keep_rows = [keep_rows[p] for p in good]
+            columns, _ = self._columns([rows[p] for p in good], fields, names)
+        taken = pa.array(keep_rows, pa.int64())
+        kafka = [batch.column(c).take(taken) for c in self.keep]
+        schema = pa.schema(list(self.output_schema) + fields[len(self.columns):])
+        decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
+        return decoded, (_bad_batch(batch, bad) if bad else None), skipped
+
+    def _check_tolerance(self, batch: pa.RecordBatch, row: int, exc: _Bad) -> None:
+        if self.errors_tolerance == "none":
+            raise BadRecordError(f"{location(batch, row)}: {exc.kind}: {exc} "
+                                 "(--errors-tolerance all skips bad records; --dead-letter-topic keeps them)")
+
+    def _columns(self, rows: list[dict[str, Any] | None], fields: list[pa.Field],
+                 names: list[str]) -> tuple[list[pa.Array], dict[int, _Bad]]:
+        """The value columns of ``rows``; on a type error, which rows (by position) are bad."""
+        arrays: list[pa.Array] = []
+        bad: dict[int, _Bad] = {}
+        for field, name in zip(fields, names, strict=True):
+            values = [None if r is None else r.get(name) for r in rows]
+            try:
+                arrays.append(to_arrow(values, field.type, self.value_format, self.session_time_zone))
+            except _UNFIT:
+                for position, v in enumerate(values):
+                    try:
+                        to_arrow([v], field.type, self.value_format, self.session_time_zone)
+                    except Unfit as exc:
+                        bad.setdefault(position, _Bad("TypeMismatch", f"field {name}{exc.path}: {exc}"))
+                    except _UNFIT as exc:
+                        shown = json.dumps(v, default=str)[:80]
+                        bad.setdefault(position, _Bad("TypeMismatch", f"field {name}: {shown} is not {field.type}: "
+                                                                       f"{str(exc).splitlines()[0]}"))
+                arrays.append(pa.nulls(len(values), field.type))
+        return arrays, bad
+
+
+#: What a value that does not fit its column raises on its way into Arrow.
+_UNFIT = (Unfit, pa.ArrowException, TypeError, ValueError, decimal.InvalidOperation, OverflowError)
+
+_REGISTRY_CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
+
+
+def registry_client(settings: Mapping[str, str]) -> Any:
+    """One ``confluent_kafka.schema_registry.SchemaRegistryClient`` per process and settings
+    (``SchemaRegistryClient.new_client``: a ``mock://`` URL gives its in-process registry)."""
+    key = tuple(sorted(settings.items()))
+    if key not in _REGISTRY_CLIENTS:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        _REGISTRY_CLIENTS[key] = SchemaRegistryClient.new_client(dict(settings))
+    return _REGISTRY_CLIENTS[key]
+
+
+def _inferred_type(values: list[Any]) -> pa.DataType | None:
+    """The Arrow type of a new field, from its first non-null value (JSON objects become
+    structs, arrays lists, integers int64, strings string), or None when all are null."""
+    for value in values:
+        if value is not None:
+            value = plain_numbers(value)
+            try:
+                kind = pa.array([value]).type
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                return pa.string() if isinstance(value, str) else None
+            return None if pa.types.is_null(kind) else kind
+    return None
+
+
+def concat_evolving(batches: list[pa.RecordBatch], *, where: str = "") -> pa.Table:
+    """One table of batches whose schemas may differ by added columns (schema evolution): the
+    union of their columns, in order of first appearance, missing ones as nulls.
+
+    Raises:
+        SchemaChangeError: a column of two types, naming it, both types and the offset ranges
+            of the batches that disagree.
+    """
+    if len({b.schema for b in batches}) == 1:
+        return pa.Table.from_batches(batches)
+    fields: dict[str, pa.Field] = {}
+    first: dict[str, pa.RecordBatch] = {}
+    for batch in batches:
+        for field in batch.schema:
+            if field.name not in fields:
+                fields[field.name], first[field.name] = field, batch
+            elif not field.type.equals(fields[field.name].type):
+                raise SchemaChangeError(
+                    f"{where}field {field.name} changed type: {fields[field.name].type} at {offset_ranges(first[field.name])} "
+                    f"but {field.type} at {offset_ranges(batch)}; nothing of it was landed")
+    schema = pa.schema(list(fields.values()))
+    tables = []
+    for batch in batches:
+        columns = [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+                   for f in schema]
+        tables.append(pa.Table.from_arrays(columns, schema=schema))
+    return pa.concat_tables(tables)
+
+
+def offset_ranges(data: pa.RecordBatch | pa.Table) -> str:
+    """``topic-partition [first, last]`` per partition in ``data`` (or "offsets unknown" when
+    the Kafka columns were dropped)."""
+    if not {"topic", "partition", "offset"} <= set(data.schema.names) or data.num_rows == 0:
+        return "offsets unknown"
+    table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+    grouped = table.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")])
+    return ", ".join(f"{r['topic']}-{r['partition']} offsets [{r['offset_min']}, {r['offset_max']}]"
+                     for r in sorted(grouped.to_pylist(), key=lambda r: (r["topic"], r["partition"])))
+
+
+class SchemaChangeError(ChandyError):
+    """A field whose type changed incompatibly within a micro-batch: the message names the
+    field, both types and the offset ranges."""
+
+
+def location(batch: pa.RecordBatch, row: int) -> str:
+    """``topic <t> partition <p> offset <o>`` of a row of a Kafka batch."""
+    return (f"topic {batch.column('topic')[row].as_py()} partition {batch.column('partition')[row].as_py()} "
+            f"offset {batch.column('offset')[row].as_py()}")
+
+
+def _parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        value = parse_json(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Bad("JsonParseError", f"invalid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise _Bad("JsonParseError", f"not a JSON object but {type(value).__name__}")
+    return value
+
+
+def to_arrow(values: list[Any], arrow_type: pa.DataType, value_format: str = "json",
+             session_time_zone: str = "UTC") -> pa.Array:
+    """``values`` (decoded JSON / Avro) as an Arrow array of ``arrow_type``, following the type
+    mapping (:mod:`chandy.connectors.type_mapping`): JSON values go through its exact, strict
+    converter; Avro values, already of their column's Python types (see
+    :func:`chandy.connectors.spark.avro.reader_schema`), through pyarrow's strict conversion.
+
+    Raises:
+        Unfit: a JSON value does not fit (``path`` says where inside the column).
+        pyarrow.ArrowException, TypeError, ValueError, OverflowError: an Avro value does not fit.
+    """
+    if value_format == "json":
+        convert = json_converter(arrow_type, session_time_zone)
+        if convert is not None:
+            values = [convert(v) for v in values]
+    return pa.array(values, arrow_type)
+
+
+def _bad_batch(batch: pa.RecordBatch, bad: dict[int, _Bad]) -> pa.RecordBatch:
+    rows = sorted(bad)
+    taken = pa.array(rows, pa.int64())
+    columns = [batch.column(c).take(taken) for c in ("key", "value", "topic", "partition", "offset", "timestamp", "headers")]
+    columns.append(pa.array([bad[r].kind for r in rows], pa.string()))
+    columns.append(pa.array([str(bad[r]) for r in rows], pa.string()))
+    return pa.RecordBatch.from_arrays(columns, schema=BAD_RECORDS_SCHEMA)
+
+
+def decode_batches(batches: Iterator[pa.RecordBatch], decoder: ValueDecoder,
+                   on_bad: Callable[[pa.RecordBatch], None], on_skipped: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
+    """Decode a stream of Kafka batches; bad records go to ``on_bad``, tombstones skipped are
+    counted with ``on_skipped``."""
+    for batch in batches:
+        decoded, bad, skipped = decoder.decode(batch)
+        if bad is not None:
+            on_bad(bad)
+        if skipped:
+            on_skipped(skipped)
+        yield decoded

@@ -1,0 +1,240 @@
+"""Flink's REST view of a job's checkpoints, folded from the public checkpoint events.
+
+:class:`JobCheckpointsView` folds :class:`~chandy.coordinator.messages.CheckpointEvent` objects (the
+``<prefix>.checkpoint-events`` topic, in order) into the JSON bodies of Flink's REST endpoints:
+
+- ``GET /jobs/:jobid/checkpoints`` (Flink's ``CheckpointingStatistics``):
+  ``{"counts": {restored, total, in_progress, completed, failed},
+  "summary": {checkpointed_size, state_size, end_to_end_duration, alignment_buffered,
+  processed_data, persisted_data}`` (each ``{min, max, avg, p50, p90, p95, p99, p999}``),
+  ``"latest": {completed, savepoint, failed, restored}, "history": [...]}`` (newest first);
+- ``GET /jobs/:jobid/checkpoints/details/:checkpointid`` (Flink's ``CheckpointStatistics``):
+  ``className``, ``id``, ``status`` (IN_PROGRESS, COMPLETED, FAILED), ``is_savepoint``,
+  ``trigger_timestamp`` and ``latest_ack_timestamp`` (ms since the epoch), ``checkpointed_size`` and
+  ``state_size`` (bytes), ``end_to_end_duration`` (ms), ``num_subtasks``,
+  ``num_acknowledged_subtasks``, ``checkpoint_type``, ``tasks``; completed ones add
+  ``external_path`` and ``discarded``, failed ones ``failure_timestamp``, ``failure_message`` and
+  Chandy's ``failure_reason`` (a ``CheckpointFailureReason`` name).
+
+Field names are Flink's. What Chandy does not measure is 0, as in Flink for a job without those
+features: ``alignment_buffered``, ``processed_data``, ``persisted_data`` (no unaligned
+checkpoints); ``checkpointed_size`` equals ``state_size`` (no incremental checkpoints).
+``tasks`` is empty (acknowledgements are not on the events topic). ``counts.restored`` and
+``latest.restored`` stay 0 and null: restores are not published as events (the coordinator's own
+``CoordinatorService.stats()`` has them). History is bounded by ``history_size`` (Flink's
+``web.checkpoints.history``, default 10 there, 100 here); counts and the summary cover every
+event seen. Pure: no Kafka here; the reader is ``coordinator.kafka.jobs_view``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Any
+
+from chandy.coordinator.messages import CheckpointEvent
+
+#: The percentiles of Flink's ``StatsSummaryDto``, as (field name, quantile).
+PERCENTILES: tuple[tuple[str, float], ...] = (
+    ("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999))
+_SUMMARY_FIELDS = ("checkpointed_size", "state_size", "end_to_end_duration", "alignment_buffered",
+                   "processed_data", "persisted_data")
+_SAMPLE_LIMIT = 10_000  # Flink's StatsSummary keeps a bounded histogram window too
+
+
+def quantile(ordered: list[int], q: float) -> float:
+    """The ``q`` quantile (0 < q < 1) of an ascending list, by the nearest-rank method; 0.0 if empty."""
+    if not ordered:
+        return 0.0
+    rank = max(1, math.ceil(q * len(ordered)))
+    return float(ordered[min(rank, len(ordered)) - 1])
+
+
+def summary(values: list[int]) -> dict[str, float]:
+    """Flink's ``StatsSummaryDto``: ``{min, max, avg, p50, p90, p95, p99, p999}`` of ``values``
+    (all 0 when there are none, as Flink reports an empty summary)."""
+    ordered = sorted(values)
+    result: dict[str, float] = {"min": 0, "max": 0, "avg": 0}
+    if ordered:
+        result = {"min": ordered[0], "max": ordered[-1], "avg": round(sum(ordered) / len(ordered))}
+    for name, q in PERCENTILES:
+        result[name] = quantile(ordered, q)
+    return result
+
+
+def job_status(latest_status_change: tuple[int, str] | None, epoch: int) -> str:
+    """A job's status from its public events: the latest ``JOB_STATUS_CHANGED`` as ``(epoch,
+    status)`` and the newest coordinator epoch seen in any event. The status holds while no
+    later epoch has spoken; an event of a later epoch means a coordinator started since (a restart
+    after SUSPENDED, a new run): RUNNING, as Flink reports a recovered job. With no status change
+    at all, RUNNING (a coordinator publishes only the statuses that end or suspend a job)."""
+    if latest_status_change is not None and latest_status_change[0] >= epoch:
+        return latest_status_change[1]
+    return "RUNNING"
+
+
+@dataclasses.dataclass
+class _Checkpoint:
+    checkpoint_id: int
+    checkpoint_type: str
+    trigger_timestamp: int
+    num_subtasks: int = 0
+    status: str = "IN_PROGRESS"
+    num_acknowledged: int = 0
+    latest_ack_timestamp: int = -1
+    end_to_end_duration: int = 0
+    state_size: int = 0
+    external_path: str | None = None
+    failure_timestamp: int | None = None
+    failure_reason: str | None = None
+    failure_message: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "className": {"IN_PROGRESS": "in_progress", "COMPLETED": "completed", "FAILED": "failed"}[self.status],
+            "id": self.checkpoint_id,
+            "status": self.status,
+            "is_savepoint": self.checkpoint_type != "CHECKPOINT",
+            "savepointFormat": "CANONICAL" if self.checkpoint_type != "CHECKPOINT" else None,
+            "trigger_timestamp": self.trigger_timestamp,
+            "latest_ack_timestamp": self.latest_ack_timestamp,
+            "checkpointed_size": self.state_size,
+            "state_size": self.state_size,
+            "end_to_end_duration": self.end_to_end_duration,
+            "alignment_buffered": 0,
+            "processed_data": 0,
+            "persisted_data": 0,
+            "num_subtasks": self.num_subtasks,
+            "num_acknowledged_subtasks": self.num_acknowledged,
+            "checkpoint_type": {"CHECKPOINT": "CHECKPOINT", "SAVEPOINT": "SAVEPOINT",
+                                "SAVEPOINT_TERMINATE": "SYNC_SAVEPOINT"}.get(self.checkpoint_type, self.checkpoint_type),
+            "tasks": {},
+        }
+        if self.status == "COMPLETED":
+            body["external_path"] = self.external_path
+            body["discarded"] = False
+        elif self.status == "FAILED":
+            body["failure_timestamp"] = self.failure_timestamp
+            body["failure_message"] = self.failure_message
+            body["failure_reason"] = self.failure_reason
+        return body
+
+
+class JobCheckpointsView:
+    """One job's checkpoint statistics in Flink's REST shape, folded from its checkpoint events
+    (Flink's ``CheckpointStatsTracker`` fed from the events topic instead of the coordinator).
+
+    Not thread-safe: one thread applies events; readers copy with :meth:`checkpointing_statistics`
+    and :meth:`checkpoint_details` under the caller's lock.
+    """
+
+    def __init__(self, job_id: str, history_size: int = 100) -> None:
+        self.job_id = job_id
+        self.history_size = history_size
+        self.history: collections.OrderedDict[int, _Checkpoint] = collections.OrderedDict()
+        self.counts = {"restored": 0, "total": 0, "completed": 0, "failed": 0}
+        self._durations: collections.deque[int] = collections.deque(maxlen=_SAMPLE_LIMIT)
+        self._sizes: collections.deque[int] = collections.deque(maxlen=_SAMPLE_LIMIT)
+        self._latest: dict[str, _Checkpoint | None] = {"completed": None, "savepoint": None, "failed": None}
+        self.last_event_timestamp: int | None = None
+        self.epoch = 0
+        self._status: tuple[int, str] | None = None  # (epoch, status) of the latest JOB_STATUS_CHANGED
+
+    def apply(self, event: CheckpointEvent) -> None:
+        """Fold one event: TRIGGERED adds an IN_PROGRESS checkpoint; COMPLETED and
+        SAVEPOINT_COMPLETED complete it; ABORTED and SAVEPOINT_FAILED fail it. A completion or
+        failure whose trigger was not seen (history read from the middle) is added as such.
+        JOB_STATUS_CHANGED (a job that finished, failed, was canceled or suspended) sets the
+        status. Other event types (UNKNOWN to this version) are ignored."""
+        if event.job_id != self.job_id:
+            raise ValueError(f"event of job {event.job_id} applied to the view of job {self.job_id}")
+        self.last_event_timestamp = event.timestamp
+        self.epoch = max(self.epoch, event.epoch)
+        kind = event.event_type
+        if kind == "JOB_STATUS_CHANGED" and event.job_status:
+            self._status = (event.epoch, str(event.job_status))
+            return
+        if kind not in ("TRIGGERED", "COMPLETED", "SAVEPOINT_COMPLETED", "ABORTED", "SAVEPOINT_FAILED"):
+            return
+        checkpoint = self.history.get(event.checkpoint_id)
+        if checkpoint is None:
+            checkpoint = _Checkpoint(event.checkpoint_id, str(event.checkpoint_type), event.trigger_timestamp,
+                                     event.num_subtasks)
+            self.history[event.checkpoint_id] = checkpoint
+            self.counts["total"] += 1
+            while len(self.history) > self.history_size:
+                self.history.popitem(last=False)
+        elif checkpoint.status != "IN_PROGRESS":
+            return  # a repeated terminal event (at-least-once readers) counts once
+        checkpoint.num_subtasks = event.num_subtasks or checkpoint.num_subtasks
+        checkpoint.num_acknowledged = event.num_acknowledged
+        if kind == "TRIGGERED":
+            return
+        checkpoint.end_to_end_duration = (event.end_to_end_duration_ms if event.end_to_end_duration_ms is not None
+                                          else event.timestamp - event.trigger_timestamp)
+        checkpoint.state_size = event.state_size
+        if kind in ("COMPLETED", "SAVEPOINT_COMPLETED"):
+            checkpoint.status = "COMPLETED"
+            checkpoint.latest_ack_timestamp = event.timestamp
+            checkpoint.external_path = event.external_pointer
+            self.counts["completed"] += 1
+            self._durations.append(checkpoint.end_to_end_duration)
+            self._sizes.append(checkpoint.state_size)
+            self._latest["savepoint" if checkpoint.checkpoint_type != "CHECKPOINT" else "completed"] = checkpoint
+        else:
+            checkpoint.status = "FAILED"
+            checkpoint.failure_timestamp = event.timestamp
+            checkpoint.failure_reason = None if event.failure_reason is None else str(event.failure_reason)
+            checkpoint.failure_message = event.failure_message or checkpoint.failure_reason
+            self.counts["failed"] += 1
+            self._latest["failed"] = checkpoint
+
+    @property
+    def in_progress(self) -> int:
+        """Checkpoints triggered and neither completed nor failed (within the history)."""
+        return sum(1 for c in self.history.values() if c.status == "IN_PROGRESS")
+
+    def checkpointing_statistics(self) -> dict[str, Any]:
+        """The body of ``GET /jobs/:jobid/checkpoints`` (see the module docstring)."""
+        durations, sizes = list(self._durations), list(self._sizes)
+        summaries = {name: summary([]) for name in _SUMMARY_FIELDS}
+        summaries["end_to_end_duration"] = summary(durations)
+        summaries["state_size"] = summaries["checkpointed_size"] = summary(sizes)
+        return {
+            "counts": {"restored": self.counts["restored"], "total": self.counts["total"],
+                       "in_progress": self.in_progress, "completed": self.counts["completed"],
+                       "failed": self.counts["failed"]},
+            "summary": summaries,
+            "latest": {
+                "completed": self._json(self._latest["completed"]),
+                "savepoint": self._json(self._latest["savepoint"]),
+                "failed": self._json(self._latest["failed"]),
+                "restored": None,
+            },
+            "history": [c.to_json() for c in reversed(self.history.values())],
+        }
+
+    def checkpoint_details(self, checkpoint_id: int) -> dict[str, Any] | None:
+        """The body of ``GET /jobs/:jobid/checkpoints/details/:checkpointid``, or None when the
+        checkpoint is unknown or has left the history (Flink answers 404 then)."""
+        checkpoint = self.history.get(checkpoint_id)
+        return None if checkpoint is None else checkpoint.to_json()
+
+    @property
+    def status(self) -> str:
+        """Flink's job status as far as the events tell: the latest ``JOB_STATUS_CHANGED`` of the
+        current coordinator epoch (FINISHED, FAILED, CANCELED, SUSPENDED, ...), else RUNNING (a
+        coordinator publishes only the statuses that end or suspend a job; one killed without a
+        word still reads RUNNING)."""
+        return job_status(self._status, self.epoch)
+
+    def overview(self) -> dict[str, Any]:
+        """One row of ``GET /jobs`` (Flink's ``{"id", "status"}`` and more):
+        ``{"id", "status", "epoch", "last_event_timestamp", "counts"}``."""
+        return {"id": self.job_id, "status": self.status, "epoch": self.epoch,
+                "last_event_timestamp": self.last_event_timestamp, "counts": self.checkpointing_statistics()["counts"]}
+
+    @staticmethod
+    def _json(checkpoint: _Checkpoint | None) -> dict[str, Any] | None:
+        return None if checkpoint is None else checkpoint.to_json()

@@ -1,0 +1,255 @@
+"""The worker side: what a process taking part in checkpoints uses (one subtask attempt).
+
+A :class:`CheckpointParticipant` reads ``<prefix>.control`` (read_committed) for its job and:
+
+- on TriggerCheckpoint: calls ``snapshot(checkpoint_id, trigger)``, which returns the attempt's
+  state handles, and acknowledges with them; if ``snapshot`` raises, it declines with
+  CHECKPOINT_DECLINED (or the reason of a raised :class:`CheckpointException`);
+- on NotifyCheckpointComplete / NotifyCheckpointAborted: calls ``on_complete`` / ``on_aborted``
+  (subsuming contract: "N complete" covers every checkpoint up to N);
+- on an OperatorEvent addressed to its (operator, subtask, attempt): calls ``on_event``;
+- drops every control message from a coordinator epoch older than the newest it has seen.
+
+It reports ``SubtaskAttemptReady`` when started and ``SubtaskAttemptFailed`` on :meth:`fail`,
+and sends operator events to its coordinator with :meth:`send_event`. Callbacks run on the
+participant's thread, one at a time, in control-topic order.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.topics import ChandyTopics, TopicError, watermark_offsets
+from chandy.coordinator.messages import (
+    MESSAGE_TYPES,
+    AcknowledgeCheckpoint,
+    CheckpointMetrics,
+    DeclineCheckpoint,
+    NotifyCheckpointAborted,
+    NotifyCheckpointComplete,
+    OperatorEventMessage,
+    StateHandle,
+    SubtaskAttemptFailed,
+    SubtaskAttemptReady,
+    TriggerCheckpoint,
+)
+from chandy.coordinator.operator_coordinator import OperatorEvent
+from chandy.schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
+
+log = logging.getLogger(__name__)
+
+Snapshot = Callable[[int, TriggerCheckpoint], Iterable[StateHandle]]
+
+
+class AckSender:
+    """Sends a subtask attempt's acknowledgements, declines and reports to ``<prefix>.acks``
+    without reading the control topic: for workers that learn of a checkpoint some other way
+    (a Spark task is handed its checkpoint ID by the driver). Keyed by job ID, like every Chandy message."""
+
+    def __init__(self, bootstrap_servers: str, job_id: str, *, prefix: str = "chandy", codec: Codec | None = None,
+                 producer_overrides: dict[str, Any] | None = None) -> None:
+        self.job_id = job_id
+        self.topic = ChandyTopics(prefix).acks
+        self.codec = codec or SingleObjectCodec()
+        self._key = job_id.encode()
+        self.producer = kafka_config.producer(bootstrap_servers, overrides=producer_overrides)
+
+    def send(self, message: Any, timeout_s: float = 30.0) -> None:
+        """Produce one message and wait until the broker has it.
+
+        Raises:
+            ChandyError: the message was not delivered within ``timeout_s`` seconds, or the
+                broker refused it (the message says why, e.g. an authorization error).
+        """
+        errors: list[Any] = []
+        self.producer.produce(self.topic, self.codec.encode(message.SCHEMA, message.to_avro(), topic=self.topic),
+                              self._key, on_delivery=lambda error, _: errors.append(error))
+        if self.producer.flush(timeout_s) > 0:
+            raise ChandyError(f"{type(message).__name__} for job {self.job_id} not delivered within {timeout_s} s")
+        if errors and errors[0] is not None:  # e.g. TOPIC_AUTHORIZATION_FAILED: this principal may not write acks
+            raise ChandyError(f"{type(message).__name__} for job {self.job_id} not delivered to {self.topic}: "
+                              f"{errors[0].str()}")
+
+    def acknowledge(self, epoch: int, checkpoint_id: int, operator_id: str, subtask_index: int, attempt_number: int,
+                    handles: Iterable[StateHandle], metrics: CheckpointMetrics | None = None) -> None:
+        """Acknowledge checkpoint ``checkpoint_id`` of coordinator ``epoch`` with ``handles``."""
+        self.send(AcknowledgeCheckpoint(self.job_id, epoch, checkpoint_id, operator_id, subtask_index, attempt_number,
+                                        tuple(handles), metrics or CheckpointMetrics(), int(time.time() * 1000)))
+
+    def decline(self, epoch: int, checkpoint_id: int, operator_id: str, subtask_index: int, attempt_number: int,
+                reason: CheckpointFailureReason, message: str) -> None:
+        """Decline checkpoint ``checkpoint_id``: it aborts."""
+        self.send(DeclineCheckpoint(self.job_id, epoch, checkpoint_id, operator_id, subtask_index, attempt_number,
+                                    reason.value, message, int(time.time() * 1000)))
+
+    def close(self) -> None:
+        self.producer.flush(10)
+
+
+class CheckpointParticipant:
+    """One subtask attempt's side of the checkpoint protocol (see the module docstring).
+
+    Args:
+        bootstrap_servers: Kafka ``bootstrap.servers``.
+        job_id, operator_id, subtask_index, attempt_number: who this attempt is.
+        snapshot: takes (checkpoint ID, trigger) and returns state handles; may block (it runs
+            on the participant's thread; control messages wait behind it).
+        on_complete, on_aborted: checkpoint notifications (checkpoint ID).
+        on_event: operator events from the coordinator.
+        prefix: topic prefix; codec: wire format (default single-object encoding).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        job_id: str,
+        operator_id: str,
+        subtask_index: int,
+        attempt_number: int = 0,
+        *,
+        snapshot: Snapshot | None = None,
+        on_complete: Callable[[int], None] | None = None,
+        on_aborted: Callable[[int], None] | None = None,
+        on_event: Callable[[OperatorEvent], None] | None = None,
+        prefix: str = "chandy",
+        codec: Codec | None = None,
+        consumer_overrides: dict[str, Any] | None = None,
+        producer_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.operator_id = operator_id
+        self.subtask_index = subtask_index
+        self.attempt_number = attempt_number
+        self.snapshot = snapshot or (lambda checkpoint_id, trigger: ())
+        self.on_complete = on_complete
+        self.on_aborted = on_aborted
+        self.on_event = on_event
+        self.topics = ChandyTopics(prefix)
+        self.codec = codec or SingleObjectCodec()
+        self.max_epoch = 0
+        self.dropped_stale = 0
+        self.bad_messages = 0
+        self._key = job_id.encode()
+        self.sender = AckSender(bootstrap_servers, job_id, prefix=prefix, codec=self.codec,
+                                producer_overrides=producer_overrides)
+        self.consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 10,
+                                                                             **(consumer_overrides or {})})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"chandy-participant-{operator_id}-{subtask_index}", daemon=True)
+
+    def _now(self) -> int:
+        return int(time.time() * 1000)
+
+    def _send(self, message: Any) -> None:
+        self.sender.send(message)
+
+    def start(self, timeout_s: float = 30.0) -> CheckpointParticipant:
+        """Read the control topic from its current end, then report this attempt ready."""
+        metadata = self.consumer.list_topics(self.topics.control, timeout=timeout_s)
+        topic = metadata.topics.get(self.topics.control)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise TopicError(f"control topic {self.topics.control} does not exist (start the coordinator first, "
+                             "or create the topics with `chandy topics ensure`)")
+        assignment = []
+        for p in sorted(metadata.topics[self.topics.control].partitions):
+            _, high = watermark_offsets(self.consumer, TopicPartition(self.topics.control, p), timeout_s)
+            assignment.append(TopicPartition(self.topics.control, p, high))
+        self.consumer.assign(assignment)
+        self._thread.start()
+        self._send(SubtaskAttemptReady(self.job_id, self.operator_id, self.subtask_index, self.attempt_number,
+                                       socket.gethostname(), self._now()))
+        return self
+
+    def send_event(self, event: OperatorEvent) -> None:
+        """Send an operator event to this operator's coordinator."""
+        self._send(OperatorEventMessage(self.job_id, self.max_epoch, self.operator_id, self.subtask_index,
+                                        self.attempt_number, event.event_type, event.payload, self._now()))
+
+    def fail(self, reason: str) -> None:
+        """Report this attempt failed (the coordinator resets the subtask) and stop."""
+        self._send(SubtaskAttemptFailed(self.job_id, self.operator_id, self.subtask_index, self.attempt_number,
+                                        reason, self._now()))
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(10)
+        self.consumer.close()
+        self.sender.close()
+
+    # -- the control loop --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            polled = self.consumer.poll(0.1)
+            # poll, not consume(n): consume waits for its whole timeout unless n messages arrive
+            for message in () if polled is None else (polled,):
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("control consumer: %s", error)
+                    continue
+                if message.key() != self._key:
+                    continue
+                try:
+                    decoded = self.codec.decode(message.value(), location_of(message))
+                    cls = MESSAGE_TYPES.get(decoded.name)
+                    if cls is None:
+                        raise WireFormatError(f"{decoded.name} is not a control message", location_of(message))
+                    self._handle(cls.from_avro(decoded.value))
+                except Exception as exc:  # noqa: BLE001 - one bad message (or callback) must not stop the loop
+                    self.bad_messages += 1
+                    log.warning("skipping a control message that failed: %s", exc)
+
+    def _handle(self, message: Any) -> None:
+        epoch = getattr(message, "epoch", None)
+        if epoch is not None:
+            if epoch < self.max_epoch:
+                self.dropped_stale += 1
+                log.info("dropping %s of epoch %d (newest seen %d)", type(message).__name__, epoch, self.max_epoch)
+                return
+            self.max_epoch = epoch
+        if isinstance(message, TriggerCheckpoint):
+            if message.operator_ids and self.operator_id not in message.operator_ids:
+                return
+            self._take_checkpoint(message)
+        elif isinstance(message, NotifyCheckpointComplete):
+            if self.on_complete is not None:
+                self.on_complete(message.checkpoint_id)
+        elif isinstance(message, NotifyCheckpointAborted):
+            if self.on_aborted is not None:
+                self.on_aborted(message.checkpoint_id)
+        elif isinstance(message, OperatorEventMessage):
+            if (message.operator_id, message.subtask_index, message.attempt_number) == (
+                    self.operator_id, self.subtask_index, self.attempt_number) and self.on_event is not None:
+                self.on_event(OperatorEvent(message.event_type, message.payload))
+
+    def _take_checkpoint(self, trigger: TriggerCheckpoint) -> None:
+        start = time.monotonic()
+        try:
+            handles = tuple(self.snapshot(trigger.checkpoint_id, trigger))
+        except CheckpointException as exc:
+            self._decline(trigger, exc.reason, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure of the snapshot declines
+            self._decline(trigger, CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}")
+            return
+        took = int((time.monotonic() - start) * 1000)
+        size = sum(h.state_size for h in handles)
+        self.sender.acknowledge(trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
+                                self.attempt_number, handles, CheckpointMetrics(sync_duration_ms=took, bytes_persisted=size))
+
+    def _decline(self, trigger: TriggerCheckpoint, reason: CheckpointFailureReason, message: str) -> None:
+        self.sender.decline(trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
+                            self.attempt_number, reason, message)

@@ -1,0 +1,682 @@
+"""Control requests over Kafka: trigger a checkpoint or a savepoint, stop with a savepoint, cancel;
+and the election of a job's leader coordinator, so that a standby can take over.
+
+What Flink's REST API and JobManager high availability do, with Kafka as the only server:
+
+- **Requests** are :class:`ControlRequest` Avro messages on ``<prefix>.requests`` (one
+  partition), keyed by job ID. Each carries a ``request_id``; the coordinator answers on the
+  public ``<prefix>.checkpoint-events`` topic with :class:`~chandy.coordinator.messages.CheckpointEvent`
+  of type ``REQUEST_ACCEPTED``, then ``REQUEST_COMPLETED`` (with the savepoint pointer) or
+  ``REQUEST_FAILED`` (with the reason), carrying the same ``request_id``.
+- **At most once.** Before a request is applied, a :class:`RequestRecord` (log kind ``request``,
+  entity the request ID) with status ACCEPTED is committed to the coordinator log; its outcome is
+  committed later with the answer, in one transaction. A request sent twice is answered again
+  from the log, never applied twice; a request that was ACCEPTED by a coordinator that died
+  before its outcome is answered FAILED by the next one (never re-applied). A request past its
+  ``deadline`` (the sender's timeout) is skipped unapplied, so one sent while no coordinator ran
+  does not fire later, and a new leader that reads the topic again from its last committed
+  position applies nothing old.
+- **Election** (:class:`LeaderElection`), as Kafka Connect's distributed herder uses a consumer
+  group: every coordinator process of a job joins the consumer group
+  ``<prefix>-coordinator-<job id>`` on the single-partition requests topic with the
+  ``cooperative-sticky`` assignor; the member that owns the partition is the leader and the only
+  one that reads requests. When the leader dies, its session times out (``session.timeout.ms``,
+  3 s by default here), the partition moves to a standby, which then starts its coordinator; the
+  transactional ``init_transactions`` of that start fences whatever is left of the old leader, so
+  two coordinators never both write, whatever the election says.
+
+The client side (:func:`send_request`) is what ``chandy checkpoint trigger``, ``chandy savepoint
+trigger``, ``chandy job stop`` and ``chandy job cancel`` call.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import enum
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from chandy.coordinator.checkpoint_view import job_status
+from chandy.coordinator.environment import Batch
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.topics import ChandyTopics, watermark_offsets
+from chandy.coordinator.messages import CheckpointEvent
+from chandy.coordinator.records import (
+    CheckpointRecord,
+    CheckpointType,
+    JobStatus,
+    LogRecordBase,
+    Tombstone,
+    register_record_kind,
+)
+from chandy.coordinator.serde import AvroMapped
+from chandy.schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
+
+log = logging.getLogger(__name__)
+
+#: The session timeout (ms) of the election group: how long a dead leader keeps the partition.
+ELECTION_SESSION_TIMEOUT_MS = 3000
+#: Default time (ms) a request stays applicable after it was sent.
+DEFAULT_REQUEST_TIMEOUT_MS = 60_000
+
+
+class RequestError(ChandyError):
+    """A control request could not be sent, was refused, failed, or got no answer in time."""
+
+
+class JobNotRunningError(RequestError):
+    """No coordinator of the job is running (its election group has no member)."""
+
+
+class RequestTimeoutError(RequestError):
+    """No answer to a control request within the timeout."""
+
+
+class ControlRequestType(str, enum.Enum):
+    """What a request asks (the ``chandy.v1.ControlRequestType`` Avro enum)."""
+
+    UNKNOWN = "UNKNOWN"
+    TRIGGER_CHECKPOINT = "TRIGGER_CHECKPOINT"
+    TRIGGER_SAVEPOINT = "TRIGGER_SAVEPOINT"
+    STOP_WITH_SAVEPOINT = "STOP_WITH_SAVEPOINT"
+    CANCEL = "CANCEL"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def checkpoint_type(self) -> CheckpointType:
+        """The type of the checkpoint the request takes (CHECKPOINT for cancel: none)."""
+        return {ControlRequestType.TRIGGER_SAVEPOINT: CheckpointType.SAVEPOINT,
+                ControlRequestType.STOP_WITH_SAVEPOINT: CheckpointType.SAVEPOINT_TERMINATE}.get(
+                    self, CheckpointType.CHECKPOINT)
+
+
+class RequestStatus(str, enum.Enum):
+    """A request's outcome in the log (the ``chandy.v1.RequestStatus`` Avro enum)."""
+
+    ACCEPTED = "ACCEPTED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlRequest(AvroMapped):
+    """One request (``chandy.v1.ControlRequest``); times in ms since the Unix epoch."""
+
+    SCHEMA: ClassVar[str] = "chandy.v1.ControlRequest"
+    RECORD_VERSION: ClassVar[int] = 1
+
+    request_id: str
+    job_id: str
+    request_type: ControlRequestType
+    target_directory: str | None = None
+    savepoint_format: str | None = None
+    drain: bool = False
+    timestamp: int = 0
+    deadline: int = 0
+    requester: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "request_type", ControlRequestType(self.request_type))
+        except ValueError:
+            object.__setattr__(self, "request_type", ControlRequestType.UNKNOWN)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestRecord(LogRecordBase):
+    """A request the coordinator accepted, and later its outcome (log kind ``request``)."""
+
+    SCHEMA: ClassVar[str] = "chandy.v1.RequestRecord"
+    KIND: ClassVar[str] = "request"
+
+    job_id: str
+    request_id: str
+    request_type: ControlRequestType
+    status: RequestStatus
+    epoch: int
+    checkpoint_id: int | None = None
+    external_pointer: str | None = None
+    failure_message: str | None = None
+    timestamp: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "request_type", ControlRequestType(self.request_type))
+        object.__setattr__(self, "status", RequestStatus(self.status))
+
+    @property
+    def entity_id(self) -> str:
+        return self.request_id
+
+
+def _describe(r: RequestRecord) -> dict[str, Any]:
+    return {"event": f"request_{r.status.value.lower()}", "request_id": r.request_id,
+            "request_type": r.request_type.value, "checkpoint_id": r.checkpoint_id,
+            "external_pointer": r.external_pointer, "message": r.failure_message}
+
+
+register_record_kind(RequestRecord, describe=_describe)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestOutcome:
+    """What applying a request produced: the checkpoint it took (if any) and its pointer."""
+
+    checkpoint_id: int | None = None
+    external_pointer: str | None = None
+
+
+RequestExecutor = Callable[[ControlRequest], "concurrent.futures.Future[RequestOutcome]"]
+"""Applies an accepted request on the coordinator's mailbox thread and returns a future of its
+outcome (an exception: the request failed, its message is the reason)."""
+
+
+def outcome_of(result: Any) -> RequestOutcome:
+    """A :class:`RequestOutcome` from what a checkpoint future gives (a CheckpointRecord)."""
+    if isinstance(result, CheckpointRecord):
+        return RequestOutcome(result.checkpoint_id, result.external_pointer)
+    if isinstance(result, RequestOutcome):
+        return result
+    return RequestOutcome()
+
+
+def election_group(prefix: str, job_id: str) -> str:
+    """The consumer group whose single active member is the job's leader coordinator."""
+    return f"{prefix}-coordinator-{job_id}"
+
+
+# -- the coordinator side ---------------------------------------------------------------------------
+class LeaderElection:
+    """Membership of the job's election group; the owner of the requests partition leads.
+
+    A thread polls the group's consumer (heartbeats, rebalances) and hands every request of the
+    job to :attr:`on_request` once set (requests that arrive before are kept in order). Read
+    :attr:`is_leader`; :meth:`wait_until_leader` blocks a standby until it leads.
+
+    Args:
+        bootstrap_servers: Kafka ``bootstrap.servers``.
+        topics: the job's topics (the requests topic is ``topics.requests``).
+        job_id: the job.
+        consumer_overrides: librdkafka settings under their own names (``session.timeout.ms``
+            defaults to :data:`ELECTION_SESSION_TIMEOUT_MS`; the broker's
+            ``group.min.session.timeout.ms`` must allow it).
+    """
+
+    def __init__(self, bootstrap_servers: str, topics: ChandyTopics, job_id: str, *,
+                 consumer_overrides: Mapping[str, Any] | None = None, codec: Codec | None = None) -> None:
+        self.topics = topics
+        self.job_id = job_id
+        self.group_id = election_group(topics.prefix, job_id)
+        self.codec = codec or SingleObjectCodec()
+        overrides = {"partition.assignment.strategy": "cooperative-sticky",
+                     "session.timeout.ms": ELECTION_SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 300,
+                     # earliest: a request sent before this member owned the partition is still read;
+                     # old ones are past their deadline and skipped
+                     "auto.offset.reset": "earliest", "enable.auto.commit": True, "enable.auto.offset.store": False,
+                     "enable.partition.eof": False, **(consumer_overrides or {})}
+        self.consumer = kafka_config.consumer(bootstrap_servers, group_id=self.group_id, overrides=overrides)
+        self.is_leader = threading.Event()
+        self.joined = threading.Event()  # a member of the group (its first rebalance is done)
+        self.on_request: Callable[[ControlRequest], None] | None = None
+        self.on_lost: Callable[[], None] | None = None
+        self.became_leader_at: float | None = None
+        self.bad_requests = 0
+        self._backlog: list[ControlRequest] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"chandy-election-{job_id[:8]}", daemon=True)
+
+    def join(self) -> LeaderElection:
+        """Join the group (non-blocking); returns self."""
+        self.consumer.subscribe([self.topics.requests], on_assign=self._assigned, on_revoke=self._revoked,
+                                on_lost=self._revoked)
+        self._thread.start()
+        return self
+
+    def wait_until_leader(self, timeout_s: float | None = None, stop: threading.Event | None = None) -> bool:
+        """Block until this member leads (True), ``timeout_s`` passes or ``stop`` is set (False)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.is_leader.wait(0.1):
+            if (stop is not None and stop.is_set()) or self._stop.is_set():
+                return False
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
+
+    def attach(self, handler: Callable[[ControlRequest], None]) -> None:
+        """Deliver requests to ``handler`` from now on, the ones already received first."""
+        with self._lock:
+            self.on_request = handler
+            backlog, self._backlog = self._backlog, []
+        for request in backlog:
+            handler(request)
+
+    def close(self) -> None:
+        """Leave the group (a standby then takes over at once, without waiting for a timeout)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        try:
+            self.consumer.close()
+        except Exception as exc:  # noqa: BLE001 - closing is best effort; the session then times out
+            log.debug("closing the election consumer: %s", exc)
+
+    def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self.joined.set()
+        if partitions and not self.is_leader.is_set():
+            self.became_leader_at = time.monotonic()
+            log.info("job %s: this process leads (group %s)", self.job_id, self.group_id)
+            self.is_leader.set()
+
+    def _revoked(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        if partitions and self.is_leader.is_set() and self._stop.is_set():
+            self.is_leader.clear()  # leaving the group on close: a standby leads next
+            log.info("job %s: left group %s", self.job_id, self.group_id)
+        elif partitions and self.is_leader.is_set():
+            log.warning("job %s: leadership lost (group %s); a newer coordinator fences this one", self.job_id,
+                        self.group_id)
+            self.is_leader.clear()
+            if self.on_lost is not None:
+                self.on_lost()
+
+    def _run(self) -> None:
+        key = self.job_id.encode()
+        while not self._stop.is_set():
+            try:
+                message = self.consumer.poll(0.2)
+            except Exception as exc:  # noqa: BLE001 - a closed consumer ends the loop; anything else is logged
+                if self._stop.is_set():
+                    return
+                log.warning("election consumer: %s", exc)
+                continue
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("election consumer: %s", error)
+                continue
+            try:
+                if message.key() == key:
+                    self._deliver(message)
+                self.consumer.store_offsets(message)
+            except Exception as exc:  # noqa: BLE001 - the election thread must outlive one bad message or a closed mailbox
+                log.warning("election consumer: a request at %s was not handed over: %s", location_of(message), exc)
+
+    def _deliver(self, message: Message) -> None:
+        try:
+            decoded = self.codec.decode(message.value(), location_of(message))
+            if decoded.name != ControlRequest.SCHEMA:
+                raise WireFormatError(f"{decoded.name} is not a control request", location_of(message))
+            request = ControlRequest.from_avro(decoded.value)
+        except (WireFormatError, TypeError, KeyError, ValueError) as exc:
+            self.bad_requests += 1
+            log.warning("skipping a bad control request: %s", exc)
+            return
+        with self._lock:
+            handler = self.on_request
+            if handler is None:
+                self._backlog.append(request)
+                return
+        handler(request)
+
+
+#: default retention of a request's record in the coordinator log (ms): 24 h
+REQUEST_RETENTION_MS = 24 * 60 * 60 * 1000
+
+
+class RequestHandler:
+    """Applies requests at most once on a running coordinator (see the module docstring).
+
+    Args:
+        coordinator: the job's :class:`~chandy.coordinator.checkpoint_coordinator.CheckpointCoordinator`.
+        execute_on_mailbox: runs a callable on the coordinator's mailbox thread.
+        executor: applies an accepted request (default :func:`default_executor`).
+        retention_ms: how long a request's record stays in the log after its last change (ms,
+            default 24 h). A request sent again within this time is answered from its record; one
+            sent again later is a new request, unless its deadline has passed (then it is skipped
+            as expired), so only a sender whose timeout exceeds this could see it applied twice.
+            Each outcome written tombstones the records past their retention, so the log keeps
+            the requests of the last ``retention_ms`` only (as Kafka expires idle transactional
+            IDs after ``transactional.id.expiration.ms``).
+    """
+
+    def __init__(self, coordinator: Any, execute_on_mailbox: Callable[[Callable[[], None]], None],
+                 executor: RequestExecutor | None = None, *, retention_ms: int = REQUEST_RETENTION_MS) -> None:
+        self.coordinator = coordinator
+        self.execute_on_mailbox = execute_on_mailbox
+        self.executor = executor or default_executor(coordinator)
+        self.retention_ms = retention_ms
+        self.in_flight: set[str] = set()
+        self.applied = 0
+        self.answered_again = 0
+        self.expired = 0
+
+    def submit(self, request: ControlRequest) -> None:
+        """Hand ``request`` to the mailbox (any thread)."""
+        self.execute_on_mailbox(lambda: self._on_request(request))
+
+    # mailbox thread from here on
+    def _on_request(self, request: ControlRequest) -> None:
+        cc = self.coordinator
+        now = cc.env.now_ms()
+        if request.deadline and now > request.deadline:
+            # nobody waits for an answer any more (the client gave up at the deadline): not applied,
+            # not answered, not recorded. This is also every old request a new leader reads again.
+            self.expired += 1
+            log.info("request %s (%s) expired %d ms ago: not applied", request.request_id, request.request_type.value,
+                     now - request.deadline)
+            return
+        known = cc.state.records_of(RequestRecord.KIND).get(request.request_id)
+        if known is not None:
+            self._answer_known(request, known, now)
+            return
+        refusal = self._refusal(request, now)
+        if refusal is not None:
+            self._finish(request, None, refusal)
+            return
+        accepted = RequestRecord(cc.job_id, request.request_id, request.request_type, RequestStatus.ACCEPTED,
+                                 cc.state.epoch, timestamp=now)
+        self.in_flight.add(request.request_id)
+        cc.commit_batch(Batch(records=[accepted], events=[self._event(request, "REQUEST_ACCEPTED", now)]),
+                        lambda: self._apply(request))
+
+    def _refusal(self, request: ControlRequest, now: int) -> str | None:
+        cc = self.coordinator
+        if request.request_type is ControlRequestType.UNKNOWN:
+            return "unknown request type (sent by a newer Chandy?)"
+        if request.savepoint_format not in (None, "CANONICAL"):
+            return f"savepoint format {request.savepoint_format} is not supported (Chandy writes CANONICAL only)"
+        if cc.state.job_status is not JobStatus.RUNNING:
+            return f"job {cc.job_id} is {cc.state.job_status.value}, not RUNNING"
+        return None
+
+    def _answer_known(self, request: ControlRequest, known: RequestRecord, now: int) -> None:
+        self.answered_again += 1
+        if known.status is RequestStatus.ACCEPTED:
+            if request.request_id in self.in_flight:
+                log.info("request %s sent again while in progress: applied once", request.request_id)
+                return
+            # accepted by an earlier coordinator that stopped before its outcome: never applied again
+            self._finish(request, None, f"interrupted: the coordinator of epoch {known.epoch} stopped while "
+                                        "applying it; it is not applied again")
+            return
+        event_type = "REQUEST_COMPLETED" if known.status is RequestStatus.COMPLETED else "REQUEST_FAILED"
+        cc = self.coordinator
+        cc.commit_batch(Batch(events=[self._event(request, event_type, now, checkpoint_id=known.checkpoint_id,
+                                                  external_pointer=known.external_pointer,
+                                                  failure_message=known.failure_message)]))
+
+    def _apply(self, request: ControlRequest) -> None:
+        try:
+            future = self.executor(request)
+        except Exception as exc:  # noqa: BLE001 - any failure to apply is the request's answer
+            self._finish(request, None, f"{type(exc).__name__}: {exc}")
+            return
+        self.applied += 1
+
+        def done(f: concurrent.futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                message = str(exc) or type(exc).__name__
+                self.execute_on_mailbox(lambda: self._finish(request, None, message))
+            else:
+                outcome = outcome_of(f.result())
+                self.execute_on_mailbox(lambda: self._finish(request, outcome, None))
+
+        future.add_done_callback(done)
+
+    def _finish(self, request: ControlRequest, outcome: RequestOutcome | None, failure: str | None) -> None:
+        cc = self.coordinator
+        now = cc.env.now_ms()
+        self.in_flight.discard(request.request_id)
+        status = RequestStatus.FAILED if failure is not None else RequestStatus.COMPLETED
+        checkpoint_id = outcome.checkpoint_id if outcome is not None else None
+        pointer = outcome.external_pointer if outcome is not None else None
+        record = RequestRecord(cc.job_id, request.request_id, request.request_type, status, cc.state.epoch,
+                               checkpoint_id, pointer, failure, now)
+        event_type = "REQUEST_FAILED" if failure is not None else "REQUEST_COMPLETED"
+        if failure is not None:
+            log.warning("request %s (%s) failed: %s", request.request_id, request.request_type.value, failure)
+        event = self._event(request, event_type, now, checkpoint_id=checkpoint_id, external_pointer=pointer,
+                            failure_message=failure)
+        expired = [Tombstone(r.key()) for r in cc.state.records_of(RequestRecord.KIND).values()
+                   if now - r.timestamp > self.retention_ms and r.request_id not in self.in_flight
+                   and r.request_id != request.request_id]
+        cc.commit_batch(Batch(records=[record, *expired], events=[event]))
+
+    def _event(self, request: ControlRequest, event_type: str, now: int, *, checkpoint_id: int | None = None,
+               external_pointer: str | None = None, failure_message: str | None = None) -> CheckpointEvent:
+        cc = self.coordinator
+        return CheckpointEvent(
+            job_id=cc.job_id, checkpoint_id=checkpoint_id if checkpoint_id is not None else -1,
+            event_type=event_type, checkpoint_type=request.request_type.checkpoint_type.value,
+            epoch=cc.state.epoch, timestamp=now, trigger_timestamp=request.timestamp,
+            end_to_end_duration_ms=now - request.timestamp if event_type != "REQUEST_ACCEPTED" else None,
+            failure_message=failure_message, external_pointer=external_pointer,
+            request_id=request.request_id, request_type=request.request_type.value)
+
+
+def savepoint_outcome(trigger: Any) -> concurrent.futures.Future:
+    """A future of the :class:`RequestOutcome` of a savepoint trigger (a
+    :class:`~chandy.coordinator.trigger_result.CheckpointTriggerResult` whose future gives the pointer)."""
+    outcome: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(f: concurrent.futures.Future) -> None:
+        exc = f.exception()
+        if exc is not None:
+            outcome.set_exception(exc)
+        else:
+            outcome.set_result(RequestOutcome(trigger.checkpoint_id, f.result()))
+
+    trigger.future.add_done_callback(done)
+    return outcome
+
+
+def default_executor(coordinator: Any) -> RequestExecutor:
+    """Applies requests directly on ``coordinator`` (mailbox thread): Flink's ``triggerCheckpoint``,
+    ``triggerSavepoint``, ``triggerSynchronousSavepoint`` (stop-with-savepoint) and
+    ``JobMaster.cancel``. ``drain`` has nothing to drain here: workers decide what a checkpoint
+    holds; the Spark pipeline installs its own executor that drains its sources."""
+
+    def execute(request: ControlRequest) -> concurrent.futures.Future:
+        kind = request.request_type
+        if kind is ControlRequestType.TRIGGER_CHECKPOINT:
+            return coordinator.trigger_checkpoint(forced=True).future
+        if kind in (ControlRequestType.TRIGGER_SAVEPOINT, ControlRequestType.STOP_WITH_SAVEPOINT):
+            trigger = coordinator.trigger_savepoint(request.target_directory,
+                                                    terminate=kind is ControlRequestType.STOP_WITH_SAVEPOINT)
+            return savepoint_outcome(trigger)
+        if kind is ControlRequestType.CANCEL:
+            return coordinator.cancel_job(f"canceled by request {request.request_id}")
+        raise RequestError(f"unknown request type {kind}")
+
+    return execute
+
+
+# -- the client side ----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RequestAnswer:
+    """The coordinator's answer to a request: COMPLETED (with the checkpoint and pointer) or
+    FAILED (with the reason), and the round trip in ms from send to answer."""
+
+    request_id: str
+    status: RequestStatus
+    checkpoint_id: int | None
+    external_pointer: str | None
+    failure_message: str | None
+    round_trip_ms: float
+
+
+def group_has_members(admin: Any, group: str, timeout_s: float = 10.0) -> bool:
+    """Whether consumer group ``group`` has a member (an unknown group has none), through
+    ``admin`` (an ``AdminClient``)."""
+    futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
+    try:
+        description = futures[group].result(timeout_s)
+    except Exception as exc:  # noqa: BLE001 - an unknown group is a job with no coordinator
+        log.debug("describing group %s: %s", group, exc)
+        return False
+    return bool(description.members)
+
+
+def coordinator_running(bootstrap_servers: str, prefix: str, job_id: str, *, timeout_s: float = 10.0,
+                        overrides: Mapping[str, Any] | None = None) -> bool:
+    """Whether a coordinator of ``job_id`` is running: its election group has a member."""
+    admin = kafka_config.admin_client(bootstrap_servers, overrides=overrides)
+    return group_has_members(admin, election_group(prefix, job_id), timeout_s)
+
+
+def send_request(
+    bootstrap_servers: str,
+    job_id: str,
+    request_type: ControlRequestType,
+    *,
+    prefix: str = "chandy",
+    target_directory: str | None = None,
+    drain: bool = False,
+    timeout_s: float = 120.0,
+    request_id: str | None = None,
+    check_running: bool = True,
+    on_accepted: Callable[[], None] | None = None,
+    producer_overrides: Mapping[str, Any] | None = None,
+    consumer_overrides: Mapping[str, Any] | None = None,
+) -> RequestAnswer:
+    """Send one control request and wait for its answer (what Flink's CLI does over REST).
+
+    The events topic is read from its current end before the request is sent, so the answer
+    cannot be missed; ``on_accepted`` is called when the coordinator accepts the request.
+
+    Raises:
+        JobNotRunningError: ``check_running`` and no coordinator of the job runs.
+        RequestTimeoutError: no answer within ``timeout_s`` seconds.
+    """
+    topics = ChandyTopics(prefix)
+    if check_running and not coordinator_running(bootstrap_servers, prefix, job_id, overrides=producer_overrides):
+        raise JobNotRunningError(f"job {job_id} is not running: no coordinator in consumer group "
+                                 f"{election_group(prefix, job_id)} (start it, or check --prefix and --job)")
+    codec = SingleObjectCodec()
+    request_id = request_id or uuid.uuid4().hex
+    now = int(time.time() * 1000)
+    request = ControlRequest(request_id, job_id, request_type, target_directory, None, drain, now,
+                             now + int(timeout_s * 1000), requester=None)
+    consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 50, **(consumer_overrides or {})})
+    producer = kafka_config.producer(bootstrap_servers, overrides=producer_overrides)
+    try:
+        metadata = consumer.list_topics(topics.checkpoint_events, timeout=timeout_s)
+        if topics.checkpoint_events not in metadata.topics or metadata.topics[topics.checkpoint_events].error:
+            raise RequestError(f"topic {topics.checkpoint_events} does not exist (is --prefix right?)")
+        partitions = sorted(metadata.topics[topics.checkpoint_events].partitions)
+        # position the consumer at the current end, as concrete offsets: a logical OFFSET_END is
+        # resolved only at the first fetch, which under load can come after the answer
+        ends = [TopicPartition(topics.checkpoint_events, p,
+                               watermark_offsets(consumer, TopicPartition(topics.checkpoint_events, p), timeout_s)[1])
+                for p in partitions]
+        consumer.assign(ends)
+        sent = time.monotonic()
+        producer.produce(topics.requests, codec.encode(ControlRequest.SCHEMA, request.to_avro()), job_id.encode())
+        if producer.flush(timeout_s) != 0:
+            raise RequestError(f"the request could not be sent to {topics.requests} within {timeout_s} s")
+        deadline = sent + timeout_s
+        key = job_id.encode()
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.1)
+            if message is None or message.error() is not None or message.key() != key:
+                continue
+            try:
+                event = CheckpointEvent.from_avro(codec.decode(message.value(), location_of(message)).value)
+            except (WireFormatError, TypeError, KeyError) as exc:
+                log.debug("skipping an undecodable event: %s", exc)
+                continue
+            if event.request_id != request_id:
+                continue
+            if event.event_type == "REQUEST_ACCEPTED":
+                if on_accepted is not None:
+                    on_accepted()
+                continue
+            if event.event_type in ("REQUEST_COMPLETED", "REQUEST_FAILED"):
+                status = RequestStatus.COMPLETED if event.event_type == "REQUEST_COMPLETED" else RequestStatus.FAILED
+                return RequestAnswer(request_id, status, event.checkpoint_id if event.checkpoint_id >= 0 else None,
+                                     event.external_pointer, event.failure_message, (time.monotonic() - sent) * 1000)
+        raise RequestTimeoutError(f"no answer to {request_type.value} request {request_id} of job {job_id} within "
+                                  f"{timeout_s} s (the request stays applicable until then, at most once)")
+    finally:
+        consumer.close()
+
+
+@dataclasses.dataclass
+class JobSummary:
+    """One job as its public events show it (``chandy job list``): its status, whether a
+    coordinator runs (a member in its election group), the last completed checkpoint and the
+    last savepoint. Times in ms since the Unix epoch."""
+
+    job_id: str
+    status: str = "UNKNOWN"
+    coordinator_running: bool = False
+    epoch: int = 0
+    last_checkpoint: int | None = None
+    last_checkpoint_time: int | None = None
+    last_savepoint: str | None = None
+    last_event_time: int = 0
+    events: int = 0
+    #: (epoch, status) of the latest JOB_STATUS_CHANGED, if any
+    status_change: tuple[int, str] | None = None
+
+    def fold(self, event: CheckpointEvent) -> None:
+        """Take one of the job's events into the summary, in topic order; the status follows
+        :func:`chandy.coordinator.checkpoint_view.job_status` (as ``GET /jobs`` of ``chandy ui``)."""
+        self.events += 1
+        self.epoch = max(self.epoch, event.epoch)
+        self.last_event_time = max(self.last_event_time, event.timestamp)
+        if event.event_type == "JOB_STATUS_CHANGED" and event.job_status:
+            self.status_change = (event.epoch, str(event.job_status))
+        elif event.event_type in ("COMPLETED", "SAVEPOINT_COMPLETED"):
+            if event.checkpoint_type == CheckpointType.CHECKPOINT.value:
+                self.last_checkpoint, self.last_checkpoint_time = event.checkpoint_id, event.timestamp
+            else:
+                self.last_savepoint = event.external_pointer
+        self.status = job_status(self.status_change, self.epoch)
+
+
+def list_jobs(bootstrap_servers: str, *, prefix: str = "chandy", timeout_s: float = 60.0,
+              consumer_overrides: Mapping[str, Any] | None = None) -> list[JobSummary]:
+    """Every job seen on ``<prefix>.checkpoint-events``, read from the beginning to its current
+    end (no consumer group, no commits), with whether a coordinator of it runs now
+    (:meth:`JobSummary.fold` gives each event's meaning).
+
+    Raises:
+        LogLoadError: the events topic is missing or cannot be read to its end.
+    """
+    from chandy.coordinator.kafka.log import raw_messages
+
+    codec = SingleObjectCodec()
+    jobs: dict[str, JobSummary] = {}
+    for message in raw_messages(bootstrap_servers, ChandyTopics(prefix).checkpoint_events,
+                                consumer_overrides=dict(consumer_overrides or {}), timeout_s=timeout_s):
+        try:
+            event = CheckpointEvent.from_avro(codec.decode(message.value(), location_of(message)).value)
+        except (WireFormatError, TypeError, KeyError) as exc:
+            log.debug("skipping an undecodable event: %s", exc)
+            continue
+        jobs.setdefault(event.job_id, JobSummary(event.job_id)).fold(event)
+    if jobs:
+        admin = kafka_config.admin_client(bootstrap_servers, overrides=consumer_overrides)
+        groups = {election_group(prefix, job_id): job for job_id, job in jobs.items()}
+        for group, future in admin.describe_consumer_groups(list(groups), request_timeout=timeout_s).items():
+            try:
+                groups[group].coordinator_running = bool(future.result(timeout_s).members)
+            except Exception as exc:  # noqa: BLE001 - an unknown group is a job with no coordinator
+                log.debug("describing group %s: %s", group, exc)
+    return sorted(jobs.values(), key=lambda j: -j.last_event_time)

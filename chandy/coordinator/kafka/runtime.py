@@ -1,0 +1,717 @@
+"""The coordinator runtime over Kafka: mailbox, transactional log writer, ack reader, recovery.
+
+:class:`CoordinatorService` is what a user starts for a job. Starting it:
+
+1. creates/checks Chandy's topics;
+2. opens a transactional producer with ``transactional.id = <prefix>-coordinator-<job id>``
+   and calls ``init_transactions()``: this fences every older coordinator of the job (their
+   next transactional write fails and they stop) and aborts their open transaction;
+3. replays ``<prefix>.coordinator-log`` to its end (read_committed): the state;
+4. starts the ack reader at the current end of ``<prefix>.acks``;
+5. starts the :class:`~chandy.coordinator.checkpoint_coordinator.CheckpointCoordinator` on the
+   mailbox (new epoch, abort leftovers, restore the latest completed checkpoint, notify it);
+6. starts periodic checkpoints.
+
+Every state transition runs on the mailbox thread; Kafka writes run on the log writer thread,
+storage and hook I/O on an executor, and both report back through the mailbox. The log writer
+commits each batch (log records, control messages, public events) in one Kafka transaction, in
+order, grouping the batches queued meanwhile into one transaction. A fenced or fatally failed
+writer stops the service: nothing more is written.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
+
+from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator
+from chandy.coordinator.environment import Batch, Mailbox, SourceOffsets
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.log import LoadStats, encode_record, load_state, partition_for
+from chandy.coordinator.kafka.metrics import CheckpointMetricsCollector, MetricsServer
+from chandy.coordinator.kafka.requests import LeaderElection, RequestExecutor, RequestHandler, election_group, group_has_members
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics, watermark_offsets
+from chandy.coordinator.messages import (
+    MESSAGE_TYPES,
+    AcknowledgeCheckpoint,
+    DeclineCheckpoint,
+    OperatorEventMessage,
+    SubtaskAttemptFailed,
+    SubtaskAttemptReady,
+)
+from chandy.coordinator.operator_coordinator import OperatorCoordinatorProvider
+from chandy.coordinator.options import CheckpointingOptions
+from chandy.coordinator.state import CoordinatorState
+from chandy.coordinator.storage import CheckpointStorage
+from chandy.coordinator.trigger_result import CheckpointTriggerResult
+from chandy.schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+#: acks-topic messages drained per mailbox action (already fetched ones only; nothing waits for them)
+_ACK_BATCH = 1000
+
+
+class CoordinatorFencedError(ChandyError):
+    """Another coordinator of the same job took over (its producer fenced this one's)."""
+
+
+class CoordinatorStoppedError(ChandyError):
+    """The coordinator service is not running."""
+
+
+class JobTerminatedError(CoordinatorStoppedError):
+    """The job's log ends in a globally terminal status (FINISHED, CANCELED, FAILED: Flink's
+    ``JobStatus.isGloballyTerminalState``): a standby does not restart it, and a new run needs an
+    explicit restore (``restore_from``) or a new job ID. ``status`` is the status's name."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def transactional_id_for(prefix: str, job_id: str) -> str:
+    """``<prefix>-coordinator-<job id>``: one transactional producer per job, for fencing."""
+    return f"{prefix}-coordinator-{job_id}"
+
+
+def _is_fencing(error: KafkaError) -> bool:
+    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED) or error.fatal()
+
+
+class LogWriter:
+    """Commits batches in order, one Kafka transaction per group of queued batches.
+
+    ``on_committed`` callbacks are handed to ``post`` (the mailbox) after the commit.
+    ``on_fatal`` is called once when the producer is fenced or fails fatally.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topics: ChandyTopics,
+        job_id: str,
+        codec: Codec,
+        transactional_id: str,
+        post: Callable[[Callable[[], None]], None],
+        on_fatal: Callable[[BaseException], None],
+        producer_overrides: Mapping[str, Any] | None = None,
+        log_partitions: int = 1,
+        retry_timeout_s: float = 180.0,
+    ) -> None:
+        self.topics = topics
+        self.retry_timeout_s = retry_timeout_s
+        self.job_id = job_id
+        self.codec = codec
+        self.post = post
+        self.on_fatal = on_fatal
+        self.log_partition = partition_for(job_id, log_partitions)
+        self.producer = kafka_config.producer(
+            bootstrap_servers, transactional_id=transactional_id,
+            overrides={"transaction.timeout.ms": 60_000, "retry.backoff.ms": 10, "retry.backoff.max.ms": 100,
+                       **(producer_overrides or {})},
+        )
+        self.bootstrap_servers = bootstrap_servers
+        self._security = kafka_config.security_settings(producer_overrides)
+        self._group_consumers: dict[str, Any] = {}  # group id -> a consumer that never joins, for its metadata
+        self._queue: list[tuple[Batch, Callable[[], None] | None]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self.failed: BaseException | None = None
+        self.transactions = 0
+        self._thread = threading.Thread(target=self._run, name=f"chandy-log-writer-{job_id[:8]}", daemon=True)
+
+    def init(self, timeout_s: float = 60.0) -> None:
+        """``init_transactions()``: fences older producers of the same transactional.id."""
+        self.producer.init_transactions(timeout_s)
+        self._thread.start()
+
+    def submit(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
+        with self._cond:
+            if self._closed or self.failed is not None:
+                log.debug("log writer closed: dropping a batch of %d records", len(batch.records))
+                return
+            self._queue.append((batch, on_committed))
+            self._cond.notify()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Commit what is queued, then stop."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._group_consumers.clear()
+
+    def _produce(self, batch: Batch) -> None:
+        key = self.job_id.encode()
+        for record in batch.records:
+            k, v = encode_record(self.codec, record, self.topics.coordinator_log)
+            self.producer.produce(self.topics.coordinator_log, v, k, partition=self.log_partition)
+        for message in batch.control:
+            self.producer.produce(self.topics.control, self.codec.encode(message.SCHEMA, message.to_avro(),
+                                                                         topic=self.topics.control), key)
+        for event in batch.events:
+            self.producer.produce(self.topics.checkpoint_events, self.codec.encode(event.SCHEMA, event.to_avro(),
+                                                                                   topic=self.topics.checkpoint_events), key)
+        for output in batch.outputs:
+            self.producer.produce(output.topic, output.value, output.key, headers=list(output.headers) or None)
+        for committed in batch.source_offsets:
+            self._send_offsets(committed)
+
+    def _send_offsets(self, committed: SourceOffsets) -> None:
+        offsets = [TopicPartition(t, p, o) for t, p, o in committed.offsets]
+        metadata = self._group_metadata(committed.group_id)
+        self._call_retrying(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, 30.0))
+
+    def _group_metadata(self, group_id: str) -> Any:
+        """``ConsumerGroupMetadata`` of ``group_id`` for ``send_offsets_to_transaction``, from a
+        consumer of the group that never subscribes (generation -1: the broker takes the commit
+        as a simple, memberless group's, as the enumerator's own commits are)."""
+        if group_id not in self._group_consumers:
+            self._group_consumers[group_id] = kafka_config.consumer(self.bootstrap_servers, group_id=group_id,
+                                                                    overrides=self._security)
+        return self._group_consumers[group_id].consumer_group_metadata()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue and self._closed:
+                    return
+                group, self._queue = self._queue, []
+            try:
+                self._commit(group)
+            except BaseException as exc:  # noqa: BLE001 - fenced or fatal: stop writing for good
+                self.failed = exc
+                with self._cond:
+                    self._queue.clear()
+                self.on_fatal(exc)
+                return
+            self.transactions += 1
+            for _, on_committed in group:
+                if on_committed is not None:
+                    self.post(on_committed)
+
+    def _commit(self, group: list[tuple[Batch, Callable[[], None] | None]]) -> None:
+        """One transaction for the group, following librdkafka's transactional contract: a
+        retriable commit error retries the commit itself; an abortable one aborts and redoes the
+        whole transaction; a fatal or fencing error stops the writer for good."""
+        for attempt in range(5):
+            try:
+                self.producer.begin_transaction()
+                for batch, _ in group:
+                    self._produce(batch)
+                self._call_retrying(lambda: self.producer.commit_transaction(30.0))
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if _is_fencing(error):
+                    raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
+                if not error.txn_requires_abort():
+                    # fatal, or retriable past retry_timeout_s: the coordinator cannot go on
+                    raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
+                log.warning("transaction attempt %d failed (%s); aborting and retrying", attempt + 1, error.str())
+                try:
+                    self._call_retrying(lambda: self.producer.abort_transaction(30.0))
+                except KafkaException as abort_exc:
+                    # a newer coordinator can fence this one between the failed commit and the abort
+                    if _is_fencing(abort_exc.args[0]):
+                        raise CoordinatorFencedError(f"log writer stopped: {abort_exc.args[0].str()}") from abort_exc
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+        raise CoordinatorFencedError("log writer gave up after 5 aborted transactions")
+
+    def _call_retrying(self, call: Callable[[], None]) -> None:
+        """``call`` retried with backoff (10 ms doubling to 1 s) while it fails retriably (a broker's
+        death, a leader election, the transaction coordinator moving), for up to ``retry_timeout_s``."""
+        deadline = time.monotonic() + self.retry_timeout_s
+        attempt = 0
+        while True:
+            try:
+                call()
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not error.retriable() or error.fatal() or time.monotonic() > deadline:
+                    raise
+                attempt += 1
+                if attempt in (1, 10, 50):
+                    log.warning("job %s: coordinator log transaction: %s; retrying", self.job_id, error.str())
+                time.sleep(min(1.0, 0.01 * 2 ** min(attempt, 7)))
+
+
+class AckReader:
+    """Reads ``<prefix>.acks`` from its end at start, decodes, and hands the job's messages to
+    ``dispatch`` a poll batch at a time (a list, in offset order). A message that does not decode is counted, logged and skipped (and copied to
+    ``dead_letter_topic`` if set); it never stops the reader."""
+
+    def __init__(self, bootstrap_servers: str, topics: ChandyTopics, job_id: str, codec: Codec,
+                 dispatch: Callable[[list[Any]], None], consumer_overrides: Mapping[str, Any] | None = None,
+                 dead_letter_topic: str | None = None) -> None:
+        self.topic = topics.acks
+        self.job_id = job_id
+        self.codec = codec
+        self.dispatch = dispatch
+        self.bad_messages = 0
+        self.dead_letter_topic = dead_letter_topic
+        self._dlq = (kafka_config.producer(bootstrap_servers, overrides=kafka_config.security_settings(consumer_overrides))
+                     if dead_letter_topic else None)
+        self.consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 10,
+                                                                             **(consumer_overrides or {})})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"chandy-acks-{job_id[:8]}", daemon=True)
+
+    def start(self) -> None:
+        """Start dispatching (after :meth:`assign`)."""
+        self._thread.start()
+
+    def assign(self, timeout_s: float = 30.0) -> None:
+        """Position at the current end of the acks topic; nothing is dispatched before :meth:`start`."""
+        metadata = self.consumer.list_topics(self.topic, timeout=timeout_s)
+        partitions = sorted(metadata.topics[self.topic].partitions)
+        # start at the end captured now: acks sent to an older coordinator are not ours
+        assignment = []
+        for p in partitions:
+            _, high = watermark_offsets(self.consumer, TopicPartition(self.topic, p), timeout_s)
+            assignment.append(TopicPartition(self.topic, p, high if high >= 0 else OFFSET_END))
+        self.consumer.assign(assignment)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(10)
+        if self._thread.is_alive():
+            # closing the consumer under a thread that may poll again is undefined in librdkafka
+            log.warning("acks reader of job %s: its thread did not stop within 10 s; the consumer is left open",
+                        self.job_id)
+        else:
+            self.consumer.close()
+
+    def _run(self) -> None:
+        key = self.job_id.encode()
+        while not self._stop.is_set():
+            polled = self.consumer.poll(0.2)
+            if polled is None:
+                continue
+            # poll waits for the first message; what is already fetched is drained without waiting
+            # (consume(n, timeout) would wait for its whole timeout unless n messages arrive), and
+            # the whole batch goes to the mailbox as one action: 1,000 subtasks' acks are a few
+            # mailbox turns, not 1,000
+            batch = [polled, *self.consumer.consume(_ACK_BATCH, 0)]
+            decoded_batch = []
+            for message in batch:
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("acks consumer: %s", error)
+                    continue
+                if message.key() != key:
+                    continue
+                try:
+                    decoded = self.codec.decode(message.value(), location_of(message))
+                    cls = MESSAGE_TYPES.get(decoded.name)
+                    if cls is None:
+                        raise WireFormatError(f"{decoded.name} is not a message the coordinator reads",
+                                              location_of(message))
+                    decoded_batch.append(cls.from_avro(decoded.value))
+                except Exception as exc:  # noqa: BLE001 - one bad message must not stop the reader
+                    self.bad_messages += 1
+                    log.warning("skipping a bad message on %s: %s", self.topic, exc)
+                    if self._dlq is not None and self.dead_letter_topic is not None:
+                        self._dlq.produce(self.dead_letter_topic, message.value(), message.key(),
+                                          headers={"chandy.error": str(exc)})
+                        self._dlq.poll(0)
+            if decoded_batch:
+                self.dispatch(decoded_batch)
+
+
+class CoordinatorService:
+    """One job's checkpoint coordinator on Kafka (see the module docstring).
+
+    Args:
+        job_id: the job's ID (a 32-hex string like Flink's JobID is conventional).
+        bootstrap_servers: Kafka ``bootstrap.servers``.
+        options: checkpointing options (``checkpoint_dir`` is required).
+        operators: operator ID -> parallelism of the operators whose subtasks acknowledge.
+        coordinator_providers: operator coordinators to host.
+        master_hooks: master hooks to register (duplicates by identifier are dropped).
+        listeners: checkpoint listeners.
+        prefix: topic prefix (default ``chandy``).
+        restore_from: a savepoint/checkpoint pointer to start from when the log has no checkpoint.
+        allow_non_restored_state: skip state for operators or hooks this job lacks.
+        schema_registry: ``SchemaRegistryClient`` settings for the Confluent wire format.
+        producer_overrides / consumer_overrides: librdkafka settings under their own names.
+        storage_options: fsspec options for the checkpoint storage.
+        dead_letter_topic: where undecodable acks are copied, if set.
+        completion_outputs: messages to publish in each checkpoint's completion transaction
+            (see :class:`~chandy.coordinator.checkpoint_coordinator.CheckpointCoordinator`).
+        checkpoint_id_floor: the next checkpoint ID is at least this (Flink's
+            ``CheckpointIDCounter.setCount``), written to the log at start.
+        metrics_port: serve Prometheus metrics (Flink's checkpoint metric names, see
+            :mod:`chandy.coordinator.kafka.metrics`) on this port from :meth:`start` to :meth:`stop`;
+            0 picks a free port (read :attr:`metrics_server`), None (default) serves none.
+        metrics_address: the address the metrics server binds (default all interfaces).
+        standby: :meth:`start` first waits until this process leads the job's election group
+            (a standby that takes over when the active coordinator dies; see
+            :mod:`chandy.coordinator.kafka.requests`).
+        accept_requests: join the election group and apply control requests from
+            ``<prefix>.requests`` (default True).
+        request_executor: applies accepted requests (default: directly on the coordinator,
+            :func:`~chandy.coordinator.kafka.requests.default_executor`).
+        election: an election already joined (a pipeline that stood by before starting);
+            the service then closes it on :meth:`stop`.
+        retry_timeout_s: how long the coordinator log's transactions retry retriable errors (a
+            broker's death, a leader election) before the coordinator stops (default 180 s).
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        bootstrap_servers: str,
+        options: CheckpointingOptions,
+        operators: Mapping[str, int],
+        *,
+        coordinator_providers: Iterable[OperatorCoordinatorProvider] = (),
+        master_hooks: Iterable[Any] = (),
+        listeners: Iterable[Any] = (),
+        prefix: str = "chandy",
+        restore_from: str | None = None,
+        allow_non_restored_state: bool = False,
+        schema_registry: Mapping[str, Any] | None = None,
+        producer_overrides: Mapping[str, Any] | None = None,
+        consumer_overrides: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        dead_letter_topic: str | None = None,
+        io_threads: int = 4,
+        completion_outputs: Callable[[Any], Any] | None = None,
+        checkpoint_id_floor: int | None = None,
+        metrics_port: int | None = None,
+        metrics_address: str = "0.0.0.0",
+        standby: bool = False,
+        accept_requests: bool = True,
+        request_executor: RequestExecutor | None = None,
+        election: LeaderElection | None = None,
+        retry_timeout_s: float = 180.0,
+    ) -> None:
+        if not options.checkpoint_dir:
+            raise ChandyError("a checkpoint directory (state.checkpoints.dir) is required")
+        from chandy.schemas.codec import codec_for
+
+        self.job_id = job_id
+        self.bootstrap_servers = bootstrap_servers
+        self.options = options
+        self.operators = dict(operators)
+        self.topics = ChandyTopics(prefix)
+        self.transactional_id = transactional_id_for(prefix, job_id)
+        self.codec: Codec = codec_for(schema_registry) if schema_registry else SingleObjectCodec()
+        self._providers = list(coordinator_providers)
+        self._hooks = list(master_hooks)
+        self._listeners = list(listeners)
+        self._restore_from = restore_from
+        self._allow_non_restored_state = allow_non_restored_state
+        self._producer_overrides = dict(producer_overrides or {})
+        self._consumer_overrides = dict(consumer_overrides or {})
+        self._dead_letter_topic = dead_letter_topic
+        self._completion_outputs = completion_outputs
+        self._checkpoint_id_floor = checkpoint_id_floor
+        self.storage = CheckpointStorage(options.checkpoint_dir, job_id, savepoint_dir=options.savepoint_dir,
+                                         storage_options=dict(storage_options or {}))
+        self.io_executor = concurrent.futures.ThreadPoolExecutor(io_threads, thread_name_prefix=f"chandy-io-{job_id[:8]}")
+        self.mailbox = Mailbox(f"chandy-mailbox-{job_id[:8]}", on_error=self._on_mailbox_error)
+        self.stopped = threading.Event()
+        self.fenced = threading.Event()
+        self.stop_reason: BaseException | str | None = None
+        self.job_status: str | None = None
+        self.load_stats: LoadStats | None = None
+        self.coordinator: CheckpointCoordinator | None = None
+        self._writer: LogWriter | None = None
+        self._acks: AckReader | None = None
+        self._metrics_port = metrics_port
+        self._retry_timeout_s = retry_timeout_s
+        self._metrics_address = metrics_address
+        self.metrics_server: MetricsServer | None = None
+        self._standby = standby
+        self._accept_requests = accept_requests
+        self._request_executor = request_executor
+        self.election: LeaderElection | None = election
+        self.requests: RequestHandler | None = None
+
+    # -- CoordinatorEnvironment ------------------------------------------------------------------
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    def execute(self, action: Callable[[], None]) -> None:
+        self.mailbox.execute(action)
+
+    def schedule(self, delay_ms: int, action: Callable[[], None]):
+        return self.mailbox.schedule(delay_ms, action)
+
+    #: offset commits go into the coordinator log's transactions (``Batch.source_offsets``)
+    transactional_offsets = True
+
+    def append(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
+        if self._writer is not None:
+            self._writer.submit(batch, on_committed)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, *, periodic: bool = True, timeout_s: float = 60.0) -> CoordinatorService:
+        """Start (the numbered steps of the module docstring). Returns self.
+
+        Raises:
+            TopicError: the topics are missing and cannot be created, or the log is not compacted.
+            RestoreError, MetadataFormatError, CheckpointPointerError: nothing restorable.
+            MetricsError: ``metrics_port`` cannot be bound (checked first).
+        """
+        if self._metrics_port is not None and self.metrics_server is None:
+            self.metrics_server = MetricsServer(self._metrics_port, self._metrics_address)
+            self.metrics_server.register(CheckpointMetricsCollector(
+                self.job_id, lambda: self._call(lambda cc: cc.stats.to_json(), timeout_s=5.0), self.operators))
+        try:
+            return self._start(periodic=periodic, timeout_s=timeout_s)
+        except BaseException:
+            self._close_metrics()
+            raise
+
+    def _start(self, *, periodic: bool, timeout_s: float) -> CoordinatorService:
+        # the same principal as the log writer and the ack reader (security.protocol, sasl.*, ssl.*)
+        admin = kafka_config.admin_client(self.bootstrap_servers, kafka_config.security_settings(self._consumer_overrides))
+        ensure_topics(admin, self.topics)
+        predecessor = False
+        if self.election is None and (self._accept_requests or self._standby):
+            # a predecessor (a dead coordinator, until its session times out) keeps the group
+            # non-empty, so `chandy job ...` finds the job running while this process joins
+            predecessor = group_has_members(admin, election_group(self.topics.prefix, self.job_id), timeout_s)
+            self.election = LeaderElection(self.bootstrap_servers, self.topics, self.job_id,
+                                           consumer_overrides=self._consumer_overrides, codec=self.codec).join()
+        if self._standby and self.election is not None:
+            log.info("job %s: standing by until this process leads group %s", self.job_id, self.election.group_id)
+            if not self.election.wait_until_leader(stop=self.stopped):
+                raise CoordinatorStoppedError(f"the standby coordinator of job {self.job_id} stopped before leading")
+        log_partitions = len(admin.list_topics(self.topics.coordinator_log, timeout=timeout_s)
+                             .topics[self.topics.coordinator_log].partitions)
+        self._writer = LogWriter(self.bootstrap_servers, self.topics, self.job_id, self.codec, self.transactional_id,
+                                 self.mailbox.execute, self._on_writer_failed, self._producer_overrides, log_partitions,
+                                 retry_timeout_s=self._retry_timeout_s)
+        self._writer.init(timeout_s)  # fences older coordinators of this job
+        state, load_stats = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id,
+                                       codec=self.codec, consumer_overrides=self._consumer_overrides,
+                                       timeout_s=timeout_s)
+        self.load_stats = load_stats
+        log.info("job %s: replayed %d log records in %.2f s (epoch %d, next checkpoint %d)", self.job_id,
+                 load_stats.applied, load_stats.seconds, state.epoch, state.next_checkpoint_id)
+        if state.job_status.is_terminal and (self._standby or self._restore_from is None):
+            # the job was canceled, stopped with a savepoint or failed: it does not run again (Flink's
+            # HA does not restart a globally terminated job; a new submission restores a savepoint)
+            ended = f"job {self.job_id} ended ({state.job_status.value}: {state.job_status_reason or 'no reason given'})"
+            why = (f"{ended}; the standby does not restart it" if self._standby else
+                   f"{ended}; a finished, canceled or failed job does not run again: restore it with "
+                   "--from-savepoint PATH (a savepoint or retained checkpoint) or start a new job with --job-id")
+            self.stop()
+            raise JobTerminatedError(why, state.job_status.value)
+        coordinator = self.coordinator = CheckpointCoordinator(
+            self.job_id, self.options, self, self.storage, self.operators,
+            coordinator_providers=self._providers, state=state, transactional_id=self.transactional_id,
+            on_job_status=self._on_job_status, completion_outputs=self._completion_outputs,
+        )
+        for hook in self._hooks:
+            coordinator.add_master_hook(hook)
+        for listener in self._listeners:
+            coordinator.add_listener(listener)
+        self._acks = AckReader(self.bootstrap_servers, self.topics, self.job_id, self.codec, self._dispatch,
+                               self._consumer_overrides, self._dead_letter_topic)
+        self._acks.assign(timeout_s)  # acks from now on are ours, but are read only once started
+        self.storage.initialize_base_locations()
+        self.mailbox.start()
+        started = self.mailbox.call(lambda: coordinator.start(
+            restore_from=self._restore_from, allow_non_restored_state=self._allow_non_restored_state,
+            checkpoint_id_floor=self._checkpoint_id_floor))
+        started.result(timeout_s)
+        self._acks.start()
+        if self.election is not None and self._accept_requests:
+            self.requests = RequestHandler(coordinator, self.mailbox.execute, self._request_executor)
+            self.election.attach(self.requests.submit)
+            # a new group answers a join at once; with a predecessor the first rebalance waits for
+            # its session to time out (ELECTION_SESSION_TIMEOUT_MS), which checkpoints need not wait
+            # for: requests sent meanwhile are read from the group's committed offset once joined
+            if not predecessor and not self.election.joined.wait(timeout_s):
+                log.warning("job %s: not yet a member of group %s after %.0f s; control requests wait",
+                            self.job_id, self.election.group_id, timeout_s)
+        if periodic:
+            self.mailbox.execute(coordinator.start_periodic_scheduler)
+        return self
+
+    def _dispatch(self, messages: list[Any]) -> None:
+        """Post a batch of decoded acks-topic messages to the mailbox as one action; each is
+        handled in order as Flink's ``receiveAcknowledgeMessage`` / ``receiveDeclineMessage`` /
+        ... would be, and an unknown type is logged and skipped."""
+        cc = self.coordinator
+        if cc is None:  # the ack reader starts after the coordinator exists
+            return
+        handlers: dict[type, Callable[[Any], Any]] = {
+            AcknowledgeCheckpoint: cc.receive_acknowledge,
+            DeclineCheckpoint: cc.receive_decline,
+            SubtaskAttemptReady: cc.attempt_ready,
+            SubtaskAttemptFailed: cc.attempt_failed,
+            OperatorEventMessage: cc.receive_operator_event,
+        }
+
+        def handle() -> None:
+            for message in messages:
+                handler = handlers.get(type(message))
+                if handler is None:
+                    log.warning("ignoring %s on the acks topic", type(message).__name__)
+                    continue
+                handler(message)
+
+        self.mailbox.execute(handle)
+
+    def _on_writer_failed(self, exc: BaseException) -> None:
+        log.error("job %s: coordinator log writer stopped (%s); this coordinator stops", self.job_id, exc)
+        self.fenced.set()
+        self.stop_reason = exc
+        self._fail_pending(exc)
+        threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        """A fenced coordinator decides nothing more: fail the futures of its pending and queued
+        checkpoints at once, so callers learn it now rather than at the checkpoint timeout."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        futures = [p.result for p in list(coordinator.pending.values())]
+        futures += [request.future for request in coordinator.decider.queued]
+        futures += list(coordinator.deciding)
+        for future in futures:
+            if not future.done():
+                try:
+                    future.set_exception(exc)
+                except concurrent.futures.InvalidStateError:
+                    pass
+
+    def _on_mailbox_error(self, exc: BaseException) -> None:
+        self.stop_reason = exc
+        threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
+
+    def _on_job_status(self, status: str, reason: str | None) -> None:
+        self.job_status = status
+        log.warning("job %s is %s: %s", self.job_id, status, reason)
+
+    def _halt(self) -> None:
+        """Stop everything without writing (fenced or broken)."""
+        if self._acks is not None:
+            self._acks.close()
+        if self.election is not None:
+            self.election.close()  # a fenced coordinator must not keep the requests partition
+        self.mailbox.close(discard=True)
+        self.io_executor.shutdown(wait=False, cancel_futures=True)
+        self._close_metrics()
+        self.stopped.set()
+
+    def _close_metrics(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop cleanly: abort pending checkpoints (written while still the active coordinator),
+        close coordinators and hooks, commit what is queued, close clients."""
+        if self.stopped.is_set():
+            return
+        if self.coordinator is not None and not self.fenced.is_set():
+            with _suppress_timeout():
+                self.mailbox.call(self.coordinator.shutdown).result(timeout_s)
+        if self._acks is not None:
+            self._acks.close()
+        if self.election is not None:
+            self.election.close()  # leave the group: a standby leads at once
+        self.mailbox.close()
+        if self._writer is not None:
+            self._writer.close(timeout_s)
+        self.io_executor.shutdown(wait=True)
+        self._close_metrics()
+        self.stopped.set()
+
+    # -- API (any thread) --------------------------------------------------------------------------------
+    def _call(self, func: Callable[[CheckpointCoordinator], _T], timeout_s: float = 30.0) -> _T:
+        """``func(coordinator)`` on the mailbox thread, waited for up to ``timeout_s`` seconds.
+
+        Raises:
+            CoordinatorStoppedError: the service is stopped or was never started.
+        """
+        coordinator = self.coordinator
+        if self.stopped.is_set() or coordinator is None:
+            state = "stopped" if self.stopped.is_set() else "not started"
+            raise CoordinatorStoppedError(f"the coordinator of job {self.job_id} is {state} ({self.stop_reason})")
+        return self.mailbox.call(lambda: func(coordinator)).result(timeout_s)
+
+    def trigger_checkpoint(self, *, forced: bool = False) -> CheckpointTriggerResult:
+        """Request a checkpoint now: its ID (None while queued) and future; see
+        :meth:`CheckpointCoordinator.trigger_checkpoint`."""
+        return self._call(lambda cc: cc.trigger_checkpoint(forced=forced))
+
+    def trigger_savepoint(self, target: str | None = None, *, terminate: bool = False) -> CheckpointTriggerResult:
+        """Trigger a savepoint; the result's future gives its pointer. See
+        :meth:`CheckpointCoordinator.trigger_savepoint`."""
+        return self._call(lambda cc: cc.trigger_savepoint(target, terminate=terminate))
+
+    def abort_checkpoint(self, checkpoint_id: int, reason: Any, message: str) -> bool:
+        """Abort a pending checkpoint (e.g. the driver saw its Spark job fail); see
+        :meth:`CheckpointCoordinator.abort_checkpoint`."""
+        return self._call(lambda cc: cc.abort_checkpoint(checkpoint_id, reason, message))
+
+    def cancel_job(self, reason: str) -> concurrent.futures.Future:
+        """Cancel the job (see :meth:`CheckpointCoordinator.cancel_job`); the future is done once
+        the CANCELED status is durable."""
+        return self._call(lambda cc: cc.cancel_job(reason))
+
+    @property
+    def epoch(self) -> int:
+        """This coordinator's epoch (control messages carry it; workers drop older ones)."""
+        return self.coordinator.state.epoch if self.coordinator is not None else 0
+
+    def call_operator_coordinator(self, operator_id: str, func: Callable[[Any], Any], timeout_s: float = 60.0) -> Any:
+        """Run ``func(coordinator)`` on the mailbox thread with operator ``operator_id``'s
+        operator coordinator and return its result: the one safe way to read or drive an
+        operator coordinator from another thread (its methods run on the mailbox only).
+
+        Raises:
+            CoordinatorStoppedError: the service is stopped; KeyError: no such operator coordinator.
+        """
+        return self._call(lambda cc: func(cc.holders[operator_id].coordinator), timeout_s)
+
+    def failure_reason(self) -> str | None:
+        """Why the job failed or the coordinator stopped, in one line (None while running)."""
+        if self.coordinator is not None and self.coordinator.state.job_status_reason and self.job_status == "FAILED":
+            return self.coordinator.state.job_status_reason
+        return None if self.stop_reason is None else str(self.stop_reason).splitlines()[0]
+
+    def stats(self) -> dict[str, Any]:
+        """Checkpoint statistics shaped like Flink's ``/jobs/:jobid/checkpoints``."""
+        return self._call(lambda cc: cc.stats.to_json())
+
+    def snapshot_state(self) -> CoordinatorState:
+        """A copy of the coordinator's durable state (for comparing with a replay)."""
+        import copy
+
+        return self._call(lambda cc: copy.deepcopy(cc.state))
+
+
+class _suppress_timeout:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return exc_type is not None and issubclass(exc_type, (concurrent.futures.TimeoutError, ChandyError))

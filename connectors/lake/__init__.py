@@ -1,3 +1,0 @@
-"""Lake sinks and the lake committer. Delta Lake (deltalake / delta-rs) is the default,
-Apache Iceberg (pyiceberg) for ``iceberg://`` URIs; a sink is anything with the methods of
-:class:`connectors.lake.sinks.LakeSink` (see :func:`connectors.lake.sinks.open_sink`)."""
