@@ -22,8 +22,8 @@ demo: kafka-jars
 	$(CHANDY) kafka up
 	$(CHANDY) demo
 
-# the checks run first: ruff (lint, import order, bugbear, blind excepts, unused noqa), mypy (the core,
-# its Kafka runtime, the Kafka source, the schemas) and the import contract (layers)
+# the checks run first: ruff (lint, import order, bugbear, blind excepts, unused noqa), mypy (every
+# package of chandy) and the import contracts (layers)
 check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

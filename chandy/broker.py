@@ -492,8 +492,8 @@ class EmbeddedKafkaBroker:
                 self._wait_ready(info, timeout_s, processes=processes)
                 self._add_scram_users(info, credentials)
             except BrokerStartError:
-                for process in processes.values():
-                    self._stop_pid(process.pid, timeout_s=10)
+                for started in processes.values():
+                    self._stop_pid(started.pid, timeout_s=10)
                 self.info_file.unlink(missing_ok=True)
                 raise
             return info
@@ -602,10 +602,15 @@ class EmbeddedKafkaBroker:
         before they were asked for (``AlterUserScramCredentials``, as ``kafka-configs --alter``)."""
         if not self.scram_users:
             return
-        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+        from confluent_kafka.admin import (
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialAlteration,
+            UserScramCredentialUpsertion,
+        )
 
         admin = kafka_config.admin_client(info.bootstrap_servers, dict(info.client_settings))
-        upserts = [UserScramCredentialUpsertion(name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096),
+        upserts: list[UserScramCredentialAlteration] = [UserScramCredentialUpsertion(name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096),
                                                 password.encode()) for name, password in self.scram_users.items()]
         for name, future in admin.alter_user_scram_credentials(upserts).items():
             try:

@@ -247,8 +247,7 @@ def checkpoint_demo(bootstrap_servers: str | None, data_dir: Path | None, subtas
         result = run_checkpoints(
             servers, checkpoint_dir or f"file://{tmp}", subtasks=subtasks, checkpoints=count,
             pause_ms=pause_ms, prefix=prefix, metrics_port=metrics_port, keep_topics=keep_topics, keep_records=False,
-            on_started=lambda service: service.metrics_server and err_console.print(
-                f"metrics: http://127.0.0.1:{service.metrics_server.port}/metrics (job {service.job_id})"),
+            on_started=_print_metrics_url,
             on_checkpoint=lambda r, ms: progress.update(task, advance=1, description=f"#{r.checkpoint_id} {ms:.0f} ms"),
         )
     summary = result.stats["summary"]["end_to_end_duration"]
@@ -278,6 +277,11 @@ def _progress_view(p: Any, group: str | None = None) -> Table:
     grid.add_row(table)
     grid.add_row(lag)
     return grid
+
+
+def _print_metrics_url(service: Any) -> None:
+    if service.metrics_server is not None:
+        err_console.print(f"metrics: http://127.0.0.1:{service.metrics_server.port}/metrics (job {service.job_id})")
 
 
 def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:

@@ -171,7 +171,10 @@ class OperatorCoordinator(Protocol):
 class OperatorCoordinatorProvider(Protocol):
     """Creates an operator's coordinator (Flink's OperatorCoordinator.Provider)."""
 
-    operator_id: str
+    @property
+    def operator_id(self) -> str:
+        """The operator whose coordinator this creates."""
+        ...
 
     def create(self, context: OperatorCoordinatorContext) -> OperatorCoordinator:
         ...

@@ -137,7 +137,7 @@ class UiHttpServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{host if isinstance(host, str) else host.decode()}:{port}/"
 
 
 def serve(bootstrap_servers: str, *, host: str = "127.0.0.1", port: int = 8081, prefix: str = "chandy",

@@ -202,8 +202,12 @@ class LakeCommitter:
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         job_id = self.context.job_id
+        def cleaned(deleted: Any, error: BaseException | None) -> None:
+            if error is not None:
+                log.warning("cleanup failed: %s", error)
+
         self.context.call_async(lambda: self.sink.delete_unreferenced(job_id, keep_checkpoints_after=checkpoint_id),
-                                lambda deleted, error: error and log.warning("cleanup failed: %s", error))
+                                cleaned)
 
     def reset_to_checkpoint(self, checkpoint_id: int, checkpoint_data: bytes | None) -> None:
         """Restore (a restart): read what the table holds, commit ``checkpoint_id`` if the table

@@ -228,7 +228,7 @@ class IcebergSink:
         table = to_lake_types(table)
         schema = _schema_to_b64(table.schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
-        parts = [("", {}, table)]
+        parts: list[tuple[str, dict[str, Any], Any]] = [("", {}, table)]
         if self.partition_by:
             import pyarrow.compute as pc
 

@@ -169,7 +169,8 @@ def reader_schema(schema: Any) -> Any:
             kinds = [t for t in node if t != "null"]
             if len(kinds) < 2 or _widened_union(kinds) is not None:
                 return [rewrite(t) for t in node]
-            out, i = [], 0
+            out: list[Any] = []
+            i = 0
             for branch in node:
                 if branch == "null":
                     out.append("null")

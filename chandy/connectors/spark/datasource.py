@@ -210,9 +210,7 @@ def read_write_and_acknowledge(options: TaskOptions, counts: Any = None) -> Call
     JVM): the path without a transform."""
 
     def task(index: int, ranges: Iterator[list]) -> Iterator[tuple[int, int]]:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
+        context = task_context()
         subtask = context.partitionId()
         mine = [r for subtask_ranges in ranges for r in subtask_ranges]
         batches = read_ranges(options, mine)
@@ -223,15 +221,30 @@ def read_write_and_acknowledge(options: TaskOptions, counts: Any = None) -> Call
     return task
 
 
+def task_context() -> Any:
+    """The running Spark task's ``TaskContext`` (partition = subtask, attempt number).
+
+    Raises:
+        RuntimeError: not inside a Spark task.
+    """
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("not inside a Spark task: no TaskContext")
+    return context
+
+
 class _RangesReader(DataSourceReader):
-    def __init__(self, options: dict) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.options = options
 
     def partitions(self) -> list[RangesPartition]:
         per_subtask = json.loads(self.options["ranges"])
         return [RangesPartition(i, ranges) for i, ranges in enumerate(per_subtask)]
 
-    def read(self, partition: RangesPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangesPartition)
         return read_ranges(TaskOptions.decode(self.options[TASK_OPTION]), partition.ranges)
 
 
@@ -258,21 +271,19 @@ class FilesWritten(WriterCommitMessage):
 
 
 class _LakeFilesWriter(DataSourceArrowWriter):
-    def __init__(self, options: dict) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesWritten:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
+        context = task_context()
         subtask, attempt = context.partitionId(), context.attemptNumber()
         files, rows = write_and_acknowledge(TaskOptions.decode(self.options[TASK_OPTION]), iterator, subtask, attempt)
         return FilesWritten(subtask, attempt, files, rows)
 
-    def commit(self, messages: list[FilesWritten]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         pass  # the lake committer commits, on checkpoint completion
 
-    def abort(self, messages: list[FilesWritten]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         pass  # unreferenced files are deleted when the checkpoint aborts
 
 

@@ -231,9 +231,9 @@ class ValueDecoder:
         columns, type_bad = self._columns(rows, fields, names)
         if type_bad:
             for position in sorted(type_bad):
-                exc = type_bad[position]
-                bad[keep_rows[position]] = exc
-                self._check_tolerance(batch, keep_rows[position], exc)
+                unfit = type_bad[position]
+                bad[keep_rows[position]] = unfit
+                self._check_tolerance(batch, keep_rows[position], unfit)
             good = [p for p in range(len(rows)) if p not in type_bad]
             keep_rows = [keep_rows[p] for p in good]
             columns, _ = self._columns([rows[p] for p in good], fields, names)

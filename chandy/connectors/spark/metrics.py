@@ -35,12 +35,18 @@ log = logging.getLogger(__name__)
 class MicroBatchProgress(Protocol):
     """What the collector reads of ``connectors.spark.pipeline.PipelineProgress``."""
 
-    records_landed: int
-    elapsed_s: float
-    lag: Mapping[tuple[str, int], int]
-    checkpoint_duration_ms: float
-    spark_job_ms: float
-    bad_records: int
+    @property
+    def records_landed(self) -> int: ...
+    @property
+    def elapsed_s(self) -> float: ...
+    @property
+    def lag(self) -> Mapping[tuple[str, int], int]: ...
+    @property
+    def checkpoint_duration_ms(self) -> float: ...
+    @property
+    def spark_job_ms(self) -> float: ...
+    @property
+    def bad_records(self) -> int: ...
 
 
 class PipelineMetricsCollector(Collector):

@@ -826,7 +826,8 @@ class Pipeline:
         if operator is None or operator.coordinator_state is None:
             return {}
         state = KafkaSourceEnumeratorState.deserialize(operator.coordinator_state)
-        return {r.topic_partition: (r.starting_offset, r.stopping_offset) for r in state.ranges}
+        return {r.topic_partition: (r.starting_offset, r.stopping_offset) for r in state.ranges
+                if r.stopping_offset is not None}
 
     def completion_outputs(self, metadata: CheckpointMetadata) -> list[OutboundMessage]:
         """On the I/O executor, before checkpoint N completes: its bad records, as dead letters
@@ -892,6 +893,11 @@ class Pipeline:
         except ChandyError as exc:
             service.stop()
             raise PipelineError(f"job {self.job_id} cannot start: {exc}") from exc
+
+    def _release_savepoint_ranges(self, checkpoint_id: int) -> None:
+        """An intermediate savepoint's ranges are read again by the next checkpoint (nobody is
+        notified of a savepoint's completion, so nothing commits its offsets)."""
+        self._enumerator_call(lambda e: e.release_ranges(checkpoint_id))
 
     def _enumerator_call(self, func: Callable[[Any], Any]) -> Any:
         assert self.service is not None
@@ -1029,12 +1035,10 @@ class Pipeline:
     def _decode_frame(df: Any, task: Any, counts: Any) -> Any:
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from chandy.connectors.spark.datasource import decode_with_dead_letters
+        from chandy.connectors.spark.datasource import decode_with_dead_letters, task_context
 
         def decode(batches: Any) -> Any:
-            from pyspark import TaskContext
-
-            yield from decode_with_dead_letters(task, batches, TaskContext.get().partitionId(), counts)
+            yield from decode_with_dead_letters(task, batches, task_context().partitionId(), counts)
 
         return df.mapInArrow(decode, from_arrow_schema(task.decoder.output_schema, prefer_timestamp_ntz=True))
 
@@ -1052,7 +1056,7 @@ class Pipeline:
                   "(again to stop at once)", file=sys.stderr)
             self.request_stop(signum)
 
-        previous = {}
+        previous: dict[int, Any] = {}
         for signum in (signal.SIGINT, signal.SIGTERM):
             previous[signum] = signal.signal(signum, handler)
         return previous
@@ -1215,7 +1219,7 @@ class Pipeline:
                     consecutive = 0
                     first_failure = None
                     if request is not None and request[0].request_type is ControlRequestType.TRIGGER_SAVEPOINT:
-                        self._enumerator_call(lambda e, c=checkpoint_id: e.release_ranges(c))
+                        self._release_savepoint_ranges(checkpoint_id)
                     if request is not None:
                         request[1].set_result(RequestOutcome(checkpoint_id, result if isinstance(result, str)
                                                              else getattr(result, "external_pointer", None)))
