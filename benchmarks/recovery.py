@@ -43,6 +43,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from benchmarks.history import write_history
 from chandy.broker import EmbeddedKafkaBroker
+from chandy.coordinator.completed_checkpoint_store import CompletedCheckpointStore
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.host import ParticipantHost
 from chandy.coordinator.kafka.log import partition_for
@@ -92,7 +93,7 @@ def _coordinator(servers: str, job: str, prefix: str, checkpoint_dir: str, subta
         conn.send({"ready": True})
         while True:  # killed in the middle of one of these
             service.trigger_checkpoint().result(60)
-    restored = service.snapshot_state().latest_completed()
+    restored = CompletedCheckpointStore.latest(service.snapshot_state())
     record = service.trigger_checkpoint().result(60)
     done = time.time()
     load = service.load_stats

@@ -924,7 +924,7 @@ class CheckpointCoordinator:
         key = (message.operator_id, message.subtask_index)
         if message.attempt_number < self.current_attempts.get(key, -1):
             return
-        latest = self.state.latest_completed()
+        latest = CompletedCheckpointStore.latest(self.state)
         holder = self.holders.get(message.operator_id)
         if holder is not None:
             holder.attempt_failed(message.subtask_index, message.attempt_number, RuntimeError(message.reason or "failed"),

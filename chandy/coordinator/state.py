@@ -77,14 +77,6 @@ class CoordinatorState:
             if c.status is CheckpointStatus.COMPLETED and (savepoints is None or c.is_savepoint == savepoints)
         ]
 
-    def latest_completed(self) -> CheckpointRecord | None:
-        """The newest entry of the completed checkpoint store: what a restart restores. Never an
-        intermediate savepoint (Flink 1.15+, FLINK-25191); see
-        :class:`~chandy.coordinator.completed_checkpoint_store.CompletedCheckpointStore`."""
-        from chandy.coordinator.completed_checkpoint_store import CompletedCheckpointStore
-
-        return CompletedCheckpointStore.latest(self)
-
     def records_of(self, kind: str) -> dict[str, Any]:
         """The entities of the extension kind ``kind`` (entity ID -> folded value; empty if none)."""
         return self.extensions.get(kind, {})

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
+from chandy.coordinator.completed_checkpoint_store import CompletedCheckpointStore
 from chandy.coordinator.failure import CheckpointException
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.log import load_state, read_log
@@ -200,7 +201,7 @@ def test_sigkill_mid_checkpoint_then_restart_aborts_it_restores_and_continues_id
         assert state.epoch == 2
         assert state.checkpoints[3].status == "ABORTED"
         assert state.checkpoints[3].failure_reason == "CHECKPOINT_COORDINATOR_SHUTDOWN"
-        assert state.latest_completed().checkpoint_id == 2
+        assert CompletedCheckpointStore.latest(state).checkpoint_id == 2
         assert hook.restored == [(2, {"checkpoint": 2})] and hook.resets == 0
         # the restored checkpoint's completion is notified again, under the new epoch
         wait_for(lambda: worker.completed[-1:] == [2] and len(worker.completed) >= 3, what="re-notification")

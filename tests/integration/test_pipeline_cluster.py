@@ -4,9 +4,15 @@ three replicas and ``min.insync.replicas`` 2), landing into Delta while brokers 
 1. the broker that leads the coordinator log's partition is SIGKILLed mid-run: the pipeline goes
    on committing, and every record is in the table exactly once;
 2. ``chandy job stop`` with a ``--standby`` waiting: the job stays FINISHED and the standby exits 0
-   without running it.
+   without running it;
+3. a rolling restart of all three brokers, one at a time, each back in every ISR before the next;
+4. the coordinator log's leader paused (SIGSTOP) for 15 s, longer than the brokers' session
+   timeout, then resumed;
+5. the active driver's process tree frozen (SIGSTOP) while the standby takes over, then resumed:
+   it is fenced (exit 3), and the consumer group's offsets, sampled every 100 ms, never decrease.
 
-Slow (three broker JVMs and Spark, about four minutes):
+Each ends with every record in the table exactly once. Slow (three broker JVMs and Spark, about
+ten minutes):
 ``flock /tmp/chandy-spark.lock .venv/bin/pytest -m slow tests/integration/test_pipeline_cluster.py -s``.
 """
 
@@ -91,6 +97,12 @@ def _pipeline(servers: str, topic: str, table: str, prefix: str, *extra: str) ->
             "--master", "local[1]", *extra]
 
 
+def _all_in_sync(servers: str) -> bool:
+    metadata = kafka_config.admin_client(servers).list_topics(timeout=10)
+    return all(sorted(p.isrs) == sorted(p.replicas) for name, t in metadata.topics.items() if not name.startswith("__")
+               for p in t.partitions.values())
+
+
 def _commits(table: str) -> int:
     return DeltaTable(table).version() if DeltaTable.is_deltatable(table) else -1
 
@@ -162,3 +174,130 @@ def test_a_stopped_job_stays_finished_with_a_standby_waiting(cluster, tmp_path) 
         producer.thread.join(60)
     rows = landed(table)
     assert len(rows) == len(set(rows)) < 2000 or len(rows) == len(set(rows))
+
+
+def _group_offsets(servers: str, group: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
+
+    consumer = kafka_config.consumer(servers, group_id=group)
+    try:
+        committed = consumer.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=10)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+
+
+def test_a_rolling_restart_of_every_broker_loses_and_doubles_nothing(cluster, tmp_path) -> None:
+    servers = _servers(cluster)
+    topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
+    producer = _Producer(servers, topic, 8000, 300).start()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    run = subprocess.Popen(_pipeline(servers, topic, table, prefix, "--until-drained"), cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: _commits(table) >= 2 or run.poll() is not None, 240, "two commits before the restarts")
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        for node in (1, 2, 3):  # one broker at a time, each back before the next goes
+            before = _commits(table)
+            cluster.kill_node(node, signal.SIGTERM)
+            cluster.start_node(node)
+            wait_for(lambda: _all_in_sync(servers), 120, f"node {node} back in every ISR")  # as an operator waits
+            wait_for(lambda b=before: _commits(table) > b or run.poll() is not None, 120, f"a commit after node {node}")
+            assert run.poll() is None, run.communicate()[1][-3000:]
+        producer.thread.join(120)
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) == 8000
+
+
+def test_a_broker_paused_past_the_session_timeout_then_resumed(cluster, tmp_path) -> None:
+    servers = _servers(cluster)
+    topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
+    producer = _Producer(servers, topic, 5000, 300).start()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    run = subprocess.Popen(_pipeline(servers, topic, table, prefix, "--until-drained"), cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    paused = None
+    try:
+        wait_for(lambda: _commits(table) >= 2 or run.poll() is not None, 240, "two commits before the pause")
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        admin = kafka_config.admin_client(servers)
+        log_topic = ChandyTopics(prefix).coordinator_log
+        paused = admin.list_topics(log_topic, timeout=10).topics[log_topic].partitions[0].leader
+        pid = cluster.status().node(paused).pid
+        os.kill(pid, signal.SIGSTOP)  # longer than the brokers' session timeouts (KRaft fences it)
+        time.sleep(15)
+        os.kill(pid, signal.SIGCONT)
+        paused = None
+        producer.thread.join(120)
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+    finally:
+        if paused is not None:
+            os.kill(cluster.status().node(paused).pid, signal.SIGCONT)
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) == 5000
+
+
+def test_a_frozen_leader_is_fenced_and_the_group_never_moves_back(cluster, tmp_path) -> None:
+    """The active driver's whole process tree is frozen (SIGSTOP) mid-run; the standby takes over
+    and lands; the old leader resumes: it is fenced (exit 3) and commits nothing, and the
+    consumer group's offsets, sampled throughout, never decrease."""
+    servers = _servers(cluster)
+    topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
+    producer = _Producer(servers, topic, 4000, 300).start()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    args = _pipeline(servers, topic, table, prefix)
+    from chandy.connectors.spark.pipeline import default_job_id
+
+    group = f"chandy-{default_job_id(table, (topic,))}"
+    active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    standby = None
+    samples: list[dict[int, int]] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            samples.append(_group_offsets(servers, group, topic))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    frozen = False
+    try:
+        wait_for(lambda: _commits(table) >= 3 or active.poll() is not None, 240, "the active pipeline's commits")
+        assert active.poll() is None, active.communicate()[1][-3000:]
+        standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(8)
+        sampler.start()
+        os.killpg(active.pid, signal.SIGSTOP)
+        frozen = True
+        stopped_at = _commits(table)
+        wait_for(lambda: _commits(table) >= stopped_at + 3, 180, "three commits of the standby")
+        os.killpg(active.pid, signal.SIGCONT)
+        frozen = False
+        _, err = active.communicate(timeout=120)
+        assert active.returncode == 3, err[-3000:]  # fenced
+        producer.thread.join(120)
+        wait_for(lambda: len(landed(table)) >= 4000, 180, "every record landed by the standby")
+        time.sleep(2)
+    finally:
+        sampling.set()
+        if frozen:
+            os.killpg(active.pid, signal.SIGCONT)
+        for process in (active, standby):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) == 4000
+    assert len(samples) > 20
+    for p in (0, 1):
+        seen = [s[p] for s in samples if p in s]
+        assert seen == sorted(seen), f"partition {p}: the group moved back: {seen}"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator, RestoreError
+from chandy.coordinator.completed_checkpoint_store import CompletedCheckpointStore
 from chandy.coordinator.failure import CheckpointException
 from chandy.coordinator.hooks import HookRestoreError
 from chandy.coordinator.messages import (
@@ -708,7 +709,7 @@ def test_restart_restores_the_latest_checkpoint_never_a_later_intermediate_savep
     env.run()
     ack_all(cc, 2)
     assert savepoint.done() and cc.state.checkpoints[2].status == "COMPLETED"
-    assert cc.state.latest_completed().checkpoint_id == 1
+    assert CompletedCheckpointStore.latest(cc.state).checkpoint_id == 1
     restarted = DictHook("h")
     cc2, _env2, listener = make(tmp_path, env=ManualEnvironment(), state=replay(JOB, env.log), hooks=[restarted])
     assert restarted.restored == [(1, {"checkpoint": 1})]

@@ -10,6 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chandy.coordinator.completed_checkpoint_store import CompletedCheckpointStore
 from chandy.coordinator.messages import (
     DeclineCheckpoint,
     NotifyCheckpointComplete,
@@ -70,7 +71,7 @@ def _run(tmp: Path, operations: list, config: dict | None = None) -> None:
             cc, env, _ = make(tmp, env=fresh, state=replay(JOB, env.log), **config)
             # what it restored is the latest completed checkpoint, never an intermediate savepoint
             restored = [m.checkpoint_id for m in env.control_of(NotifyCheckpointComplete)]
-            latest = cc.state.latest_completed()
+            latest = CompletedCheckpointStore.latest(cc.state)
             assert restored == ([latest.checkpoint_id] if latest else [])
         elif kind == "periodic":
             if op[1]:
