@@ -63,6 +63,14 @@ def _feed(servers: str, topic: str, stop: threading.Event, rate: int = 500) -> N
     producer.flush(30)
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _wait(predicate, timeout_s: float, what: str, poll_s: float = 0.02):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -85,9 +93,12 @@ def one_run(servers: str, prefix: str, tmp: Path) -> dict:
             "--prefix", prefix, "--value-format", "json", "--value-schema", "id BIGINT", "--checkpoint-interval", "500",
             "--master", "local[1]"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    standby_log = tmp / f"{topic}-standby.log"
+    logs = Path(os.environ.get("TAKEOVER_LOGS", str(tmp)))
+    logs.mkdir(parents=True, exist_ok=True)
+    active_log = logs / f"{topic}-active.log"
+    with open(active_log, "w") as err:
+        active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    standby_log = logs / f"{topic}-standby.log"
     with open(standby_log, "w") as err:
         standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
                                    start_new_session=True)
@@ -95,12 +106,19 @@ def one_run(servers: str, prefix: str, tmp: Path) -> dict:
         _wait(lambda: len(_checkpoints(table)) >= 3, 240, "three commits of the active driver", 0.2)
         _wait(lambda: "waiting until the active coordinator stops" in standby_log.read_text(), 240, "a waiting standby", 0.2)
         time.sleep(3)  # the standby's Spark is warm and it is a member of the election group
-        before = max(_checkpoints(table))
+        if active.poll() is not None or "leads" in standby_log.read_text():
+            raise RuntimeError(f"the standby took over before the kill: active exited {active.poll()}: "
+                               f"{active_log.read_text()[-2000:]}")
         killed = time.monotonic()
         os.killpg(active.pid, signal.SIGKILL)
+        active.wait(30)
+        _wait(lambda: not _group_alive(active.pid), 30, "the end of the active driver's process group", 0.005)
+        before = max(_checkpoints(table))  # read once every process of it is gone: nothing later is its
         first = _wait(lambda: max(_checkpoints(table)) > before and max(_checkpoints(table)), 120, "commit of the standby")
         took = time.monotonic() - killed
-        return {"seconds": took, "before": before, "first": first}
+        time.sleep(1)
+        said = [line.strip() for line in standby_log.read_text().splitlines() if "leads" in line or "took" in line]
+        return {"seconds": took, "before": before, "first": first, "said": said[-1:]}
     finally:
         stop.set()
         for process in (active, standby):
@@ -139,7 +157,7 @@ def main() -> None:
                 r = one_run(servers, prefix, Path(tmp))
                 results.append(r["seconds"])
                 print(f"run {run}: SIGKILL -> standby's first checkpoint {r['seconds']:.2f} s "
-                      f"(active's last {r['before']}, standby's first {r['first']})", flush=True)
+                      f"(active's last {r['before']}, standby's first {r['first']}) {' '.join(r['said'])}", flush=True)
         finally:
             if broker is not None:
                 broker.down()

@@ -288,3 +288,28 @@ def test_a_standby_does_not_restart_a_canceled_job(kafka_bootstrap_servers, topi
     finally:
         active.stop()
         standby.stop()
+
+
+def test_a_standby_that_joined_first_does_not_fence_a_running_active(kafka_bootstrap_servers, topic_prefix) -> None:
+    """Issue 36 (found by benchmarks/takeover.py): a standby started at the same moment as the
+    active run joined the election group first and owned its partition, then started and fenced
+    the healthy active run. A standby leads only once no active run is a member of the group."""
+    from chandy.coordinator.kafka.requests import LeaderElection
+
+    topics = ChandyTopics(topic_prefix)
+    ensure_topics(kafka_config.admin_client(kafka_bootstrap_servers), topics)
+    job = uuid.uuid4().hex
+    standby = LeaderElection(kafka_bootstrap_servers, topics, job, standby=True).join()
+    active = None
+    try:
+        assert standby.is_leader.wait(30)  # it owns the partition: the first member
+        active = LeaderElection(kafka_bootstrap_servers, topics, job).join()
+        assert active.joined.wait(30)
+        assert not standby.wait_until_leader(timeout_s=5)  # an active run is a member: no take-over
+        active.close()
+        active = None
+        assert standby.wait_until_leader(timeout_s=30)  # gone: the standby leads
+    finally:
+        for election in (active, standby):
+            if election is not None:
+                election.close()

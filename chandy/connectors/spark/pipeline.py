@@ -434,6 +434,13 @@ def task_code_zip() -> str:
         return target
 
 
+def _import_task_modules(_: Any) -> None:
+    """In a Python worker: import what a micro-batch's task runs (a standby warms its workers)."""
+    import chandy.connectors.lake.sinks
+    import chandy.connectors.spark.clients
+    import chandy.connectors.spark.datasource  # noqa: F401
+
+
 def load_transform(spec: str) -> Callable[[Any], Any]:
     """Import ``module:function``.
 
@@ -802,6 +809,16 @@ class Pipeline:
                      os.environ.get("PYSPARK_PYTHON", "python3"))
         return spark
 
+    def _warm_python_workers(self, spark: Any) -> None:
+        """A standby's Spark runs one task per slot that imports the tasks' modules, so its first
+        micro-batch after a take-over reuses started Python workers (``spark.python.worker.reuse``,
+        on by default) instead of paying their start and imports (about a second each)."""
+        slots = max(1, spark.sparkContext.defaultParallelism)
+        try:
+            spark.sparkContext.parallelize(range(slots), slots).foreach(_import_task_modules)
+        except Exception as exc:  # noqa: BLE001 - only an optimization: the first micro-batch starts them anyway
+            log.warning("could not warm the standby's Python workers: %s", root_cause(exc))
+
     def _check_planner_python(self, python: str) -> None:
         """With a transform, the micro-batch reads and writes through Python data sources, which
         Spark plans on the driver in a Python worker started with the executors' Python path,
@@ -1095,6 +1112,7 @@ class Pipeline:
         if opts.standby:
             self.parallelism = opts.parallelism or 1
             warm = self._spark_session()  # a warm standby: Spark is up before it leads
+            self._warm_python_workers(warm)
             if not self._stand_by():
                 if self._spark is None:
                     warm.stop()
@@ -1308,7 +1326,7 @@ class Pipeline:
         topics = ChandyTopics(opts.prefix)
         ensure_topics(kafka_config.admin_client(opts.bootstrap_servers, kafka_config.security_settings(opts.consumer_overrides)), topics)
         self.election = LeaderElection(opts.bootstrap_servers, topics, self.job_id,
-                                       consumer_overrides=dict(opts.consumer_overrides)).join()
+                                       consumer_overrides=dict(opts.consumer_overrides), standby=True).join()
         log.warning("standby for job %s: waiting until the active coordinator stops (group %s)", self.job_id,
                     self.election.group_id)
         if self.election.wait_until_leader(stop=self._stop):

@@ -215,17 +215,22 @@ class LeaderElection:
     """
 
     def __init__(self, bootstrap_servers: str, topics: ChandyTopics, job_id: str, *,
-                 consumer_overrides: Mapping[str, Any] | None = None, codec: Codec | None = None) -> None:
+                 consumer_overrides: Mapping[str, Any] | None = None, codec: Codec | None = None,
+                 standby: bool = False) -> None:
         self.topics = topics
         self.job_id = job_id
         self.group_id = election_group(topics.prefix, job_id)
         self.codec = codec or SingleObjectCodec()
+        self.standby = standby
+        self._admin = kafka_config.admin_client(bootstrap_servers, kafka_config.security_settings(consumer_overrides))
         overrides = {"partition.assignment.strategy": "cooperative-sticky",
                      "session.timeout.ms": ELECTION_SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 300,
                      # earliest: a request sent before this member owned the partition is still read;
                      # old ones are past their deadline and skipped
                      "auto.offset.reset": "earliest", "enable.auto.commit": True, "enable.auto.offset.store": False,
-                     "enable.partition.eof": False, **(consumer_overrides or {})}
+                     "enable.partition.eof": False, **(consumer_overrides or {}),
+                     # what a standby reads of the others: is an active run still a member?
+                     "client.id": STANDBY_CLIENT_ID if standby else ACTIVE_CLIENT_ID}
         self.consumer = kafka_config.consumer(bootstrap_servers, group_id=self.group_id, overrides=overrides)
         self.is_leader = threading.Event()
         self.joined = threading.Event()  # a member of the group (its first rebalance is done)
@@ -246,14 +251,31 @@ class LeaderElection:
         return self
 
     def wait_until_leader(self, timeout_s: float | None = None, stop: threading.Event | None = None) -> bool:
-        """Block until this member leads (True), ``timeout_s`` passes or ``stop`` is set (False)."""
+        """Block until this member leads (True), ``timeout_s`` passes or ``stop`` is set (False).
+
+        A standby leads only once it owns the requests partition *and* no active run of the job
+        is a member of the group: a standby that joined before the active run's coordinator did
+        (both started at once) owns the partition at once, yet the active run is alive and must
+        not be fenced by it; the standby waits until that member is gone (its session timed out,
+        or it left on stop)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self.is_leader.wait(0.1):
+        while True:
+            if self.is_leader.wait(0.1) and (not self.standby or self._no_active_member()):
+                if self.standby:
+                    self.became_leader_at = time.monotonic()
+                return True
             if (stop is not None and stop.is_set()) or self._stop.is_set():
                 return False
             if deadline is not None and time.monotonic() > deadline:
                 return False
-        return True
+
+    def _no_active_member(self) -> bool:
+        try:
+            return active_members(self._admin, self.group_id) == 0
+        except Exception as exc:  # noqa: BLE001 - the broker may be unreachable for a moment: ask again
+            log.debug("describing group %s: %s", self.group_id, exc)
+            time.sleep(0.2)
+            return False
 
     def attach(self, handler: Callable[[ControlRequest], None]) -> None:
         """Deliver requests to ``handler`` from now on, the ones already received first."""
@@ -518,6 +540,23 @@ class RequestAnswer:
     external_pointer: str | None
     failure_message: str | None
     round_trip_ms: float
+
+
+#: ``client.id`` of an election member that runs the job's coordinator (a run without ``--standby``)
+ACTIVE_CLIENT_ID = "chandy-election-active"
+#: ``client.id`` of an election member that waits to take over (``--standby``)
+STANDBY_CLIENT_ID = "chandy-election-standby"
+
+
+def active_members(admin: Any, group: str, timeout_s: float = 10.0) -> int:
+    """How many members of election group ``group`` are active runs (``client.id``
+    :data:`ACTIVE_CLIENT_ID`), through ``admin`` (an ``AdminClient``); an unknown group has none.
+
+    Raises:
+        KafkaException: the group could not be described (a retriable error included).
+    """
+    description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
+    return sum(1 for m in description.members if m.client_id == ACTIVE_CLIENT_ID)
 
 
 def group_has_members(admin: Any, group: str, timeout_s: float = 10.0) -> bool:

@@ -495,7 +495,8 @@ class CoordinatorService:
             # non-empty, so `chandy job ...` finds the job running while this process joins
             predecessor = group_has_members(admin, election_group(self.topics.prefix, self.job_id), timeout_s)
             self.election = LeaderElection(self.bootstrap_servers, self.topics, self.job_id,
-                                           consumer_overrides=self._consumer_overrides, codec=self.codec).join()
+                                           consumer_overrides=self._consumer_overrides, codec=self.codec,
+                                           standby=self._standby).join()
         if self._standby and self.election is not None:
             log.info("job %s: standing by until this process leads group %s", self.job_id, self.election.group_id)
             if not self.election.wait_until_leader(stop=self.stopped):
