@@ -85,6 +85,9 @@ def one_run(servers: str, prefix: str, tmp: Path) -> dict:
     topic = f"takeover-{uuid.uuid4().hex[:8]}"
     admin = kafka_config.admin_client(servers)
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result()
+    _wait(lambda: topic in admin.list_topics(timeout=10).topics
+          and all(p.leader >= 0 for p in admin.list_topics(topic, timeout=10).topics[topic].partitions.values()),
+          30, "the new topic's leaders", 0.1)
     table = str(tmp / topic)
     stop = threading.Event()
     feeder = threading.Thread(target=_feed, args=(servers, topic, stop), daemon=True)

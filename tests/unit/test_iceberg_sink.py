@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import load_catalog
 
-from chandy.connectors.lake.delta import LakeSchemaError
 from chandy.connectors.lake.iceberg import IcebergSink, parse_iceberg_uri
+from chandy.connectors.lake.sink import LakeSchemaError
 from chandy.connectors.lake.sinks import open_sink
 from chandy.connectors.lake.uri import TableUriError
 

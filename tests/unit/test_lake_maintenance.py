@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from chandy.connectors.lake.delta import DeltaLakeSink, LakeCommitError
+from chandy.connectors.lake.delta import DeltaLakeSink
+from chandy.connectors.lake.sink import LakeCommitError
 from chandy.connectors.lake.sinks import open_sink
 
 JOB = "0123456789abcdef0123456789abcdef"

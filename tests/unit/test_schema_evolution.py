@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from chandy.connectors.lake.delta import LakeSchemaError
+from chandy.connectors.lake.sink import LakeSchemaError
 from chandy.connectors.lake.sinks import open_sink
 from chandy.connectors.spark.decode import BadRecordError, SchemaChangeError, ValueDecoder, concat_evolving
 from chandy.connectors.spark.records import to_record_batch

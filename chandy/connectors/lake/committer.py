@@ -31,8 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from chandy.connectors.lake.delta import FILE_KIND, TP, DataFile, LakeCommitError, LakeSchemaError
-from chandy.connectors.lake.sinks import LakeSink
+from chandy.connectors.lake.sink import FILE_KIND, TP, DataFile, LakeCommitError, LakeSchemaError, LakeSink
 from chandy.coordinator.faults import crash_point
 from chandy.coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
 from chandy.coordinator.storage import (

@@ -20,14 +20,11 @@ deleted.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import dataclasses
 import fcntl
 import json
 import logging
 import os
-import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -39,29 +36,25 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from chandy.connectors.type_mapping import to_lake_types, utc_schema
-from chandy.coordinator.errors import ChandyError
-from chandy.coordinator.messages import StateHandle
+from chandy.connectors.lake.sink import (
+    COMMIT_ATTEMPTS,
+    DATA_FILE_NAME,
+    EVOLUTION_NOTE,
+    TP,
+    DataFile,
+    LakeCommitError,
+    LakeSchemaError,
+    TableProgress,
+    merge_schemas,
+    offsets_from_json,
+    offsets_to_json,
+    schema_differences,
+    schema_from_b64,
+    schema_to_b64,
+)
+from chandy.connectors.type_mapping import to_lake_types
 
 log = logging.getLogger(__name__)
-
-FILE_KIND = "lake-file"
-_NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoint>\d{10})-(?P<subtask>\d{5})-a(?P<attempt>\d+)-[0-9a-f]+\.parquet$")
-
-
-class LakeCommitError(ChandyError):
-    """A lake commit failed (storage error), or would land records the table already holds."""
-
-
-class LakeSchemaError(LakeCommitError):
-    """The data's schema does not fit the table's (a column the table lacks, or another type)."""
-
-
-TP = tuple[str, int]
-
-#: attempts of a commit (or an OPTIMIZE) that meets a concurrent commit delta-rs cannot rebase
-COMMIT_ATTEMPTS = 8
-
 
 def _is_conflict(exc: BaseException) -> bool:
     """A commit lost to a concurrent one (delta-rs ``CommitFailedError``, or its text)."""
@@ -70,134 +63,6 @@ def _is_conflict(exc: BaseException) -> bool:
     text = str(exc).lower()
     return isinstance(exc, CommitFailedError) or "conflict" in text or "version already exists" in text
 
-
-@dataclasses.dataclass(frozen=True)
-class TableProgress:
-    """What a table says it holds for one job, from its app transactions and ``commitInfo``.
-
-    ``checkpoint_id``: the job's newest committed checkpoint (its app transaction version), or
-    None; ``offsets``: end offset (exclusive) per (topic, partition) landed by the job;
-    ``cluster_id``: the Kafka cluster the job's newest commit read from; ``other_jobs``: the
-    offsets other jobs recorded in the same table, by job ID.
-    """
-
-    checkpoint_id: int | None
-    offsets: Mapping[TP, int]
-    cluster_id: str | None
-    other_jobs: Mapping[str, Mapping[TP, int]]
-
-
-def _offsets_to_json(offsets: Mapping[TP, int]) -> str:
-    nested: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        nested.setdefault(topic, {})[str(partition)] = int(offset)
-    return json.dumps(nested, separators=(",", ":"))
-
-
-def _offsets_from_json(text: str | None) -> dict[TP, int]:
-    if not text:
-        return {}
-    try:
-        nested = json.loads(text)
-        return {(topic, int(p)): int(o) for topic, parts in nested.items() for p, o in parts.items()}
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise LakeCommitError(f"the table's chandy.offsets commit metadata is not readable: {text[:200]!r}: {exc}") from exc
-
-
-def _type_shape(delta_type_json: Any) -> Any:
-    """A Delta type's JSON without nullability and metadata, for comparing types."""
-    if isinstance(delta_type_json, dict):
-        return {k: _type_shape(v) for k, v in delta_type_json.items()
-                if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
-    if isinstance(delta_type_json, list):
-        return [_type_shape(v) for v in delta_type_json]
-    return delta_type_json
-
-
-def _type_text(delta_type_json: Any) -> str:
-    return delta_type_json if isinstance(delta_type_json, str) else json.dumps(_type_shape(delta_type_json))
-
-
-def delta_fields(data: pa.Schema) -> dict[str, Any]:
-    """``data``'s columns as Delta types (name -> Delta type JSON), zoned timestamps as UTC at
-    every depth (:func:`~chandy.connectors.type_mapping.utc_schema`)."""
-    from deltalake import Schema as DeltaSchema
-
-    return {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(utc_schema(data)).to_json())["fields"]}
-
-
-def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any], *, add_columns: bool = False) -> list[str]:
-    """What stops ``data`` (Arrow) from landing in a table whose columns are ``table_fields``
-    (name -> Delta type JSON); empty when it fits. Columns of the table the data lacks are fine
-    (they land as nulls); a column of another type is a difference, and so is a column the table
-    lacks unless ``add_columns`` (schema evolution: the commit adds it)."""
-    mine = delta_fields(data)
-    problems = []
-    for name, kind in mine.items():
-        if name not in table_fields:
-            if not add_columns:
-                problems.append(f"column {name} ({_type_text(kind)}) is not in the table")
-        elif _type_shape(kind) != _type_shape(table_fields[name]):
-            problems.append(f"column {name} is {_type_text(kind)} in the data but "
-                            f"{_type_text(table_fields[name])} in the table")
-    return problems
-
-
-EVOLUTION_NOTE = "new columns are added with schema evolution; a column of another type is refused"
-
-
-def merge_schemas(schemas: Sequence[pa.Schema], *, where: str = "") -> pa.Schema:
-    """The union of ``schemas`` by column name (first appearance order), as Iceberg's
-    ``union_by_name`` and Delta's schema merge do; a missing column is fine.
-
-    Raises:
-        LakeSchemaError: one column of two types, naming it and both types.
-    """
-    seen: dict[str, pa.Field] = {}
-    kinds: dict[str, Any] = {}
-    for schema in schemas:
-        for name, kind in delta_fields(schema).items():
-            if name not in seen:
-                seen[name], kinds[name] = schema.field(name), kind
-            elif _type_shape(kinds[name]) != _type_shape(kind):
-                raise LakeSchemaError(f"{where}column {name} is {_type_text(kind)} in one file but "
-                                      f"{_type_text(kinds[name])} in another: nothing was committed")
-    return pa.schema(list(seen.values()))
-
-
-@dataclasses.dataclass(frozen=True)
-class DataFile:
-    """A Parquet file written into the table location, not yet committed.
-
-    ``path`` is relative to the table root; ``size`` in bytes; ``records`` rows; ``schema`` the
-    table's Arrow schema (with the partition columns) as base64 IPC.
-    """
-
-    path: str
-    size: int
-    records: int
-    partition_values: Mapping[str, str | None]
-    modification_time: int
-    schema: str
-
-    def to_state_handle(self) -> StateHandle:
-        return StateHandle(FILE_KIND, self.path, None, self.size, {
-            "records": str(self.records), "partition_values": json.dumps(dict(self.partition_values)),
-            "modification_time": str(self.modification_time), "schema": self.schema})
-
-    @classmethod
-    def from_state_handle(cls, handle: StateHandle) -> DataFile:
-        p = handle.properties
-        return cls(handle.path or "", handle.state_size, int(p["records"]), json.loads(p["partition_values"]),
-                   int(p["modification_time"]), p["schema"])
-
-
-def _schema_to_b64(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def _schema_from_b64(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 def _partition_string(value: Any) -> str | None:
@@ -245,7 +110,7 @@ class DeltaLakeSink:
         if table.num_rows == 0:
             return []
         table = to_lake_types(table)
-        schema = _schema_to_b64(table.schema)
+        schema = schema_to_b64(table.schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
         if not self.partition_by:
             return [self._write_one(table, stem, {}, schema)]
@@ -333,10 +198,10 @@ class DeltaLakeSink:
                 continue
             if owner == job_id:
                 if offsets is None:
-                    offsets = _offsets_from_json(commit["chandy.offsets"])
+                    offsets = offsets_from_json(commit["chandy.offsets"])
                     cluster_id = commit.get("chandy.kafka_cluster_id")
             elif owner not in others:
-                others[owner] = _offsets_from_json(commit["chandy.offsets"])
+                others[owner] = offsets_from_json(commit["chandy.offsets"])
         return TableProgress(done, offsets or {}, cluster_id, others)
 
     def missing_files(self, files: Iterable[DataFile]) -> list[str]:
@@ -377,12 +242,12 @@ class DeltaLakeSink:
         ]
         metadata = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id)}
         if offsets:
-            metadata["chandy.offsets"] = _offsets_to_json(offsets)
+            metadata["chandy.offsets"] = offsets_to_json(offsets)
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
         properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
         fields = None if table is None else self._fields_of(table)
-        schemas = [_schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
+        schemas = [schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
         for schema in schemas:
             self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
         merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
@@ -393,7 +258,7 @@ class DeltaLakeSink:
                 if fields is None:
                     from deltalake import Schema as DeltaSchema
 
-                    schema = merged if merged is not None else _schema_from_b64(files[0].schema)
+                    schema = merged if merged is not None else schema_from_b64(files[0].schema)
                     create_table_with_add_actions(
                         self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
                         partition_by=self.partition_by or None, storage_options=self._delta_options,
@@ -467,7 +332,7 @@ class DeltaLakeSink:
             relative = path[len(self.root):].lstrip("/")
             if relative.startswith("_delta_log/"):
                 continue
-            match = _NAME.search(relative)
+            match = DATA_FILE_NAME.search(relative)
             if match is None or not job_id.startswith(match["job"]) or relative in referenced:
                 continue
             if keep_checkpoints_after is not None and int(match["checkpoint"]) > keep_checkpoints_after:

@@ -34,21 +34,21 @@ from urllib.parse import quote, urlsplit
 import pyarrow as pa
 from fsspec.core import url_to_fs
 
-from chandy.connectors.lake.delta import (
-    _NAME,
+from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
+    DATA_FILE_NAME,
     EVOLUTION_NOTE,
     TP,
     DataFile,
     LakeCommitError,
     LakeSchemaError,
     TableProgress,
-    _offsets_from_json,
-    _offsets_to_json,
-    _schema_from_b64,
-    _schema_to_b64,
     merge_schemas,
+    offsets_from_json,
+    offsets_to_json,
     schema_differences,
+    schema_from_b64,
+    schema_to_b64,
 )
 from chandy.connectors.lake.uri import TableUriError, normalize_table_uri
 from chandy.connectors.type_mapping import to_lake_types
@@ -128,7 +128,7 @@ def _is_conflict(exc: BaseException) -> bool:
 
 class IcebergSink:
     """An Iceberg table in a pyiceberg catalog (see the module docstring); the methods of
-    :class:`~chandy.connectors.lake.delta.DeltaLakeSink`, with the same contracts.
+    :class:`~chandy.connectors.lake.sink.LakeSink`, with the contracts :class:`~chandy.connectors.lake.delta.DeltaLakeSink` documents.
 
     Args:
         table_uri: ``iceberg://<catalog>/<namespace>.<table>``.
@@ -226,7 +226,7 @@ class IcebergSink:
         if table.num_rows == 0:
             return []
         table = to_lake_types(table)
-        schema = _schema_to_b64(table.schema)
+        schema = schema_to_b64(table.schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
         parts: list[tuple[str, dict[str, Any], Any]] = [("", {}, table)]
         if self.partition_by:
@@ -273,7 +273,7 @@ class IcebergSink:
         return None if table is None else self._fields_of(table)
 
     def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
-        """Refuse data that does not fit the table (see :func:`~chandy.connectors.lake.delta.schema_differences`).
+        """Refuse data that does not fit the table (see :func:`~chandy.connectors.lake.sink.schema_differences`).
 
         Raises:
             LakeSchemaError: one line naming every column that differs, with both types.
@@ -291,7 +291,7 @@ class IcebergSink:
         props = table.properties
         key = f"{PROPERTY_PREFIX}{job_id}."
         done = props.get(key + "checkpoint_id")
-        return (None if done is None else int(done), _offsets_from_json(props.get(key + "offsets")),
+        return (None if done is None else int(done), offsets_from_json(props.get(key + "offsets")),
                 props.get(key + "kafka_cluster_id"))
 
     def committed_checkpoint(self, job_id: str) -> int | None:
@@ -310,7 +310,7 @@ class IcebergSink:
             if key.startswith(PROPERTY_PREFIX) and key.endswith(".offsets"):
                 owner = key[len(PROPERTY_PREFIX):-len(".offsets")]
                 if owner != job_id:
-                    others[owner] = _offsets_from_json(value)
+                    others[owner] = offsets_from_json(value)
         return TableProgress(done, offsets, cluster_id, others)
 
     def missing_files(self, files: Iterable[DataFile]) -> list[str]:
@@ -339,7 +339,7 @@ class IcebergSink:
             if not files and (not offsets or table is None):
                 return False
             fields = None if table is None else self._fields_of(table)
-            schemas = [_schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
+            schemas = [schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
             for schema in schemas:
                 self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
             merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
@@ -347,7 +347,7 @@ class IcebergSink:
             key = f"{PROPERTY_PREFIX}{job_id}."
             properties = {key + "checkpoint_id": str(checkpoint_id)}
             if offsets:
-                summary["chandy.offsets"] = properties[key + "offsets"] = _offsets_to_json(offsets)
+                summary["chandy.offsets"] = properties[key + "offsets"] = offsets_to_json(offsets)
             if cluster_id:
                 summary["chandy.kafka_cluster_id"] = properties[key + "kafka_cluster_id"] = cluster_id
             try:
@@ -402,7 +402,7 @@ class IcebergSink:
             return []
         for path in self.fs.find(data):
             relative = self._relative(path if path.startswith("/") or "://" in path else "/" + path)
-            match = _NAME.search(relative)
+            match = DATA_FILE_NAME.search(relative)
             if match is None or not job_id.startswith(match["job"]) or relative in referenced:
                 continue
             if keep_checkpoints_after is not None and int(match["checkpoint"]) > keep_checkpoints_after:

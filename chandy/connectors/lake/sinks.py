@@ -8,49 +8,12 @@ idempotent table commit per checkpoint that records (job ID, checkpoint ID, offs
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
 
-import pyarrow as pa
-
-from chandy.connectors.lake.delta import DataFile, DeltaLakeSink, TableProgress
+from chandy.connectors.lake.delta import DeltaLakeSink
+from chandy.connectors.lake.sink import LakeSink
 
 ICEBERG_SCHEME = "iceberg://"
-
-
-class LakeSink(Protocol):
-    """What the pipeline, the lake committer and the maintenance commands use of a table (the
-    methods of :class:`DeltaLakeSink`, which documents them)."""
-
-    table_uri: str
-    root: str
-    fs: Any
-
-    def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int,
-                    attempt: int) -> list[DataFile]: ...
-
-    def exists(self) -> bool: ...
-
-    def committed_checkpoint(self, job_id: str) -> int | None: ...
-
-    def table_fields(self) -> dict[str, Any] | None: ...
-
-    def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None: ...
-
-    def progress(self, job_id: str) -> TableProgress: ...
-
-    def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-               offsets: Mapping[tuple[str, int], int] | None = None, cluster_id: str | None = None) -> bool: ...
-
-    def missing_files(self, files: Iterable[DataFile]) -> list[str]: ...
-
-    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]: ...
-
-    def optimize(self, *, target_size: int | None = None) -> dict[str, Any]: ...
-
-    def vacuum(self, *, retention_hours: float, dry_run: bool = False) -> list[str]: ...
-
-    def read_table(self) -> pa.Table: ...
 
 
 def is_iceberg(table_uri: str) -> bool:

@@ -67,7 +67,7 @@ from chandy.connectors.kafka.source.reader import KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
 from chandy.connectors.kafka.source.subscriber import subscribed_topics
 from chandy.connectors.lake.committer import LakeCommitterProvider, OffsetRanges
-from chandy.connectors.lake.delta import TP, LakeSchemaError, TableProgress
+from chandy.connectors.lake.sink import TP, LakeSchemaError, TableProgress
 from chandy.connectors.lake.sinks import LakeSink, is_iceberg, open_sink
 from chandy.connectors.lake.uri import normalize_table_uri
 from chandy.connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
@@ -513,6 +513,7 @@ class Pipeline:
         self.dead_lettered = 0
         self._checkpoint_id_floor: int | None = None
         self._preflight_done = False
+        self._static_checked = False
         self._requests: queue.Queue[tuple[ControlRequest, concurrent.futures.Future]] = queue.Queue()
         self._draining: tuple[ControlRequest, concurrent.futures.Future] | None = None
         # requests taken off the queue by the driver loop, in arrival order (driver thread only)
@@ -544,14 +545,27 @@ class Pipeline:
         if self._preflight_done:
             return
         opts = self.options
-        self._check_kafka()
-        self._check_table_location()
-        self._warn_local_paths_on_a_cluster()
+        self.check_static()
         self.decoder = self._decoder_from_known_schema()
         if self._transform is None and (opts.value_format is None or self.decoder is not None):
             self._check_output_schema(self._output_schema())
         self._reconcile()
         self._preflight_done = True
+
+    def check_static(self) -> None:
+        """The checks that do not read what a running job changes (Kafka reachable, the settings,
+        the source topics, the table location), once: a ``--standby`` runs them before it waits,
+        so a misconfigured standby fails at once and its take-over does not pay them.
+
+        Raises:
+            PipelineError: as :meth:`preflight`.
+        """
+        if self._static_checked:
+            return
+        self._check_kafka()
+        self._check_table_location()
+        self._warn_local_paths_on_a_cluster()
+        self._static_checked = True
 
     def _check_kafka(self) -> None:
         opts = self.options
@@ -1111,6 +1125,7 @@ class Pipeline:
         started = time.monotonic()
         if opts.standby:
             self.parallelism = opts.parallelism or 1
+            self.check_static()  # a misconfigured standby fails now, not at its take-over
             warm = self._spark_session()  # a warm standby: Spark is up before it leads
             self._warm_python_workers(warm)
             if not self._stand_by():

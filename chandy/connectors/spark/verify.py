@@ -19,7 +19,7 @@ from typing import Any
 
 from chandy.connectors.kafka.source.reader import KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
-from chandy.connectors.lake.sinks import LakeSink
+from chandy.connectors.lake.sink import LakeSink
 from chandy.connectors.spark.decode import ValueDecoder
 from chandy.connectors.spark.records import to_record_batch
 

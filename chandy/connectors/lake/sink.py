@@ -1,0 +1,208 @@
+"""What every lake sink shares, and the interface a sink implements (:class:`LakeSink`).
+
+A sink writes *data files* from the Spark tasks (:class:`DataFile`: invisible until committed,
+named :data:`DATA_FILE_NAME` so files no commit references can be found and deleted) and adds a
+checkpoint's files in one idempotent table commit recording (job ID, checkpoint ID, the end offset
+of every (topic, partition) landed: :class:`TableProgress`). Delta
+(:mod:`chandy.connectors.lake.delta`) and Iceberg (:mod:`chandy.connectors.lake.iceberg`) each
+implement :class:`LakeSink` and import nothing of each other; a third format would add a module of
+its own and a line to :func:`chandy.connectors.lake.sinks.open_sink`. Schemas are compared as Delta
+types (one type system for both formats: :func:`schema_differences`, :func:`merge_schemas`).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from chandy.connectors.type_mapping import utc_schema
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.messages import StateHandle
+
+FILE_KIND = "lake-file"
+DATA_FILE_NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoint>\d{10})-(?P<subtask>\d{5})-a(?P<attempt>\d+)-[0-9a-f]+\.parquet$")
+
+
+class LakeCommitError(ChandyError):
+    """A lake commit failed (storage error), or would land records the table already holds."""
+
+
+class LakeSchemaError(LakeCommitError):
+    """The data's schema does not fit the table's (a column the table lacks, or another type)."""
+
+
+TP = tuple[str, int]
+
+#: attempts of a commit (or an OPTIMIZE) that meets a concurrent commit delta-rs cannot rebase
+COMMIT_ATTEMPTS = 8
+
+
+
+@dataclasses.dataclass(frozen=True)
+class TableProgress:
+    """What a table says it holds for one job, from its app transactions and ``commitInfo``.
+
+    ``checkpoint_id``: the job's newest committed checkpoint (its app transaction version), or
+    None; ``offsets``: end offset (exclusive) per (topic, partition) landed by the job;
+    ``cluster_id``: the Kafka cluster the job's newest commit read from; ``other_jobs``: the
+    offsets other jobs recorded in the same table, by job ID.
+    """
+
+    checkpoint_id: int | None
+    offsets: Mapping[TP, int]
+    cluster_id: str | None
+    other_jobs: Mapping[str, Mapping[TP, int]]
+
+
+def offsets_to_json(offsets: Mapping[TP, int]) -> str:
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        nested.setdefault(topic, {})[str(partition)] = int(offset)
+    return json.dumps(nested, separators=(",", ":"))
+
+
+def offsets_from_json(text: str | None) -> dict[TP, int]:
+    if not text:
+        return {}
+    try:
+        nested = json.loads(text)
+        return {(topic, int(p)): int(o) for topic, parts in nested.items() for p, o in parts.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise LakeCommitError(f"the table's chandy.offsets commit metadata is not readable: {text[:200]!r}: {exc}") from exc
+
+
+def _type_shape(delta_type_json: Any) -> Any:
+    """A Delta type's JSON without nullability and metadata, for comparing types."""
+    if isinstance(delta_type_json, dict):
+        return {k: _type_shape(v) for k, v in delta_type_json.items()
+                if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
+    if isinstance(delta_type_json, list):
+        return [_type_shape(v) for v in delta_type_json]
+    return delta_type_json
+
+
+def _type_text(delta_type_json: Any) -> str:
+    return delta_type_json if isinstance(delta_type_json, str) else json.dumps(_type_shape(delta_type_json))
+
+
+def delta_fields(data: pa.Schema) -> dict[str, Any]:
+    """``data``'s columns as Delta types (name -> Delta type JSON), zoned timestamps as UTC at
+    every depth (:func:`~chandy.connectors.type_mapping.utc_schema`)."""
+    from deltalake import Schema as DeltaSchema
+
+    return {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(utc_schema(data)).to_json())["fields"]}
+
+
+def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any], *, add_columns: bool = False) -> list[str]:
+    """What stops ``data`` (Arrow) from landing in a table whose columns are ``table_fields``
+    (name -> Delta type JSON); empty when it fits. Columns of the table the data lacks are fine
+    (they land as nulls); a column of another type is a difference, and so is a column the table
+    lacks unless ``add_columns`` (schema evolution: the commit adds it)."""
+    mine = delta_fields(data)
+    problems = []
+    for name, kind in mine.items():
+        if name not in table_fields:
+            if not add_columns:
+                problems.append(f"column {name} ({_type_text(kind)}) is not in the table")
+        elif _type_shape(kind) != _type_shape(table_fields[name]):
+            problems.append(f"column {name} is {_type_text(kind)} in the data but "
+                            f"{_type_text(table_fields[name])} in the table")
+    return problems
+
+
+EVOLUTION_NOTE = "new columns are added with schema evolution; a column of another type is refused"
+
+
+def merge_schemas(schemas: Sequence[pa.Schema], *, where: str = "") -> pa.Schema:
+    """The union of ``schemas`` by column name (first appearance order), as Iceberg's
+    ``union_by_name`` and Delta's schema merge do; a missing column is fine.
+
+    Raises:
+        LakeSchemaError: one column of two types, naming it and both types.
+    """
+    seen: dict[str, pa.Field] = {}
+    kinds: dict[str, Any] = {}
+    for schema in schemas:
+        for name, kind in delta_fields(schema).items():
+            if name not in seen:
+                seen[name], kinds[name] = schema.field(name), kind
+            elif _type_shape(kinds[name]) != _type_shape(kind):
+                raise LakeSchemaError(f"{where}column {name} is {_type_text(kind)} in one file but "
+                                      f"{_type_text(kinds[name])} in another: nothing was committed")
+    return pa.schema(list(seen.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """A Parquet file written into the table location, not yet committed.
+
+    ``path`` is relative to the table root; ``size`` in bytes; ``records`` rows; ``schema`` the
+    table's Arrow schema (with the partition columns) as base64 IPC.
+    """
+
+    path: str
+    size: int
+    records: int
+    partition_values: Mapping[str, str | None]
+    modification_time: int
+    schema: str
+
+    def to_state_handle(self) -> StateHandle:
+        return StateHandle(FILE_KIND, self.path, None, self.size, {
+            "records": str(self.records), "partition_values": json.dumps(dict(self.partition_values)),
+            "modification_time": str(self.modification_time), "schema": self.schema})
+
+    @classmethod
+    def from_state_handle(cls, handle: StateHandle) -> DataFile:
+        p = handle.properties
+        return cls(handle.path or "", handle.state_size, int(p["records"]), json.loads(p["partition_values"]),
+                   int(p["modification_time"]), p["schema"])
+
+
+def schema_to_b64(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_b64(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+class LakeSink(Protocol):
+    """What the pipeline, the lake committer and the maintenance commands use of a table (the
+    methods of :class:`DeltaLakeSink`, which documents them)."""
+
+    table_uri: str
+    root: str
+    fs: Any
+
+    def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int,
+                    attempt: int) -> list[DataFile]: ...
+
+    def exists(self) -> bool: ...
+
+    def committed_checkpoint(self, job_id: str) -> int | None: ...
+
+    def table_fields(self) -> dict[str, Any] | None: ...
+
+    def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None: ...
+
+    def progress(self, job_id: str) -> TableProgress: ...
+
+    def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
+               offsets: Mapping[tuple[str, int], int] | None = None, cluster_id: str | None = None) -> bool: ...
+
+    def missing_files(self, files: Iterable[DataFile]) -> list[str]: ...
+
+    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]: ...
+
+    def optimize(self, *, target_size: int | None = None) -> dict[str, Any]: ...
+
+    def vacuum(self, *, retention_hours: float, dry_run: bool = False) -> list[str]: ...
+
+    def read_table(self) -> pa.Table: ...
