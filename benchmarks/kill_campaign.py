@@ -14,7 +14,7 @@ one process picked at random:
 
 Whatever died, the run then restarts what is needed (the broker, the pipeline, as often as the
 pipeline fails) until the topic is drained, and checks the table with
-``connectors.spark.pipeline.verify_table`` (a reader other than the writer): duplicates are
+``chandy.connectors.spark.verify.verify_table`` (a reader other than the writer): duplicates are
 (topic, partition, offset) landed more than once, missing are records of the topic not in the
 table. A kill "landed mid-run" when its target was alive and the pipeline had not finished.
 
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.procs import python_workers
 from chandy.broker import EmbeddedKafkaBroker
 from chandy.connectors.lake.sinks import open_sink
-from chandy.connectors.spark.pipeline import verify_table
+from chandy.connectors.spark.verify import verify_table
 from chandy.coordinator.kafka import config as kafka_config
 
 ROOT = Path(__file__).resolve().parents[1]

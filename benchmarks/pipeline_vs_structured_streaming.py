@@ -52,7 +52,8 @@ from confluent_kafka.admin import NewTopic
 
 from benchmarks.procs import PeakWorkerRss
 from chandy.broker import EmbeddedKafkaBroker
-from chandy.connectors.spark.pipeline import Pipeline, PipelineOptions
+from chandy.connectors.spark.options import PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.flights import topic_record_count
 

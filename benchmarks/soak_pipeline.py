@@ -39,7 +39,7 @@ from confluent_kafka.admin import NewTopic
 from benchmarks.procs import cmdline, descendants, status
 from chandy.broker import EmbeddedKafkaBroker
 from chandy.connectors.lake.sinks import open_sink
-from chandy.connectors.spark.pipeline import verify_table
+from chandy.connectors.spark.verify import verify_table
 from chandy.coordinator.kafka import config as kafka_config
 
 ROOT = Path(__file__).resolve().parents[1]

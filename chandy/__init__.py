@@ -31,16 +31,16 @@ _EXPORTS = {
     "subscribe": "chandy.coordinator.kafka.subscriber",
     "subscribe_async": "chandy.coordinator.kafka.subscriber",
     "Pipeline": "chandy.connectors.spark.pipeline",
-    "PipelineOptions": "chandy.connectors.spark.pipeline",
-    "verify_table": "chandy.connectors.spark.pipeline",
+    "PipelineOptions": "chandy.connectors.spark.options",
+    "verify_table": "chandy.connectors.spark.verify",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:
+    from chandy.connectors.spark.options import PipelineOptions as PipelineOptions
     from chandy.connectors.spark.pipeline import Pipeline as Pipeline
-    from chandy.connectors.spark.pipeline import PipelineOptions as PipelineOptions
-    from chandy.connectors.spark.pipeline import verify_table as verify_table
+    from chandy.connectors.spark.verify import verify_table as verify_table
     from chandy.coordinator.errors import ChandyError as ChandyError
     from chandy.coordinator.failure import CheckpointException as CheckpointException
     from chandy.coordinator.failure import CheckpointFailureReason as CheckpointFailureReason

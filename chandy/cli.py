@@ -290,7 +290,9 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
     143; a fenced run exits 3; a failed one prints the root cause in its last line and exits 2."""
     from rich.live import Live
 
-    from chandy.connectors.spark.pipeline import Pipeline, PipelineFencedError, verify_table
+    from chandy.connectors.spark.options import PipelineFencedError
+    from chandy.connectors.spark.pipeline import Pipeline
+    from chandy.connectors.spark.verify import verify_table
 
     pipeline = Pipeline(options)
     if not options.standby:  # a standby checks once it leads: the active run changes the table and the log
@@ -462,7 +464,7 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
       4    canceled by `chandy job cancel`
       130  stopped by Ctrl-C (SIGINT), after the checkpoint in flight
       143  stopped by SIGTERM, after the checkpoint in flight"""
-    from chandy.connectors.spark.pipeline import PipelineOptions
+    from chandy.connectors.spark.options import PipelineOptions
 
     if value_schema and value_schema.startswith("@"):
         try:
@@ -560,7 +562,7 @@ def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_chec
     import os
 
     from chandy.broker import EmbeddedKafkaBroker
-    from chandy.connectors.spark.pipeline import PipelineOptions
+    from chandy.connectors.spark.options import PipelineOptions
     from chandy.flights import load_flights
 
     servers = os.environ.get("CHANDY_BOOTSTRAP_SERVERS")

@@ -3,7 +3,7 @@
 Every error Chandy raises on purpose derives from :class:`ChandyError`, so a caller can catch
 all of them in one place (the CLI turns them into a one-line message and exit code 2) while each
 package keeps its own, more precise subclasses (``schemas.codec.WireFormatError``,
-``coordinator.failure.CheckpointException``, ``connectors.spark.pipeline.PipelineError``, ...).
+``chandy.coordinator.failure.CheckpointException``, ``chandy.connectors.spark.options.PipelineError``, ...).
 """
 
 

@@ -19,7 +19,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import NewTopic
 from pyiceberg.catalog import load_catalog
 
-from chandy.connectors.spark.pipeline import default_job_id
+from chandy.connectors.spark.options import default_job_id
 from chandy.coordinator.faults import POINTS
 from chandy.coordinator.kafka import config as kafka_config
 

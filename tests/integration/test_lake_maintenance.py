@@ -15,7 +15,9 @@ from deltalake import DeltaTable
 
 from chandy.cli import main
 from chandy.connectors.lake.delta import DeltaLakeSink
-from chandy.connectors.spark.pipeline import Pipeline, PipelineOptions, verify_table
+from chandy.connectors.spark.options import PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline
+from chandy.connectors.spark.verify import verify_table
 from tests.fixtures.lake_pipeline import all_offsets, make_topic, produce, topic_ends
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,9 @@ import uuid
 
 import pytest
 
-from chandy.connectors.spark.pipeline import Pipeline, PipelineOptions, verify_table
+from chandy.connectors.spark.options import PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline
+from chandy.connectors.spark.verify import verify_table
 from tests.fixtures.lake_pipeline import make_topic
 from tests.fixtures.nested_avro import ARROW_TYPES, CREATED, SCHEMA, TRACE, confluent_bytes, value
 

@@ -155,7 +155,7 @@ def test_a_stopped_job_stays_finished_with_a_standby_waiting(cluster, tmp_path) 
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         time.sleep(8)  # the standby joins the election group and waits
         assert standby.poll() is None
-        from chandy.connectors.spark.pipeline import default_job_id
+        from chandy.connectors.spark.options import default_job_id
 
         job = default_job_id(table, (topic,))
         answer = send_request(servers, job, ControlRequestType.STOP_WITH_SAVEPOINT, prefix=prefix, timeout_s=180)
@@ -254,7 +254,7 @@ def test_a_frozen_leader_is_fenced_and_the_group_never_moves_back(cluster, tmp_p
     producer = _Producer(servers, topic, 4000, 300).start()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     args = _pipeline(servers, topic, table, prefix)
-    from chandy.connectors.spark.pipeline import default_job_id
+    from chandy.connectors.spark.options import default_job_id
 
     group = f"chandy-{default_job_id(table, (topic,))}"
     active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -14,7 +14,9 @@ import pytest
 from confluent_kafka.admin import NewTopic
 from deltalake import DeltaTable
 
-from chandy.connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, verify_table
+from chandy.connectors.spark.options import PipelineError, PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline
+from chandy.connectors.spark.verify import verify_table
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.schemas.codec import Schema, SchemaRepository, SingleObjectCodec
 

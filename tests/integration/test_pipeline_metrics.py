@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chandy.connectors.spark.pipeline import Pipeline, PipelineOptions, PipelineProgress
+from chandy.connectors.spark.options import PipelineOptions, PipelineProgress
+from chandy.connectors.spark.pipeline import Pipeline
 from tests.fixtures.lake_pipeline import make_topic
 from tests.fixtures.ui import get
 

@@ -21,7 +21,9 @@ from deltalake import DeltaTable, write_deltalake
 
 from chandy.connectors.kafka.source.reader import KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
-from chandy.connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, default_job_id, verify_table
+from chandy.connectors.spark.options import PipelineError, PipelineOptions, default_job_id
+from chandy.connectors.spark.pipeline import Pipeline
+from chandy.connectors.spark.verify import verify_table
 from chandy.coordinator.kafka import config as kafka_config
 from tests.fixtures.pipeline import all_offsets, group_offsets, landed, make_topic, options, produce
 

@@ -12,7 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from chandy.connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions, verify_table
+from chandy.connectors.spark.options import PipelineError, PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline
+from chandy.connectors.spark.verify import verify_table
 from tests.fixtures.lake_pipeline import all_offsets, make_topic
 
 pytestmark = pytest.mark.integration

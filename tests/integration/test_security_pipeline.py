@@ -39,7 +39,7 @@ from chandy.broker import BrokerInfo, EmbeddedKafkaBroker
 from chandy.connectors.kafka.source.reader import KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
 from chandy.connectors.lake.sinks import open_sink
-from chandy.connectors.spark.pipeline import verify_table
+from chandy.connectors.spark.verify import verify_table
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.acls import chandy_acls
 from chandy.coordinator.kafka.topics import ChandyTopics

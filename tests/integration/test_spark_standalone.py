@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from chandy.connectors.lake.sinks import open_sink
-from chandy.connectors.spark.pipeline import default_job_id, verify_table
+from chandy.connectors.spark.options import default_job_id
+from chandy.connectors.spark.verify import verify_table
 from tests.fixtures.lake_pipeline import make_topic, topic_ends
 from tests.fixtures.pipeline import group_offsets
 from tests.fixtures.spark_cluster import (

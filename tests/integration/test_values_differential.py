@@ -22,7 +22,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from chandy.connectors.spark.pipeline import Pipeline, PipelineOptions
+from chandy.connectors.spark.options import PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline
 from tests.fixtures import value_schemas as vs
 from tests.fixtures.lake_pipeline import make_topic
 

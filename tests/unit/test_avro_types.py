@@ -114,7 +114,7 @@ def test_each_record_is_read_with_its_writer_schema_from_the_registry() -> None:
 
 
 def test_a_schema_registry_needs_confluent_framed_avro() -> None:
-    from chandy.connectors.spark.pipeline import PipelineError, PipelineOptions
+    from chandy.connectors.spark.options import PipelineError, PipelineOptions
 
     schema = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]})
     with pytest.raises(PipelineError, match="needs --value-format avro --avro-framing confluent"):

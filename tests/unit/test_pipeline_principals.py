@@ -5,7 +5,7 @@ the driver's credentials; without ``--worker-property`` the tasks use the driver
 
 from __future__ import annotations
 
-from chandy.connectors.spark.pipeline import PipelineOptions
+from chandy.connectors.spark.options import PipelineOptions
 from chandy.coordinator.kafka import config as kafka_config
 
 DRIVER = {**kafka_config.sasl_settings("coordinator", "c-pw", protocol="SASL_SSL"), "ssl.ca.location": "/ca.pem",

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from chandy.connectors.spark.pipeline import Pipeline, PipelineError, PipelineOptions
+from chandy.connectors.spark.options import PipelineError, PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline
 from chandy.coordinator.kafka.requests import ControlRequest, ControlRequestType
 
 

@@ -11,15 +11,8 @@ import zipfile
 
 import pytest
 
-from chandy.connectors.spark.pipeline import (
-    TASK_PACKAGES,
-    PipelineOptions,
-    default_parallelism,
-    executor_python,
-    is_local_master,
-    task_code_zip,
-    task_max_failures,
-)
+from chandy.connectors.spark.cluster import TASK_PACKAGES, default_parallelism, executor_python, task_code_zip, task_max_failures
+from chandy.connectors.spark.options import PipelineOptions, is_local_master
 
 
 def test_local_masters_are_those_whose_executors_live_in_the_driver() -> None:
@@ -82,7 +75,8 @@ def test_task_code_zip_imports_with_its_schemas_where_chandy_is_not_installed(tm
 def test_a_transform_needs_the_executors_python_path_to_run_on_the_driver_too(tmp_path, monkeypatch) -> None:
     """Spark plans a transform's Python data sources on the driver with the executors' Python:
     a path that only the executors' unpacked archive has fails before Spark starts, in one line."""
-    from chandy.connectors.spark.pipeline import Pipeline, PipelineError
+    from chandy.connectors.spark.options import PipelineError
+    from chandy.connectors.spark.pipeline import Pipeline
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
@@ -101,7 +95,7 @@ def test_a_transform_needs_the_executors_python_path_to_run_on_the_driver_too(tm
 
 
 def test_a_py4j_error_without_a_python_cause_is_reported_by_its_java_cause() -> None:
-    from chandy.connectors.spark.pipeline import root_cause
+    from chandy.connectors.spark.cluster import root_cause
 
     text = ("An error occurred while calling o53.load.\n: org.apache.spark.SparkException: [PYTHON_WORKER] failed\n"
             "\tat org.apache.spark.api.python.PythonWorkerFactory.create(PythonWorkerFactory.scala:1)\n"

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class MicroBatchProgress(Protocol):
-    """What the collector reads of ``connectors.spark.pipeline.PipelineProgress``."""
+    """What the collector reads of ``chandy.connectors.spark.options.PipelineProgress``."""
 
     @property
     def records_landed(self) -> int: ...

@@ -39,13 +39,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import importlib
 import json
 import logging
 import os
 import queue
 import random
-import re
 import signal
 import sys
 import threading
@@ -68,10 +66,28 @@ from chandy.connectors.kafka.source.split import KafkaPartitionSplit
 from chandy.connectors.kafka.source.subscriber import subscribed_topics
 from chandy.connectors.lake.committer import LakeCommitterProvider, OffsetRanges
 from chandy.connectors.lake.sink import TP, LakeSchemaError, TableProgress
-from chandy.connectors.lake.sinks import LakeSink, is_iceberg, open_sink
-from chandy.connectors.lake.uri import normalize_table_uri
+from chandy.connectors.lake.sinks import LakeSink, open_sink
+from chandy.connectors.spark.cluster import (
+    _import_task_modules,
+    default_parallelism,
+    executor_python,
+    is_local_master,
+    load_transform,
+    root_cause,
+    task_code_zip,
+    task_max_failures,
+)
 from chandy.connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
-from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES
+from chandy.connectors.spark.options import (
+    DETERMINISTIC_ERRORS,
+    SINK_OPERATOR,
+    SOURCE_OPERATOR,
+    PipelineError,
+    PipelineFencedError,
+    PipelineOptions,
+    PipelineProgress,
+    PipelineSummary,
+)
 from chandy.connectors.type_mapping import inferred_json_type
 from chandy.coordinator import faults
 from chandy.coordinator.environment import OutboundMessage
@@ -85,402 +101,6 @@ from chandy.coordinator.options import CheckpointingOptions
 from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage
 
 log = logging.getLogger(__name__)
-
-SOURCE_OPERATOR = "kafka-source"
-SINK_OPERATOR = "lake-sink"
-
-#: errors a retry cannot fix: the job stops at the first one instead of retrying (a module missing
-#: in the executors' Python survived Spark's own task retries, on any executor it tried)
-DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError", "SchemaChangeError",
-                        "ModuleNotFoundError")
-
-#: Chandy's packages a Spark task imports (the layers below the application), shipped to the
-#: executors by :func:`task_code_zip`
-TASK_PACKAGES = ("chandy.connectors", "chandy.coordinator", "chandy.schemas")
-
-
-class PipelineError(ChandyError):
-    """The pipeline cannot start or had to stop (the message says why, in one line)."""
-
-
-class PipelineFencedError(PipelineError):
-    """A newer coordinator of the same job took over; this run stopped writing at once."""
-
-
-def default_job_id(table_uri: str, topics: tuple[str, ...] | list[str] = (), topic_pattern: str | None = None) -> str:
-    """A job ID derived from the normalised, absolute table URI and the topics (or pattern):
-    the same pipeline resumes its own checkpoints however the table was spelled."""
-    source = ",".join(sorted(topics)) if topics else f"pattern:{topic_pattern or ''}"
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"chandy-pipeline:{normalize_table_uri(table_uri)}|{source}").hex
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineOptions:
-    """Everything ``chandy pipeline run`` takes. Times in ms.
-
-    Kafka settings pass through under librdkafka's names (``consumer_overrides``,
-    ``producer_overrides``, ``worker_overrides``), Spark settings under Spark's (``spark_conf``), storage settings under
-    fsspec's / delta-rs's (``storage_options``). ``table_uri`` is normalised to an absolute URI
-    when the options are made. Bad records follow Kafka Connect's ``errors.tolerance`` (``none``
-    or ``all``) and ``errors.deadletterqueue.topic.name`` (``dead_letter_topic``); ``tombstones``
-    is ``error``, ``skip`` or ``null`` (see :mod:`chandy.connectors.spark.decode`).
-
-    ``from_savepoint`` starts the job from a savepoint (Flink's ``flink run -s``) when its
-    coordinator log has no checkpoint: offsets and the enumerator's state come from it, IDs
-    continue above it. ``standby`` waits, before anything else, until this process leads the job's
-    election group: a second process for the same job that takes over when the active one dies.
-
-    ``schema_registry`` (Confluent-framed Avro): ``SchemaRegistryClient`` settings; each
-    record's writer schema is fetched by ID and resolved against ``value_schema``.
-    ``schema_evolution`` (with a value format): a decoded field the table lacks becomes a new
-    column (Delta: ADD COLUMN; Iceberg: ``union_by_name``); a field whose type changes fails the
-    micro-batch naming the field, both types and the offset range, and lands nothing of it.
-
-    Raises:
-        PipelineError: inconsistent options; DdlError / AvroValueSchemaError: a bad value schema.
-    """
-
-    table_uri: str
-    bootstrap_servers: str
-    topics: tuple[str, ...] = ()
-    topic_pattern: str | None = None
-    job_id: str | None = None
-    group_id: str | None = None
-    starting_offsets: str = "earliest"
-    max_records_per_checkpoint: int | None = None
-    checkpoint_interval_ms: int = 0
-    checkpoint_timeout_ms: int = 300_000
-    tolerable_failed_checkpoints: int = 3
-    checkpoint_dir: str | None = None
-    parallelism: int | None = None
-    master: str = "local[*]"
-    spark_conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    value_format: str | None = None
-    value_schema: str | None = None
-    avro_framing: str = "single-object"
-    avro_schema_id: int | None = None
-    keep_raw_value: bool = False
-    transform: str | None = None
-    partition_by: tuple[str, ...] = ()
-    consumer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    producer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    #: the Spark tasks' principal (docs/design.md, "The pipeline's principals"): laid over the
-    #: driver's settings for the tasks' clients, its credentials replacing the driver's
-    worker_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    storage_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    prefix: str = "chandy"
-    stop_when_drained: bool = False
-    max_checkpoints: int | None = None
-    errors_tolerance: str = "none"
-    dead_letter_topic: str | None = None
-    tombstones: str = "error"
-    resume_from_table: bool = True
-    restart_backoff_initial_ms: int = 1_000
-    restart_backoff_max_ms: int = 60_000
-    optimize_every: int | None = None
-    optimize_target_size: int | None = None
-    catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    schema_evolution: bool = True
-    schema_registry: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    metrics_port: int | None = None  # the coordinator's Prometheus metrics (coordinator/kafka/metrics.py)
-    from_savepoint: str | None = None  # Flink's `flink run -s`: start from this savepoint when the log has none
-    standby: bool = False  # wait until this process leads the job's election group (coordinator/kafka/requests.py)
-    ship_code: bool | None = None  # ship TASK_PACKAGES to the executors (None: when the master is not local)
-    #: a subtask writes lake files whenever the Arrow batches it holds reach this many bytes, so its
-    #: memory is bounded whatever the checkpoint's size (connectors/spark/datasource.py)
-    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES
-    #: how long the running pipeline rides through Kafka being unavailable (a broker's death, a
-    #: leader election) before it stops with one line: retriable errors are retried with backoff
-    kafka_retry_timeout_ms: int = 180_000
-
-    def __post_init__(self) -> None:
-        if bool(self.topics) == bool(self.topic_pattern):
-            raise PipelineError("give topics (a list) or a topic pattern (a regex), not both and not neither")
-        if self.topic_pattern:
-            try:
-                re.compile(self.topic_pattern)
-            except re.error as exc:
-                raise PipelineError(f"--topic-pattern {self.topic_pattern!r} is not a regex: {exc}") from exc
-        if self.starting_offsets not in ("earliest", "latest", "committed"):
-            raise PipelineError(f"starting offsets must be earliest, latest or committed, got {self.starting_offsets!r}")
-        if self.value_format not in (None, "json", "avro"):
-            raise PipelineError(f"value format must be json or avro, got {self.value_format!r}")
-        if self.value_format == "avro" and not self.value_schema:
-            raise PipelineError("Avro values need a value schema (--value-schema)")
-        if self.avro_framing not in ("single-object", "confluent", "raw"):
-            raise PipelineError(f"Avro framing must be single-object, confluent or raw, got {self.avro_framing!r}")
-        if self.schema_registry and (self.value_format != "avro" or self.avro_framing != "confluent"):
-            raise PipelineError("a Schema Registry (--schema-registry-url) needs --value-format avro --avro-framing "
-                                "confluent: the registry resolves each record's writer schema by its ID")
-        if self.schema_registry and "url" not in self.schema_registry:
-            raise PipelineError("Schema Registry settings need a url (--schema-registry-url)")
-        if self.transform and ":" not in self.transform:
-            raise PipelineError(f"--transform takes module:function, got {self.transform!r}")
-        if self.errors_tolerance not in ("none", "all"):
-            raise PipelineError(f"errors tolerance must be none or all, got {self.errors_tolerance!r}")
-        if self.write_buffer_bytes < 1:
-            raise PipelineError(f"--write-buffer-bytes takes a number of bytes >= 1, got {self.write_buffer_bytes}")
-        if self.optimize_every is not None and self.optimize_every < 1:
-            raise PipelineError(f"--optimize-every takes a number of checkpoints >= 1, got {self.optimize_every}")
-        if self.tombstones not in ("error", "skip", "null"):
-            raise PipelineError(f"tombstones must be error, skip or null, got {self.tombstones!r}")
-        if self.dead_letter_topic and self.value_format is None:
-            raise PipelineError("a dead-letter topic needs a value format (--value-format): raw records are never bad")
-        if self.dead_letter_topic and self.errors_tolerance != "all":
-            raise PipelineError("a dead-letter topic needs --errors-tolerance all (with none, the first bad record "
-                                "fails the micro-batch), as Kafka Connect's errors.deadletterqueue.topic.name")
-        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise PipelineError(f"--metrics-port takes a port 0-65535, got {self.metrics_port}")
-        if self.optimize_target_size is not None and self.optimize_target_size < 1:
-            raise PipelineError(f"--optimize-target-size takes bytes >= 1, got {self.optimize_target_size}")
-        object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
-        if self.value_format == "json" and self.value_schema:
-            from chandy.connectors.spark.ddl import parse_ddl
-
-            parse_ddl(self.value_schema)
-        if self.value_format == "avro":
-            from chandy.connectors.spark.avro import value_fields
-
-            value_fields(self.value_schema or "")
-
-    @property
-    def resolved_job_id(self) -> str:
-        return self.job_id or default_job_id(self.table_uri, self.topics, self.topic_pattern)
-
-    @property
-    def resolved_ship_code(self) -> bool:
-        return self.ship_code if self.ship_code is not None else not is_local_master(self.master)
-
-    @property
-    def driver_producer_overrides(self) -> dict[str, Any]:
-        """The driver's producers (the coordinator's log writer and completion transactions):
-        ``producer_overrides`` completed with the security settings of ``consumer_overrides``,
-        so credentials given once with ``-X`` reach every client of the driver."""
-        return kafka_config.with_security_of(self.consumer_overrides, self.producer_overrides)
-
-    @property
-    def task_consumer_overrides(self) -> dict[str, Any]:
-        """The Spark tasks' consumers (source ranges): the driver's, as ``worker_overrides``' principal."""
-        return kafka_config.as_principal(self.consumer_overrides, self.worker_overrides)
-
-    @property
-    def task_producer_overrides(self) -> dict[str, Any]:
-        """The Spark tasks' producers (acks, declines): the driver's, as ``worker_overrides``' principal."""
-        return kafka_config.as_principal(self.driver_producer_overrides, self.worker_overrides)
-
-    @property
-    def resolved_group_id(self) -> str:
-        return self.group_id or f"chandy-{self.resolved_job_id}"
-
-    @property
-    def resolved_checkpoint_dir(self) -> str:
-        if self.checkpoint_dir:
-            return self.checkpoint_dir
-        if is_iceberg(self.table_uri):
-            from chandy.connectors.lake.iceberg import default_checkpoint_dir
-
-            return default_checkpoint_dir(self.table_uri, self.catalog_properties)
-        # underscore-prefixed directories are ignored by Delta readers, as _delta_log is
-        return f"{self.table_uri.rstrip('/')}/_chandy_checkpoints"
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineProgress:
-    """After each checkpoint: what landed, how long it took, and the lag per partition (records)."""
-
-    checkpoint_id: int
-    succeeded: bool
-    records_in_checkpoint: int
-    records_landed: int
-    checkpoints_completed: int
-    checkpoints_failed: int
-    checkpoint_duration_ms: float
-    elapsed_s: float
-    lag: dict[tuple[str, int], int]
-    message: str | None = None
-    spark_job_ms: float = 0.0  # of checkpoint_duration_ms, the Spark job (read, transform, write, ack)
-    bad_records: int = 0  # this run, in completed checkpoints
-    dead_lettered: int = 0  # of those, published to the dead-letter topic
-    tombstones_skipped: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineSummary:
-    """The end of a run: rows this run committed, its checkpoints, seconds, why it stopped, and
-    the signal that stopped it (if any); :func:`verify_table` compares the table with the topics."""
-
-    table_uri: str
-    job_id: str
-    records_landed: int
-    checkpoints_completed: int
-    checkpoints_failed: int
-    seconds: float
-    stopped_because: str = "drained"
-    bad_records: int = 0
-    dead_lettered: int = 0
-    tombstones_skipped: int = 0
-    signal: int | None = None
-    notices: tuple[str, ...] = ()
-    canceled: bool = False  # by a CANCEL request (``chandy job cancel``)
-
-
-def is_local_master(master: str) -> bool:
-    """Whether ``master`` runs the executors inside the driver's JVM (``local``, ``local[N]``,
-    ``local[N,F]``, ``local[*]``); ``local-cluster[...]``, ``spark://``, ``yarn`` and ``k8s://`` do not."""
-    return master == "local" or master.startswith("local[")
-
-
-def default_parallelism(partitions: int, master: str, spark_default_parallelism: int) -> int:
-    """Subtasks when ``--parallelism`` is not given: one per source partition (as Spark's Kafka
-    source plans a task per partition), but on a local master at most Spark's default parallelism
-    (``SparkContext.defaultParallelism``: the local cores, or ``spark.default.parallelism``).
-
-    More subtasks than cores only queue up there: every Spark task pays a fixed cost (scheduling,
-    a Python worker's turn, a Parquet file, an acknowledgement) before and after its records, and a
-    subtask reads several partitions' ranges one after the other, as a Flink KafkaSource reader
-    holds several splits. Measured with 8 partitions on ``local[*]`` with 2 cores
-    (``benchmarks/pipeline_vs_structured_streaming.py``): 50,000-record micro-batches took 395 ms
-    with 2 subtasks and 671 ms with 8. Off a local master the executors may still be joining when
-    the job starts (dynamic allocation), so the partitions decide alone. At least 1.
-    """
-    subtasks = max(1, partitions)
-    if is_local_master(master):
-        subtasks = min(subtasks, max(1, spark_default_parallelism))
-    return subtasks
-
-
-_LOCAL_WITH_FAILURES = re.compile(r"local\[\s*(?:\d+|\*)\s*,\s*(\d+)\s*\]")
-
-
-def task_max_failures(master: str, configured: str | None) -> int:
-    """Attempts Spark gives a task before failing its job, as ``SparkContext.createTaskScheduler``
-    decides: in local mode 1, or F of ``local[N,F]`` (``spark.task.maxFailures`` is not read);
-    otherwise ``spark.task.maxFailures`` (``configured``), 4 when unset."""
-    if is_local_master(master):
-        match = _LOCAL_WITH_FAILURES.fullmatch(master)
-        return int(match.group(1)) if match else 1
-    return int(configured) if configured else 4
-
-
-def executor_python(master: str, spark_conf: Mapping[str, str], environ: Mapping[str, str]) -> str | None:
-    """The Python the executors run for this driver (PySpark's ``SparkContext.pythonExec``, read
-    from ``PYSPARK_PYTHON`` when the context starts and sent with every task): ``spark.pyspark.python``
-    first (spark-submit gives the setting precedence over the variable), then ``PYSPARK_PYTHON``,
-    then this interpreter for local and standalone (``spark://``) masters, whose executors run on
-    machines laid out as this one; None elsewhere (YARN, Kubernetes: PySpark's ``python3`` on the
-    executors' PATH, unless a packed environment says otherwise, see the README)."""
-    if spark_conf.get("spark.pyspark.python"):
-        return spark_conf["spark.pyspark.python"]
-    if environ.get("PYSPARK_PYTHON"):
-        return environ["PYSPARK_PYTHON"]
-    if is_local_master(master) or master.startswith(("spark://", "local-cluster[")):
-        return sys.executable
-    return None
-
-
-_task_zip_lock = threading.Lock()
-_task_zip: str | None = None
-
-
-def task_code_zip() -> str:
-    """A zip of :data:`TASK_PACKAGES` as this process imports them (every file but ``__pycache__``,
-    ``.avsc`` schemas included), for ``SparkContext.addPyFile``: the executors then run the
-    driver's own Chandy code, and need only its third-party dependencies (pyarrow,
-    confluent-kafka, fastavro, deltalake, ...; compiled packages cannot travel in a zip). Built
-    once per process in a temporary directory removed at exit; named by the SHA-256 of its
-    content, since Spark refuses a second, different file under a name it already serves.
-
-    Raises:
-        PipelineError: a package is not importable from a directory (e.g. Chandy itself runs from a zip).
-    """
-    global _task_zip
-    import atexit
-    import hashlib
-    import importlib.util
-    import shutil
-    import tempfile
-    import zipfile
-    from pathlib import Path
-
-    with _task_zip_lock:
-        if _task_zip is not None and os.path.exists(_task_zip):
-            return _task_zip
-        members: list[tuple[str, bytes]] = []
-        root_spec = importlib.util.find_spec("chandy")
-        if root_spec is not None and root_spec.origin and os.path.isfile(root_spec.origin):
-            # the package root (its __init__ loads nothing eagerly), so the executors import chandy.* from the zip
-            members.append(("chandy/__init__.py", Path(root_spec.origin).read_bytes()))
-        for package in TASK_PACKAGES:
-            spec = importlib.util.find_spec(package)
-            locations = list(spec.submodule_search_locations or []) if spec is not None else []
-            if not locations or not os.path.isdir(locations[0]):
-                raise PipelineError(f"cannot ship package {package} to the executors: it is not imported from a "
-                                    f"directory ({locations or spec}); install Chandy on the executors and pass "
-                                    "--no-ship-code")
-            root = Path(locations[0])
-            for path in sorted(root.rglob("*")):
-                if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                    members.append((f"{package.replace('.', '/')}/{path.relative_to(root).as_posix()}", path.read_bytes()))
-        digest = hashlib.sha256()
-        for name, data in members:
-            digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-        directory = tempfile.mkdtemp(prefix="chandy-tasks-")
-        atexit.register(shutil.rmtree, directory, True)
-        target = os.path.join(directory, f"chandy-tasks-{digest.hexdigest()[:16]}.zip")
-        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-            for name, data in members:
-                archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
-        _task_zip = target
-        return target
-
-
-def _import_task_modules(_: Any) -> None:
-    """In a Python worker: import what a micro-batch's task runs (a standby warms its workers)."""
-    import chandy.connectors.lake.sinks
-    import chandy.connectors.spark.clients
-    import chandy.connectors.spark.datasource  # noqa: F401
-
-
-def load_transform(spec: str) -> Callable[[Any], Any]:
-    """Import ``module:function``.
-
-    Raises:
-        PipelineError: the module or the function cannot be found, or is not callable.
-    """
-    module_name, _, function = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise PipelineError(f"--transform {spec}: cannot import {module_name}: {exc}") from exc
-    transform = getattr(module, function, None)
-    if not callable(transform):
-        raise PipelineError(f"--transform {spec}: {module_name} has no function {function!r}")
-    return transform
-
-
-_CAUSE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Invalid)): (.+)$", re.MULTILINE)
-_WRAPPERS = {"PythonException", "Py4JJavaError", "SparkException", "AnalysisException", "CheckpointException"}
-_JAVA_CAUSE = re.compile(r"^Caused by: (?:[A-Za-z_][\w$]*\.)*([A-Za-z_][\w$]*): (.+)$", re.MULTILINE)
-
-
-def root_cause(error: BaseException | str) -> str:
-    """The one line that says why: the first error raised by our own code in a Spark task (its
-    class and message), else the innermost Python error, else the outermost Java cause of a
-    Py4J error (the first ``Caused by: ...`` that is not a wrapper), else the first line of ``error``."""
-    text = str(error)
-    found = [(m.group(1), m.group(2).strip()) for m in _CAUSE.finditer(text) if m.group(1) not in _WRAPPERS]
-    for name, message in found:
-        if name in DETERMINISTIC_ERRORS:
-            return f"{name}: {message}"
-    if found:
-        name, message = found[-1]
-        return f"{name}: {message}"
-    java = [(m.group(1), m.group(2).strip()) for m in _JAVA_CAUSE.finditer(text) if m.group(1) not in _WRAPPERS]
-    if java:
-        name, message = java[0]
-        return f"{name}: {message}"
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
-    return first
 
 
 class Pipeline:
@@ -1455,47 +1075,3 @@ class Pipeline:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
-
-def verify_table(sink: LakeSink, bootstrap_servers: str, topics: list[str],
-                 consumer_overrides: Mapping[str, Any] | None = None, *,
-                 topic_pattern: str | None = None, dead_letter_topic: str | None = None) -> tuple[int, int, int]:
-    """Compare the committed table with the source topics: (rows in the table, duplicates, missing).
-
-    A duplicate is a (topic, partition, offset) present more than once (in the table, or in the
-    table and the dead-letter topic); a missing record is one readable in the topic
-    (read_committed, up to the last stable offset) that is in neither. Reads the table with
-    pyarrow through deltalake, not with the writer; ``topic_pattern`` selects topics as the
-    source does.
-    """
-    table = sink.read_table().select(["topic", "partition", "offset"]) if sink.exists() else None
-    rows = 0 if table is None else table.num_rows
-    seen: list[tuple[str, int, int]] = []
-    if table is not None:
-        seen.extend(zip(*(table.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
-    reader = KafkaRangeReader(bootstrap_servers, consumer_overrides)
-    consumer = kafka_config.consumer(bootstrap_servers, overrides=consumer_overrides)
-    admin = kafka_config.admin_client(bootstrap_servers, kafka_config.security_settings(consumer_overrides))
-    metadata = admin.list_topics(timeout=30)
-    try:
-        if dead_letter_topic:
-            for partition in metadata.topics[dead_letter_topic].partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(dead_letter_topic, partition), timeout=30,
-                                                           cached=False)
-                for message in reader.read(KafkaPartitionSplit(dead_letter_topic, partition, low, high)):
-                    headers = dict(message.headers() or [])
-                    seen.append((headers["__connect.errors.topic"].decode(),
-                                 int(headers["__connect.errors.partition"]), int(headers["__connect.errors.offset"])))
-        present = set(seen)
-        duplicates = len(seen) - len(present)
-        missing = 0
-        available = [t for t, m in metadata.topics.items() if m.error is None]
-        for topic in subscribed_topics(available, topics, topic_pattern):
-            for partition in metadata.topics[topic].partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
-                for message in reader.read(KafkaPartitionSplit(topic, partition, low, high)):
-                    if (topic, partition, message.offset()) not in present:
-                        missing += 1
-    finally:
-        reader.close()
-        consumer.close()
-    return rows, duplicates, missing

@@ -17,11 +17,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from confluent_kafka import TopicPartition
+
 from chandy.connectors.kafka.source.reader import KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
+from chandy.connectors.kafka.source.subscriber import subscribed_topics
 from chandy.connectors.lake.sink import LakeSink
 from chandy.connectors.spark.decode import ValueDecoder
 from chandy.connectors.spark.records import to_record_batch
+from chandy.coordinator.kafka import config as kafka_config
 
 _KEY = ("topic", "partition", "offset")
 
@@ -99,7 +103,7 @@ def check_values(sink: LakeSink, bootstrap_servers: str, decoder: ValueDecoder, 
 
     Returns:
         :class:`ValueCheck`. Records that were bad (not landed) are not compared: the offsets
-        check (:func:`~chandy.connectors.spark.pipeline.verify_table`) accounts for them.
+        check (:func:`verify_table`) accounts for them.
     """
     if not sink.exists():
         return ValueCheck(0, None)
@@ -138,3 +142,47 @@ def check_values(sink: LakeSink, bootstrap_servers: str, decoder: ValueDecoder, 
         reader.close()
     return ValueCheck(compared, None)
 
+
+def verify_table(sink: LakeSink, bootstrap_servers: str, topics: list[str],
+                 consumer_overrides: Mapping[str, Any] | None = None, *,
+                 topic_pattern: str | None = None, dead_letter_topic: str | None = None) -> tuple[int, int, int]:
+    """Compare the committed table with the source topics: (rows in the table, duplicates, missing).
+
+    A duplicate is a (topic, partition, offset) present more than once (in the table, or in the
+    table and the dead-letter topic); a missing record is one readable in the topic
+    (read_committed, up to the last stable offset) that is in neither. Reads the table with
+    pyarrow through deltalake, not with the writer; ``topic_pattern`` selects topics as the
+    source does.
+    """
+    table = sink.read_table().select(["topic", "partition", "offset"]) if sink.exists() else None
+    rows = 0 if table is None else table.num_rows
+    seen: list[tuple[str, int, int]] = []
+    if table is not None:
+        seen.extend(zip(*(table.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
+    reader = KafkaRangeReader(bootstrap_servers, consumer_overrides)
+    consumer = kafka_config.consumer(bootstrap_servers, overrides=consumer_overrides)
+    admin = kafka_config.admin_client(bootstrap_servers, kafka_config.security_settings(consumer_overrides))
+    metadata = admin.list_topics(timeout=30)
+    try:
+        if dead_letter_topic:
+            for partition in metadata.topics[dead_letter_topic].partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(dead_letter_topic, partition), timeout=30,
+                                                           cached=False)
+                for message in reader.read(KafkaPartitionSplit(dead_letter_topic, partition, low, high)):
+                    headers = dict(message.headers() or [])
+                    seen.append((headers["__connect.errors.topic"].decode(),
+                                 int(headers["__connect.errors.partition"]), int(headers["__connect.errors.offset"])))
+        present = set(seen)
+        duplicates = len(seen) - len(present)
+        missing = 0
+        available = [t for t, m in metadata.topics.items() if m.error is None]
+        for topic in subscribed_topics(available, topics, topic_pattern):
+            for partition in metadata.topics[topic].partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
+                for message in reader.read(KafkaPartitionSplit(topic, partition, low, high)):
+                    if (topic, partition, message.offset()) not in present:
+                        missing += 1
+    finally:
+        reader.close()
+        consumer.close()
+    return rows, duplicates, missing

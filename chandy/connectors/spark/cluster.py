@@ -1,0 +1,175 @@
+"""Where the pipeline runs: local masters and clusters, the default parallelism, task retries, the
+executors' Python and the task code shipped to them, user transforms, and the root cause of a
+Spark failure."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from chandy.connectors.spark.options import DETERMINISTIC_ERRORS, PipelineError, is_local_master
+
+log = logging.getLogger(__name__)
+
+#: executors by :func:`task_code_zip`
+TASK_PACKAGES = ("chandy.connectors", "chandy.coordinator", "chandy.schemas")
+
+
+def default_parallelism(partitions: int, master: str, spark_default_parallelism: int) -> int:
+    """Subtasks when ``--parallelism`` is not given: one per source partition (as Spark's Kafka
+    source plans a task per partition), but on a local master at most Spark's default parallelism
+    (``SparkContext.defaultParallelism``: the local cores, or ``spark.default.parallelism``).
+
+    More subtasks than cores only queue up there: every Spark task pays a fixed cost (scheduling,
+    a Python worker's turn, a Parquet file, an acknowledgement) before and after its records, and a
+    subtask reads several partitions' ranges one after the other, as a Flink KafkaSource reader
+    holds several splits. Measured with 8 partitions on ``local[*]`` with 2 cores
+    (``benchmarks/pipeline_vs_structured_streaming.py``): 50,000-record micro-batches took 395 ms
+    with 2 subtasks and 671 ms with 8. Off a local master the executors may still be joining when
+    the job starts (dynamic allocation), so the partitions decide alone. At least 1.
+    """
+    subtasks = max(1, partitions)
+    if is_local_master(master):
+        subtasks = min(subtasks, max(1, spark_default_parallelism))
+    return subtasks
+
+
+_LOCAL_WITH_FAILURES = re.compile(r"local\[\s*(?:\d+|\*)\s*,\s*(\d+)\s*\]")
+
+
+def task_max_failures(master: str, configured: str | None) -> int:
+    """Attempts Spark gives a task before failing its job, as ``SparkContext.createTaskScheduler``
+    decides: in local mode 1, or F of ``local[N,F]`` (``spark.task.maxFailures`` is not read);
+    otherwise ``spark.task.maxFailures`` (``configured``), 4 when unset."""
+    if is_local_master(master):
+        match = _LOCAL_WITH_FAILURES.fullmatch(master)
+        return int(match.group(1)) if match else 1
+    return int(configured) if configured else 4
+
+
+def executor_python(master: str, spark_conf: Mapping[str, str], environ: Mapping[str, str]) -> str | None:
+    """The Python the executors run for this driver (PySpark's ``SparkContext.pythonExec``, read
+    from ``PYSPARK_PYTHON`` when the context starts and sent with every task): ``spark.pyspark.python``
+    first (spark-submit gives the setting precedence over the variable), then ``PYSPARK_PYTHON``,
+    then this interpreter for local and standalone (``spark://``) masters, whose executors run on
+    machines laid out as this one; None elsewhere (YARN, Kubernetes: PySpark's ``python3`` on the
+    executors' PATH, unless a packed environment says otherwise, see the README)."""
+    if spark_conf.get("spark.pyspark.python"):
+        return spark_conf["spark.pyspark.python"]
+    if environ.get("PYSPARK_PYTHON"):
+        return environ["PYSPARK_PYTHON"]
+    if is_local_master(master) or master.startswith(("spark://", "local-cluster[")):
+        return sys.executable
+    return None
+
+
+_task_zip_lock = threading.Lock()
+_task_zip: str | None = None
+
+
+def task_code_zip() -> str:
+    """A zip of :data:`TASK_PACKAGES` as this process imports them (every file but ``__pycache__``,
+    ``.avsc`` schemas included), for ``SparkContext.addPyFile``: the executors then run the
+    driver's own Chandy code, and need only its third-party dependencies (pyarrow,
+    confluent-kafka, fastavro, deltalake, ...; compiled packages cannot travel in a zip). Built
+    once per process in a temporary directory removed at exit; named by the SHA-256 of its
+    content, since Spark refuses a second, different file under a name it already serves.
+
+    Raises:
+        PipelineError: a package is not importable from a directory (e.g. Chandy itself runs from a zip).
+    """
+    global _task_zip
+    import atexit
+    import hashlib
+    import importlib.util
+    import shutil
+    import tempfile
+    import zipfile
+    from pathlib import Path
+
+    with _task_zip_lock:
+        if _task_zip is not None and os.path.exists(_task_zip):
+            return _task_zip
+        members: list[tuple[str, bytes]] = []
+        root_spec = importlib.util.find_spec("chandy")
+        if root_spec is not None and root_spec.origin and os.path.isfile(root_spec.origin):
+            # the package root (its __init__ loads nothing eagerly), so the executors import chandy.* from the zip
+            members.append(("chandy/__init__.py", Path(root_spec.origin).read_bytes()))
+        for package in TASK_PACKAGES:
+            spec = importlib.util.find_spec(package)
+            locations = list(spec.submodule_search_locations or []) if spec is not None else []
+            if not locations or not os.path.isdir(locations[0]):
+                raise PipelineError(f"cannot ship package {package} to the executors: it is not imported from a "
+                                    f"directory ({locations or spec}); install Chandy on the executors and pass "
+                                    "--no-ship-code")
+            root = Path(locations[0])
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                    members.append((f"{package.replace('.', '/')}/{path.relative_to(root).as_posix()}", path.read_bytes()))
+        digest = hashlib.sha256()
+        for name, data in members:
+            digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+        directory = tempfile.mkdtemp(prefix="chandy-tasks-")
+        atexit.register(shutil.rmtree, directory, True)
+        target = os.path.join(directory, f"chandy-tasks-{digest.hexdigest()[:16]}.zip")
+        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name, data in members:
+                archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
+        _task_zip = target
+        return target
+
+
+def _import_task_modules(_: Any) -> None:
+    """In a Python worker: import what a micro-batch's task runs (a standby warms its workers)."""
+    import chandy.connectors.lake.sinks
+    import chandy.connectors.spark.clients
+    import chandy.connectors.spark.datasource  # noqa: F401
+
+
+def load_transform(spec: str) -> Callable[[Any], Any]:
+    """Import ``module:function``.
+
+    Raises:
+        PipelineError: the module or the function cannot be found, or is not callable.
+    """
+    module_name, _, function = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PipelineError(f"--transform {spec}: cannot import {module_name}: {exc}") from exc
+    transform = getattr(module, function, None)
+    if not callable(transform):
+        raise PipelineError(f"--transform {spec}: {module_name} has no function {function!r}")
+    return transform
+
+
+_CAUSE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Invalid)): (.+)$", re.MULTILINE)
+_WRAPPERS = {"PythonException", "Py4JJavaError", "SparkException", "AnalysisException", "CheckpointException"}
+_JAVA_CAUSE = re.compile(r"^Caused by: (?:[A-Za-z_][\w$]*\.)*([A-Za-z_][\w$]*): (.+)$", re.MULTILINE)
+
+
+def root_cause(error: BaseException | str) -> str:
+    """The one line that says why: the first error raised by our own code in a Spark task (its
+    class and message), else the innermost Python error, else the outermost Java cause of a
+    Py4J error (the first ``Caused by: ...`` that is not a wrapper), else the first line of ``error``."""
+    text = str(error)
+    found = [(m.group(1), m.group(2).strip()) for m in _CAUSE.finditer(text) if m.group(1) not in _WRAPPERS]
+    for name, message in found:
+        if name in DETERMINISTIC_ERRORS:
+            return f"{name}: {message}"
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message}"
+    java = [(m.group(1), m.group(2).strip()) for m in _JAVA_CAUSE.finditer(text) if m.group(1) not in _WRAPPERS]
+    if java:
+        name, message = java[0]
+        return f"{name}: {message}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return first
+

@@ -1,0 +1,261 @@
+"""The pipeline's settings and outcomes: :class:`PipelineOptions` (every setting, one field each,
+with its default), the errors a run raises, the progress of a micro-batch and the summary of a
+run; the job ID a table and topics give. The CLI builds the options; the driver
+(:mod:`chandy.connectors.spark.pipeline`) runs them."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from chandy.connectors.lake.sinks import is_iceberg
+from chandy.connectors.lake.uri import normalize_table_uri
+from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.kafka import config as kafka_config
+
+log = logging.getLogger(__name__)
+
+SOURCE_OPERATOR = "kafka-source"
+SINK_OPERATOR = "lake-sink"
+
+#: errors a retry cannot fix: the job stops at the first one instead of retrying (a module missing
+#: in the executors' Python survived Spark's own task retries, on any executor it tried)
+DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError", "SchemaChangeError",
+                        "ModuleNotFoundError")
+
+#: Chandy's packages a Spark task imports (the layers below the application), shipped to the
+
+class PipelineError(ChandyError):
+    """The pipeline cannot start or had to stop (the message says why, in one line)."""
+
+
+class PipelineFencedError(PipelineError):
+    """A newer coordinator of the same job took over; this run stopped writing at once."""
+
+
+def default_job_id(table_uri: str, topics: tuple[str, ...] | list[str] = (), topic_pattern: str | None = None) -> str:
+    """A job ID derived from the normalised, absolute table URI and the topics (or pattern):
+    the same pipeline resumes its own checkpoints however the table was spelled."""
+    source = ",".join(sorted(topics)) if topics else f"pattern:{topic_pattern or ''}"
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"chandy-pipeline:{normalize_table_uri(table_uri)}|{source}").hex
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOptions:
+    """Everything ``chandy pipeline run`` takes. Times in ms.
+
+    Kafka settings pass through under librdkafka's names (``consumer_overrides``,
+    ``producer_overrides``, ``worker_overrides``), Spark settings under Spark's (``spark_conf``), storage settings under
+    fsspec's / delta-rs's (``storage_options``). ``table_uri`` is normalised to an absolute URI
+    when the options are made. Bad records follow Kafka Connect's ``errors.tolerance`` (``none``
+    or ``all``) and ``errors.deadletterqueue.topic.name`` (``dead_letter_topic``); ``tombstones``
+    is ``error``, ``skip`` or ``null`` (see :mod:`chandy.connectors.spark.decode`).
+
+    ``from_savepoint`` starts the job from a savepoint (Flink's ``flink run -s``) when its
+    coordinator log has no checkpoint: offsets and the enumerator's state come from it, IDs
+    continue above it. ``standby`` waits, before anything else, until this process leads the job's
+    election group: a second process for the same job that takes over when the active one dies.
+
+    ``schema_registry`` (Confluent-framed Avro): ``SchemaRegistryClient`` settings; each
+    record's writer schema is fetched by ID and resolved against ``value_schema``.
+    ``schema_evolution`` (with a value format): a decoded field the table lacks becomes a new
+    column (Delta: ADD COLUMN; Iceberg: ``union_by_name``); a field whose type changes fails the
+    micro-batch naming the field, both types and the offset range, and lands nothing of it.
+
+    Raises:
+        PipelineError: inconsistent options; DdlError / AvroValueSchemaError: a bad value schema.
+    """
+
+    table_uri: str
+    bootstrap_servers: str
+    topics: tuple[str, ...] = ()
+    topic_pattern: str | None = None
+    job_id: str | None = None
+    group_id: str | None = None
+    starting_offsets: str = "earliest"
+    max_records_per_checkpoint: int | None = None
+    checkpoint_interval_ms: int = 0
+    checkpoint_timeout_ms: int = 300_000
+    tolerable_failed_checkpoints: int = 3
+    checkpoint_dir: str | None = None
+    parallelism: int | None = None
+    master: str = "local[*]"
+    spark_conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    value_format: str | None = None
+    value_schema: str | None = None
+    avro_framing: str = "single-object"
+    avro_schema_id: int | None = None
+    keep_raw_value: bool = False
+    transform: str | None = None
+    partition_by: tuple[str, ...] = ()
+    consumer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    producer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: the Spark tasks' principal (docs/design.md, "The pipeline's principals"): laid over the
+    #: driver's settings for the tasks' clients, its credentials replacing the driver's
+    worker_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    storage_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    prefix: str = "chandy"
+    stop_when_drained: bool = False
+    max_checkpoints: int | None = None
+    errors_tolerance: str = "none"
+    dead_letter_topic: str | None = None
+    tombstones: str = "error"
+    resume_from_table: bool = True
+    restart_backoff_initial_ms: int = 1_000
+    restart_backoff_max_ms: int = 60_000
+    optimize_every: int | None = None
+    optimize_target_size: int | None = None
+    catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    schema_evolution: bool = True
+    schema_registry: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    metrics_port: int | None = None  # the coordinator's Prometheus metrics (coordinator/kafka/metrics.py)
+    from_savepoint: str | None = None  # Flink's `flink run -s`: start from this savepoint when the log has none
+    standby: bool = False  # wait until this process leads the job's election group (coordinator/kafka/requests.py)
+    ship_code: bool | None = None  # ship TASK_PACKAGES to the executors (None: when the master is not local)
+    #: a subtask writes lake files whenever the Arrow batches it holds reach this many bytes, so its
+    #: memory is bounded whatever the checkpoint's size (connectors/spark/datasource.py)
+    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES
+    #: how long the running pipeline rides through Kafka being unavailable (a broker's death, a
+    #: leader election) before it stops with one line: retriable errors are retried with backoff
+    kafka_retry_timeout_ms: int = 180_000
+
+    def __post_init__(self) -> None:
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise PipelineError("give topics (a list) or a topic pattern (a regex), not both and not neither")
+        if self.topic_pattern:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise PipelineError(f"--topic-pattern {self.topic_pattern!r} is not a regex: {exc}") from exc
+        if self.starting_offsets not in ("earliest", "latest", "committed"):
+            raise PipelineError(f"starting offsets must be earliest, latest or committed, got {self.starting_offsets!r}")
+        if self.value_format not in (None, "json", "avro"):
+            raise PipelineError(f"value format must be json or avro, got {self.value_format!r}")
+        if self.value_format == "avro" and not self.value_schema:
+            raise PipelineError("Avro values need a value schema (--value-schema)")
+        if self.avro_framing not in ("single-object", "confluent", "raw"):
+            raise PipelineError(f"Avro framing must be single-object, confluent or raw, got {self.avro_framing!r}")
+        if self.schema_registry and (self.value_format != "avro" or self.avro_framing != "confluent"):
+            raise PipelineError("a Schema Registry (--schema-registry-url) needs --value-format avro --avro-framing "
+                                "confluent: the registry resolves each record's writer schema by its ID")
+        if self.schema_registry and "url" not in self.schema_registry:
+            raise PipelineError("Schema Registry settings need a url (--schema-registry-url)")
+        if self.transform and ":" not in self.transform:
+            raise PipelineError(f"--transform takes module:function, got {self.transform!r}")
+        if self.errors_tolerance not in ("none", "all"):
+            raise PipelineError(f"errors tolerance must be none or all, got {self.errors_tolerance!r}")
+        if self.write_buffer_bytes < 1:
+            raise PipelineError(f"--write-buffer-bytes takes a number of bytes >= 1, got {self.write_buffer_bytes}")
+        if self.optimize_every is not None and self.optimize_every < 1:
+            raise PipelineError(f"--optimize-every takes a number of checkpoints >= 1, got {self.optimize_every}")
+        if self.tombstones not in ("error", "skip", "null"):
+            raise PipelineError(f"tombstones must be error, skip or null, got {self.tombstones!r}")
+        if self.dead_letter_topic and self.value_format is None:
+            raise PipelineError("a dead-letter topic needs a value format (--value-format): raw records are never bad")
+        if self.dead_letter_topic and self.errors_tolerance != "all":
+            raise PipelineError("a dead-letter topic needs --errors-tolerance all (with none, the first bad record "
+                                "fails the micro-batch), as Kafka Connect's errors.deadletterqueue.topic.name")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise PipelineError(f"--metrics-port takes a port 0-65535, got {self.metrics_port}")
+        if self.optimize_target_size is not None and self.optimize_target_size < 1:
+            raise PipelineError(f"--optimize-target-size takes bytes >= 1, got {self.optimize_target_size}")
+        object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
+        if self.value_format == "json" and self.value_schema:
+            from chandy.connectors.spark.ddl import parse_ddl
+
+            parse_ddl(self.value_schema)
+        if self.value_format == "avro":
+            from chandy.connectors.spark.avro import value_fields
+
+            value_fields(self.value_schema or "")
+
+    @property
+    def resolved_job_id(self) -> str:
+        return self.job_id or default_job_id(self.table_uri, self.topics, self.topic_pattern)
+
+    @property
+    def resolved_ship_code(self) -> bool:
+        return self.ship_code if self.ship_code is not None else not is_local_master(self.master)
+
+    @property
+    def driver_producer_overrides(self) -> dict[str, Any]:
+        """The driver's producers (the coordinator's log writer and completion transactions):
+        ``producer_overrides`` completed with the security settings of ``consumer_overrides``,
+        so credentials given once with ``-X`` reach every client of the driver."""
+        return kafka_config.with_security_of(self.consumer_overrides, self.producer_overrides)
+
+    @property
+    def task_consumer_overrides(self) -> dict[str, Any]:
+        """The Spark tasks' consumers (source ranges): the driver's, as ``worker_overrides``' principal."""
+        return kafka_config.as_principal(self.consumer_overrides, self.worker_overrides)
+
+    @property
+    def task_producer_overrides(self) -> dict[str, Any]:
+        """The Spark tasks' producers (acks, declines): the driver's, as ``worker_overrides``' principal."""
+        return kafka_config.as_principal(self.driver_producer_overrides, self.worker_overrides)
+
+    @property
+    def resolved_group_id(self) -> str:
+        return self.group_id or f"chandy-{self.resolved_job_id}"
+
+    @property
+    def resolved_checkpoint_dir(self) -> str:
+        if self.checkpoint_dir:
+            return self.checkpoint_dir
+        if is_iceberg(self.table_uri):
+            from chandy.connectors.lake.iceberg import default_checkpoint_dir
+
+            return default_checkpoint_dir(self.table_uri, self.catalog_properties)
+        # underscore-prefixed directories are ignored by Delta readers, as _delta_log is
+        return f"{self.table_uri.rstrip('/')}/_chandy_checkpoints"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineProgress:
+    """After each checkpoint: what landed, how long it took, and the lag per partition (records)."""
+
+    checkpoint_id: int
+    succeeded: bool
+    records_in_checkpoint: int
+    records_landed: int
+    checkpoints_completed: int
+    checkpoints_failed: int
+    checkpoint_duration_ms: float
+    elapsed_s: float
+    lag: dict[tuple[str, int], int]
+    message: str | None = None
+    spark_job_ms: float = 0.0  # of checkpoint_duration_ms, the Spark job (read, transform, write, ack)
+    bad_records: int = 0  # this run, in completed checkpoints
+    dead_lettered: int = 0  # of those, published to the dead-letter topic
+    tombstones_skipped: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSummary:
+    """The end of a run: rows this run committed, its checkpoints, seconds, why it stopped, and
+    the signal that stopped it (if any); :func:`verify_table` compares the table with the topics."""
+
+    table_uri: str
+    job_id: str
+    records_landed: int
+    checkpoints_completed: int
+    checkpoints_failed: int
+    seconds: float
+    stopped_because: str = "drained"
+    bad_records: int = 0
+    dead_lettered: int = 0
+    tombstones_skipped: int = 0
+    signal: int | None = None
+    notices: tuple[str, ...] = ()
+    canceled: bool = False  # by a CANCEL request (``chandy job cancel``)
+
+
+def is_local_master(master: str) -> bool:
+    """Whether ``master`` runs the executors inside the driver's JVM (``local``, ``local[N]``,
+    ``local[N,F]``, ``local[*]``); ``local-cluster[...]``, ``spark://``, ``yarn`` and ``k8s://`` do not."""
+    return master == "local" or master.startswith("local[")
