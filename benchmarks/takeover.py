@@ -99,20 +99,25 @@ def one_run(servers: str, prefix: str, tmp: Path) -> dict:
     logs = Path(os.environ.get("TAKEOVER_LOGS", str(tmp)))
     logs.mkdir(parents=True, exist_ok=True)
     active_log = logs / f"{topic}-active.log"
+    standby = None
     with open(active_log, "w") as err:
         active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-    standby_log = logs / f"{topic}-standby.log"
-    with open(standby_log, "w") as err:
-        standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                                   start_new_session=True)
     try:
         _wait(lambda: len(_checkpoints(table)) >= 3, 240, "three commits of the active driver", 0.2)
+        # the standby joins a running job (started at the same moment, either may win: a newer run fences an older)
+        standby_log = logs / f"{topic}-standby.log"
+        with open(standby_log, "w") as err:
+            verbose = ["-v"] if os.environ.get("TAKEOVER_LOGS") else []  # the standby's phases, with times, in its log
+            standby = subprocess.Popen([args[0], args[1], args[2], *verbose, *args[3:], "--standby"], cwd=ROOT, env=env,
+                                       stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         _wait(lambda: "waiting until the active coordinator stops" in standby_log.read_text(), 240, "a waiting standby", 0.2)
         time.sleep(3)  # the standby's Spark is warm and it is a member of the election group
-        if active.poll() is not None or "leads" in standby_log.read_text():
+        if active.poll() is not None or "leads: coordinator started" in standby_log.read_text():
             raise RuntimeError(f"the standby took over before the kill: active exited {active.poll()}: "
                                f"{active_log.read_text()[-2000:]}")
         killed = time.monotonic()
+        if os.environ.get("TAKEOVER_LOGS"):
+            print(f"  SIGKILL at {time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d}", flush=True)
         os.killpg(active.pid, signal.SIGKILL)
         active.wait(30)
         _wait(lambda: not _group_alive(active.pid), 30, "the end of the active driver's process group", 0.005)
@@ -124,7 +129,7 @@ def one_run(servers: str, prefix: str, tmp: Path) -> dict:
         return {"seconds": took, "before": before, "first": first, "said": said[-1:]}
     finally:
         stop.set()
-        for process in (active, standby):
+        for process in (active, standby) if standby is not None else (active,):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(30)

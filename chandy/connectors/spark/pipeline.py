@@ -165,12 +165,16 @@ class Pipeline:
         if self._preflight_done:
             return
         opts = self.options
+        started = time.monotonic()
         self.check_static()
         self.decoder = self._decoder_from_known_schema()
         if self._transform is None and (opts.value_format is None or self.decoder is not None):
             self._check_output_schema(self._output_schema())
+        checked = time.monotonic()
         self._reconcile()
         self._preflight_done = True
+        log.info("job %s: preflight %.2f s (checks %.2f s, reconciling the table and the log %.2f s)", self.job_id,
+                 time.monotonic() - started, checked - started, time.monotonic() - checked)
 
     def check_static(self) -> None:
         """The checks that do not read what a running job changes (Kafka reachable, the settings,

@@ -237,6 +237,7 @@ class LeaderElection:
         self.on_request: Callable[[ControlRequest], None] | None = None
         self.on_lost: Callable[[], None] | None = None
         self.became_leader_at: float | None = None
+        self._led = False
         self.bad_requests = 0
         self._backlog: list[ControlRequest] = []
         self._lock = threading.Lock()
@@ -261,8 +262,9 @@ class LeaderElection:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             if self.is_leader.wait(0.1) and (not self.standby or self._no_active_member()):
-                if self.standby:
-                    self.became_leader_at = time.monotonic()
+                if self.standby and not self._led:
+                    self.became_leader_at = time.monotonic()  # the moment a standby may lead, not its assignment's
+                    self._led = True
                 return True
             if (stop is not None and stop.is_set()) or self._stop.is_set():
                 return False
