@@ -21,7 +21,7 @@ What Flink's REST API and JobManager high availability do, with Kafka as the onl
   ``<prefix>-coordinator-<job id>`` on the single-partition requests topic with the
   ``cooperative-sticky`` assignor; the member that owns the partition is the leader and the only
   one that reads requests. When the leader dies, its session times out (``session.timeout.ms``,
-  3 s by default here), the partition moves to a standby, which then starts its coordinator; the
+  1.5 s by default here), the partition moves to a standby, which then starts its coordinator; the
   transactional ``init_transactions`` of that start fences whatever is left of the old leader, so
   two coordinators never both write, whatever the election says.
 
@@ -63,7 +63,7 @@ from chandy.schemas.codec import Codec, SingleObjectCodec, WireFormatError, loca
 log = logging.getLogger(__name__)
 
 #: The session timeout (ms) of the election group: how long a dead leader keeps the partition.
-ELECTION_SESSION_TIMEOUT_MS = 3000
+ELECTION_SESSION_TIMEOUT_MS = 1500
 #: Default time (ms) a request stays applicable after it was sent.
 DEFAULT_REQUEST_TIMEOUT_MS = 60_000
 
