@@ -125,11 +125,18 @@ def task_code_zip() -> str:
         return target
 
 
-def _import_task_modules(_: Any) -> None:
-    """In a Python worker: import what a micro-batch's task runs (a standby warms its workers)."""
+def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrides: Mapping[str, Any],
+              producer_overrides: Mapping[str, Any], _: Any) -> None:
+    """In a Python worker: import what a micro-batch's task runs and create the worker's pooled
+    Kafka clients of the job (a range reader and the ack sender, connecting in the background),
+    so a standby's first micro-batch after its take-over finds them ready."""
     import chandy.connectors.lake.sinks
-    import chandy.connectors.spark.clients
-    import chandy.connectors.spark.datasource  # noqa: F401
+    import chandy.connectors.spark.datasource  # noqa: F401 - imported for the import's time only
+    from chandy.connectors.spark.clients import ack_sender, range_reader
+
+    with range_reader(bootstrap_servers, consumer_overrides):
+        pass
+    ack_sender(bootstrap_servers, job_id, prefix=prefix, producer_overrides=producer_overrides)
 
 
 def load_transform(spec: str) -> Callable[[Any], Any]:

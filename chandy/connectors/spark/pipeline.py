@@ -39,6 +39,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -68,7 +69,6 @@ from chandy.connectors.lake.committer import LakeCommitterProvider, OffsetRanges
 from chandy.connectors.lake.sink import TP, LakeSchemaError, TableProgress
 from chandy.connectors.lake.sinks import LakeSink, open_sink
 from chandy.connectors.spark.cluster import (
-    _import_task_modules,
     default_parallelism,
     executor_python,
     is_local_master,
@@ -76,6 +76,7 @@ from chandy.connectors.spark.cluster import (
     root_cause,
     task_code_zip,
     task_max_failures,
+    warm_task,
 )
 from chandy.connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
 from chandy.connectors.spark.options import (
@@ -460,12 +461,16 @@ class Pipeline:
         self._data_sources_registered = True
 
     def _warm_python_workers(self, spark: Any) -> None:
-        """A standby's Spark runs one task per slot that imports the tasks' modules, so its first
+        """A standby's Spark runs one task per slot that imports the tasks' modules and creates their
+        pooled Kafka clients (:func:`~chandy.connectors.spark.cluster.warm_task`), so its first
         micro-batch after a take-over reuses started Python workers (``spark.python.worker.reuse``,
-        on by default) instead of paying their start and imports (about a second each)."""
+        on by default) instead of paying their start, imports and connections (about a second)."""
         slots = max(1, spark.sparkContext.defaultParallelism)
+        opts = self.options
+        warm = functools.partial(warm_task, opts.bootstrap_servers, self.job_id, opts.prefix,
+                                 dict(opts.task_consumer_overrides), dict(opts.task_producer_overrides))
         try:
-            spark.sparkContext.parallelize(range(slots), slots).foreach(_import_task_modules)
+            spark.sparkContext.parallelize(range(slots), slots).foreach(warm)
         except Exception as exc:  # noqa: BLE001 - only an optimization: the first micro-batch starts them anyway
             log.warning("could not warm the standby's Python workers: %s", root_cause(exc))
 
