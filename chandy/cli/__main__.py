@@ -1,0 +1,5 @@
+"""``python -m chandy.cli``: the ``chandy`` command."""
+
+from chandy.cli import main
+
+main()
