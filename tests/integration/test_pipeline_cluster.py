@@ -112,23 +112,32 @@ def test_the_pipeline_rides_through_the_death_of_the_coordinator_logs_leader(clu
     topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
     producer = _Producer(servers, topic, 6000, 400).start()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    run = subprocess.Popen(_pipeline(servers, topic, table, prefix, "--until-drained"), cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log_file = tmp_path / "pipeline.log"
+    with open(log_file, "w") as err_file:
+        run = subprocess.Popen(_pipeline(servers, topic, table, prefix, "--until-drained"), cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
     try:
         wait_for(lambda: _commits(table) >= 3 or run.poll() is not None, 240, "three commits before the kill")
-        assert run.poll() is None, run.communicate()[1][-3000:]
+        assert run.poll() is None, log_file.read_text()[-3000:]
+        from chandy.connectors.spark.options import default_job_id
+        from chandy.coordinator.kafka.log import partition_for
+
         admin = kafka_config.admin_client(servers)
         log_topic = ChandyTopics(prefix).coordinator_log
-        victim = admin.list_topics(log_topic, timeout=10).topics[log_topic].partitions[0].leader
+        partitions = admin.list_topics(log_topic, timeout=10).topics[log_topic].partitions
+        victim = partitions[partition_for(default_job_id(table, (topic,)), len(partitions))].leader  # the job's partition's
         cluster.kill_node(victim)
         killed_at = _commits(table)
-        wait_for(lambda: _commits(table) >= killed_at + 3 or run.poll() is not None, 180,
-                 "three commits after the broker's death")
-        assert run.poll() is None or run.returncode == 0, run.communicate()[1][-3000:]
+        try:
+            wait_for(lambda: _commits(table) >= killed_at + 3 or run.poll() is not None, 180,
+                     "three commits after the broker's death")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {log_file.read_text()[-4000:]}") from None
+        assert run.poll() is None or run.returncode == 0, log_file.read_text()[-3000:]
         assert _commits(table) >= killed_at + 3
         producer.thread.join(120)
-        out, err = run.communicate(timeout=300)
-        assert run.returncode == 0, err[-3000:]
+        run.wait(300)
+        assert run.returncode == 0, log_file.read_text()[-3000:]
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
