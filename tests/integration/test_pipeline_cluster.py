@@ -201,21 +201,26 @@ def test_a_rolling_restart_of_every_broker_loses_and_doubles_nothing(cluster, tm
     topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
     producer = _Producer(servers, topic, 8000, 300).start()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    run = subprocess.Popen(_pipeline(servers, topic, table, prefix, "--until-drained"), cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log_file = tmp_path / "pipeline.log"
+    with open(log_file, "w") as err_file:
+        run = subprocess.Popen(_pipeline(servers, topic, table, prefix, "--until-drained"), cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
     try:
         wait_for(lambda: _commits(table) >= 2 or run.poll() is not None, 240, "two commits before the restarts")
-        assert run.poll() is None, run.communicate()[1][-3000:]
+        assert run.poll() is None, log_file.read_text()[-3000:]
         for node in (1, 2, 3):  # one broker at a time, each back before the next goes
             before = _commits(table)
             cluster.kill_node(node, signal.SIGTERM)
             cluster.start_node(node)
             wait_for(lambda: _all_in_sync(servers), 120, f"node {node} back in every ISR")  # as an operator waits
-            wait_for(lambda b=before: _commits(table) > b or run.poll() is not None, 120, f"a commit after node {node}")
-            assert run.poll() is None, run.communicate()[1][-3000:]
+            try:
+                wait_for(lambda b=before: _commits(table) > b or run.poll() is not None, 120, f"a commit after node {node}")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {log_file.read_text()[-4000:]}") from None
+            assert run.poll() is None, log_file.read_text()[-3000:]
         producer.thread.join(120)
-        _, err = run.communicate(timeout=300)
-        assert run.returncode == 0, err[-3000:]
+        run.wait(300)
+        assert run.returncode == 0, log_file.read_text()[-3000:]
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
