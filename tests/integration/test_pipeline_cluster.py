@@ -273,8 +273,10 @@ def test_a_frozen_leader_is_fenced_and_the_group_never_moves_back(cluster, tmp_p
     from chandy.connectors.spark.options import default_job_id
 
     group = f"chandy-{default_job_id(table, (topic,))}"
-    active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    active_log, standby_log = tmp_path / "active.log", tmp_path / "standby.log"
+    with open(active_log, "w") as err_file:
+        active = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err_file,
+                                  start_new_session=True)
     standby = None
     samples: list[dict[int, int]] = []
     sampling = threading.Event()
@@ -288,19 +290,24 @@ def test_a_frozen_leader_is_fenced_and_the_group_never_moves_back(cluster, tmp_p
     frozen = False
     try:
         wait_for(lambda: _commits(table) >= 3 or active.poll() is not None, 240, "the active pipeline's commits")
-        assert active.poll() is None, active.communicate()[1][-3000:]
-        standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
-        time.sleep(8)
+        assert active.poll() is None, active_log.read_text()[-3000:]
+        with open(standby_log, "w") as err_file:
+            standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                       stderr=err_file, start_new_session=True)
+        wait_for(lambda: "waiting until the active coordinator stops" in standby_log.read_text()
+                 or standby.poll() is not None, 240, "a waiting standby")
+        assert standby.poll() is None, standby_log.read_text()[-3000:]
         sampler.start()
         os.killpg(active.pid, signal.SIGSTOP)
         frozen = True
         stopped_at = _commits(table)
-        wait_for(lambda: _commits(table) >= stopped_at + 3, 180, "three commits of the standby")
+        try:
+            wait_for(lambda: _commits(table) >= stopped_at + 3, 180, "three commits of the standby")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {standby_log.read_text()[-4000:]}") from None
         os.killpg(active.pid, signal.SIGCONT)
         frozen = False
-        _, err = active.communicate(timeout=120)
-        assert active.returncode == 3, err[-3000:]  # fenced
+        assert active.wait(120) == 3, active_log.read_text()[-3000:]  # fenced
         producer.thread.join(120)
         wait_for(lambda: len(landed(table)) >= 4000, 180, "every record landed by the standby")
         time.sleep(2)

@@ -589,9 +589,8 @@ class Pipeline:
         for tp, start in sorted(ends.items()):
             try:
                 high = watermark_offsets(consumer, TopicPartition(*tp), timeout_s=timeout_s)[1]
-            except OffsetsUnavailableError as exc:
-                raise PipelineError(f"Kafka unavailable for longer than --kafka-retry-timeout "
-                                    f"({self.options.kafka_retry_timeout_ms} ms): {exc}") from exc
+            except OffsetsUnavailableError as exc:  # a fatal error, or retriable ones past --kafka-retry-timeout
+                raise PipelineError(f"reading the source's offsets failed: {exc}") from exc
             lag[tp] = max(0, high - start)
         return lag
 

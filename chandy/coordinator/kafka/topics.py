@@ -174,7 +174,9 @@ _RETRIABLE = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_N
                         KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                         KafkaError._WAIT_COORD, KafkaError.NETWORK_EXCEPTION, KafkaError.FENCED_LEADER_EPOCH,
                         KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.NOT_ENOUGH_REPLICAS,
-                        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.KAFKA_STORAGE_ERROR})
+                        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.KAFKA_STORAGE_ERROR,
+                        # a new leader whose high watermark has not caught up yet (KIP-207), after a restart
+                        KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REPLICA_NOT_AVAILABLE})
 
 
 def is_retriable(error: KafkaError) -> bool:
