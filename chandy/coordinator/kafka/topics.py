@@ -159,8 +159,14 @@ def ensure_topics(
                 future.result()
                 created.append(name)
             except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another process won the race
-                    raise TopicError(f"could not create topic {name}: {exc.args[0].str()}") from exc
+                code = exc.args[0].code()
+                if code == KafkaError.TOPIC_ALREADY_EXISTS:  # another process won the race
+                    continue
+                if code in _NOT_AUTHORIZED and _becomes_visible(admin, name, min(timeout_s, 10.0)):
+                    continue  # it exists: this principal's DESCRIBE grant had not reached the broker yet
+                raise TopicError(f"could not create topic {name}: {exc.args[0].str()}"
+                                 + (" (create Chandy's topics as an administrator: chandy topics ensure)"
+                                    if code in _NOT_AUTHORIZED else "")) from exc
         _wait_for_metadata(admin, [spec.name for spec in specs], timeout_s)
     check_topics(admin, topics, timeout_s=timeout_s)
     return created
@@ -216,6 +222,20 @@ def watermark_offsets(consumer: Any, partition: TopicPartition, timeout_s: float
                     f"watermark offsets of {partition.topic}-{partition.partition}: {error.str()}{waited}") from exc
             attempt += 1
             time.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5)))
+
+
+_NOT_AUTHORIZED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
+
+
+def _becomes_visible(admin: AdminClient, name: str, timeout_s: float) -> bool:
+    """Whether topic ``name`` shows in ``admin``'s metadata within ``timeout_s`` (a principal
+    sees only the topics it may DESCRIBE, and a new ACL takes a moment to reach every broker)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if name in admin.list_topics(timeout=timeout_s).topics:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def default_replication_factor(brokers: int) -> int:
