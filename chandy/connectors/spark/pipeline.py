@@ -104,6 +104,18 @@ from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage
 log = logging.getLogger(__name__)
 
 
+def _stop_spark(spark: Any) -> None:
+    """Stop the session this run started. Its JVM may be gone already: a SIGTERM or Ctrl-C to the
+    driver's process group reaches Spark's JVM too, and the driver then stops cleanly (exit 143 /
+    130) instead of failing on py4j's refused connection."""
+    from py4j.protocol import Py4JError
+
+    try:
+        spark.stop()
+    except (ConnectionError, OSError, Py4JError) as exc:  # the JVM is gone
+        log.info("Spark's JVM was gone at stop: %s", exc)
+
+
 class Pipeline:
     """One run of the pipeline (see the module docstring). Not reusable after :meth:`run`."""
 
@@ -771,7 +783,7 @@ class Pipeline:
             self._warm_python_workers(warm)
             if not self._stand_by():
                 if self._spark is None:
-                    warm.stop()
+                    _stop_spark(warm)
                 return PipelineSummary(opts.table_uri, self.job_id, 0, 0, 0, time.monotonic() - started,
                                        stopped_because="stopped while standing by", signal=self.stop_signal)
         self.preflight()
@@ -797,14 +809,14 @@ class Pipeline:
         except JobTerminatedError as exc:  # a standby of a job that ended: it says why and exits 0
             self._restore_signal_handlers(previous_handlers)
             if self._spark is None:
-                spark.stop()
+                _stop_spark(spark)
             self._notice(str(exc))
             return PipelineSummary(opts.table_uri, self.job_id, 0, 0, 0, time.monotonic() - started,
                                    stopped_because=str(exc), signal=self.stop_signal, notices=tuple(self.notices))
         except BaseException:
             self._restore_signal_handlers(previous_handlers)
             if self._spark is None:
-                spark.stop()
+                _stop_spark(spark)
             raise
         metrics = None
         if self.service.metrics_server is not None:
@@ -939,7 +951,7 @@ class Pipeline:
             consumer.close()
             self.service.stop()
             if self._spark is None:
-                spark.stop()
+                _stop_spark(spark)
             self._restore_signal_handlers(previous_handlers)
         return PipelineSummary(opts.table_uri, self.job_id, landed_total, completed, failed,
                                time.monotonic() - started, stopped_because=stopped_because,
