@@ -292,8 +292,8 @@ def test_a_frozen_leader_is_fenced_and_the_group_never_moves_back(cluster, tmp_p
         wait_for(lambda: _commits(table) >= 3 or active.poll() is not None, 240, "the active pipeline's commits")
         assert active.poll() is None, active_log.read_text()[-3000:]
         with open(standby_log, "w") as err_file:
-            standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                       stderr=err_file, start_new_session=True)
+            standby = subprocess.Popen([*args[:3], "-v", *args[3:], "--standby"], cwd=ROOT, env=env,
+                                       stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
         wait_for(lambda: "waiting until the active coordinator stops" in standby_log.read_text()
                  or standby.poll() is not None, 240, "a waiting standby")
         assert standby.poll() is None, standby_log.read_text()[-3000:]
