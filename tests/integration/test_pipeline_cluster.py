@@ -267,7 +267,7 @@ def test_a_frozen_leader_is_fenced_and_the_group_never_moves_back(cluster, tmp_p
     consumer group's offsets, sampled throughout, never decrease."""
     servers = _servers(cluster)
     topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
-    producer = _Producer(servers, topic, 4000, 300).start()
+    producer = _Producer(servers, topic, 20_000, 300).start()  # still flowing when the leader freezes
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     args = _pipeline(servers, topic, table, prefix)
     from chandy.connectors.spark.options import default_job_id
@@ -309,7 +309,7 @@ def test_a_frozen_leader_is_fenced_and_the_group_never_moves_back(cluster, tmp_p
         frozen = False
         assert active.wait(120) == 3, active_log.read_text()[-3000:]  # fenced
         producer.thread.join(120)
-        wait_for(lambda: len(landed(table)) >= 4000, 180, "every record landed by the standby")
+        wait_for(lambda: len(landed(table)) >= 20_000, 240, "every record landed by the standby")
         time.sleep(2)
     finally:
         sampling.set()
@@ -319,7 +319,7 @@ def test_a_frozen_leader_is_fenced_and_the_group_never_moves_back(cluster, tmp_p
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     rows = landed(table)
-    assert len(rows) == len(set(rows)) == 4000
+    assert len(rows) == len(set(rows)) == 20_000
     assert len(samples) > 20
     for p in (0, 1):
         seen = [s[p] for s in samples if p in s]
