@@ -182,7 +182,10 @@ _RETRIABLE = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_N
                         KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.NOT_ENOUGH_REPLICAS,
                         KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.KAFKA_STORAGE_ERROR,
                         # a new leader whose high watermark has not caught up yet (KIP-207), after a restart
-                        KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REPLICA_NOT_AVAILABLE})
+                        KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REPLICA_NOT_AVAILABLE,
+                        # the client's metadata misses the partition for a moment while brokers restart (a
+                        # deleted topic is retried too, until the timeout)
+                        KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
 
 
 def is_retriable(error: KafkaError) -> bool:
