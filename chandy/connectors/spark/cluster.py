@@ -130,9 +130,12 @@ def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrid
     """In a Python worker: import what a micro-batch's task runs and create the worker's pooled
     Kafka clients of the job (a range reader and the ack sender, connecting in the background),
     so a standby's first micro-batch after its take-over finds them ready."""
-    import chandy.connectors.lake.sinks
-    import chandy.connectors.spark.datasource  # noqa: F401 - imported for the import's time only
+    import importlib
+
     from chandy.connectors.spark.clients import ack_sender, range_reader
+
+    for module in ("chandy.connectors.lake.sinks", "chandy.connectors.spark.datasource"):
+        importlib.import_module(module)  # loaded now, not in the first micro-batch's task
 
     with range_reader(bootstrap_servers, consumer_overrides):
         pass

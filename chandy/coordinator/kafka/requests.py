@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from chandy.coordinator.checkpoint_view import job_status
 from chandy.coordinator.environment import Batch
@@ -274,7 +274,7 @@ class LeaderElection:
     def _no_active_member(self) -> bool:
         try:
             return active_members(self._admin, self.group_id) == 0
-        except Exception as exc:  # noqa: BLE001 - the broker may be unreachable for a moment: ask again
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:  # unreachable for a moment: ask again
             log.debug("describing group %s: %s", self.group_id, exc)
             time.sleep(0.2)
             return False
