@@ -49,7 +49,7 @@ from chandy.coordinator.completed_checkpoint_store import (
     RESTORED_FROM,
     CompletedCheckpointStore,
 )
-from chandy.coordinator.environment import Batch, CoordinatorEnvironment, OutboundMessage
+from chandy.coordinator.environment import Batch, Cancellable, CoordinatorEnvironment, OutboundMessage
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
 from chandy.coordinator.failure_manager import DECLINED_BY, CheckpointFailureManager
@@ -57,6 +57,7 @@ from chandy.coordinator.faults import crash_point
 from chandy.coordinator.hooks import MasterHooks, MasterTriggerRestoreHook
 from chandy.coordinator.listener import CheckpointListener
 from chandy.coordinator.messages import (
+    COORDINATOR_ELECTED_EVENT,
     AcknowledgeCheckpoint,
     CheckpointEvent,
     DeclineCheckpoint,
@@ -172,6 +173,9 @@ class CheckpointCoordinator:
         self.store = CompletedCheckpointStore(options.num_retained)
         self._periodic_timer: Any = None
         self._periodic_running = False
+        #: explicit requests made before every subtask reported a running attempt, each with its
+        #: timeout: they run once the last one does (:meth:`_await_readiness`)
+        self._awaiting_readiness: list[tuple[CheckpointTriggerRequest, Cancellable]] = []
         self._last_completion_ms: int | None = None
         self._shutdown = False
         self._restoring: tuple[int, str] | None = None
@@ -318,6 +322,9 @@ class CheckpointCoordinator:
                 failure_message="the coordinator that triggered it is gone",
             ))
         self._commit(batch)  # applies the epoch first, so the messages below carry the new one
+        # the new epoch, announced: running attempts report ready again to this coordinator
+        self.env.append(Batch(control=[OperatorEventMessage(self.job_id, self.state.epoch, "", -1, -1,
+                                                            COORDINATOR_ELECTED_EVENT, b"", now)]))
         for record in leftovers:
             self.env.append(Batch(
                 control=[NotifyCheckpointAborted(self.job_id, self.state.epoch, record.checkpoint_id,
@@ -446,10 +453,48 @@ class CheckpointCoordinator:
             return R.CHECKPOINT_COORDINATOR_SHUTDOWN
         if self.state.job_status != JobStatus.RUNNING:
             return R.NOT_ALL_REQUIRED_TASKS_RUNNING
-        if self.options.wait_for_running_subtasks and any(
-                (op, i) not in self.current_attempts for op, n in self.operators.items() for i in range(n)):
+        if self._subtasks_not_ready():
             return R.NOT_ALL_REQUIRED_TASKS_RUNNING  # Flink: "Not all required tasks are currently running"
         return None
+
+    def _subtasks_not_ready(self) -> bool:
+        """Some subtask has not reported a running attempt, and triggers wait for readiness."""
+        return self.options.wait_for_running_subtasks and any(
+            (op, i) not in self.current_attempts for op, n in self.operators.items() for i in range(n))
+
+    def _await_readiness(self, request: CheckpointTriggerRequest) -> None:
+        """Hold an explicit request (a user's checkpoint or savepoint) made before every subtask
+        reported a running attempt, e.g. right after the job started or a coordinator took over:
+        it runs when the last one reports (:meth:`attempt_ready`), or fails with
+        NOT_ALL_REQUIRED_TASKS_RUNNING after ``timeout_ms``. Flink refuses such a request at once;
+        holding it spares the caller a retry loop, and nothing is triggered before readiness."""
+        def expire() -> None:
+            for i, (waiting, _) in enumerate(self._awaiting_readiness):
+                if waiting is request:
+                    del self._awaiting_readiness[i]
+                    request.fail(R.NOT_ALL_REQUIRED_TASKS_RUNNING,
+                                 f"not every subtask reported a running attempt within {self.options.timeout_ms} ms")
+                    return
+
+        self._awaiting_readiness.append((request, self.env.schedule(self.options.timeout_ms, expire)))
+
+    def _release_awaiting_readiness(self) -> None:
+        """Every subtask is running: hand the held requests to the decider, oldest first."""
+        held, self._awaiting_readiness = self._awaiting_readiness, []
+        for request, timer in held:
+            timer.cancel()
+            if request.future.done():
+                continue
+            decision = self.decider.choose_request_to_execute(
+                request, is_triggering=self._is_triggering(), pending=len(self.pending),
+                last_completion_ms=self._last_completion_ms, now_ms=self.env.now_ms())
+            self._act(decision)
+
+    def _fail_awaiting_readiness(self, reason: CheckpointFailureReason, message: str) -> None:
+        held, self._awaiting_readiness = self._awaiting_readiness, []
+        for request, timer in held:
+            timer.cancel()
+            request.fail(reason, message)
 
     def _is_triggering(self) -> bool:
         """A checkpoint is still collecting coordinator and hook state (Flink's ``isTriggering``):
@@ -464,6 +509,10 @@ class CheckpointCoordinator:
         now = self.env.now_ms()
         request = CheckpointTriggerRequest(checkpoint_type, now, periodic=periodic, forced=forced, target=target)
         refused = self._preflight()
+        if refused is not None and not periodic and self.state.job_status == JobStatus.RUNNING \
+                and not self._shutdown and self._subtasks_not_ready():
+            self._await_readiness(request)
+            return CheckpointTriggerResult(None, request.future)
         if refused is not None:
             request.fail(refused, "checkpoint request refused")
             if periodic and self._periodic_running:
@@ -914,6 +963,8 @@ class CheckpointCoordinator:
         holder = self.holders.get(message.operator_id)
         if holder is not None:
             holder.attempt_ready(message.subtask_index, message.attempt_number)
+        if self._awaiting_readiness and not self._subtasks_not_ready():
+            self._release_awaiting_readiness()
 
     def attempt_failed(self, message: SubtaskAttemptFailed) -> None:
         """A subtask attempt failed: tell its coordinator (``execution_attempt_failed`` then
@@ -997,6 +1048,7 @@ class CheckpointCoordinator:
     def _job_status_changed(self, status: JobStatus, reason: str | None) -> None:
         self.stop_periodic_scheduler()
         self.decider.abort_all(R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {status.value.lower()}")
+        self._fail_awaiting_readiness(R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {status.value.lower()}")
         for pending in list(self.pending.values()):
             self._abort(pending, R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"job {status.lower()}")
         if self.on_job_status is not None:
@@ -1009,6 +1061,7 @@ class CheckpointCoordinator:
             return
         self.stop_periodic_scheduler()
         self.decider.abort_all(R.CHECKPOINT_COORDINATOR_SHUTDOWN, "coordinator shut down")
+        self._fail_awaiting_readiness(R.CHECKPOINT_COORDINATOR_SHUTDOWN, "coordinator shut down")
         for pending in list(self.pending.values()):
             self._abort(pending, R.CHECKPOINT_COORDINATOR_SHUTDOWN, "coordinator shut down")
         if self.state.job_status == JobStatus.RUNNING:

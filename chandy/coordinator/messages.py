@@ -128,6 +128,14 @@ class OperatorEventMessage(_Message):
     timestamp: int = 0
 
 
+#: ``event_type`` of the operator event a coordinator sends, to no subtask (operator ``""``,
+#: subtask and attempt -1), when it starts leading a job with a new epoch. Workers ignore the event
+#: itself; its newer epoch makes every running attempt report ``SubtaskAttemptReady`` again, which
+#: the new coordinator waits for before it triggers (Flink's TaskExecutors re-register with a newly
+#: elected JobMaster).
+COORDINATOR_ELECTED_EVENT = "chandy.coordinator-elected"
+
+
 @dataclasses.dataclass(frozen=True)
 class SubtaskAttemptReady(_Message):
     """Worker → coordinator: an attempt is ready to receive events."""

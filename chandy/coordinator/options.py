@@ -58,10 +58,11 @@ class CheckpointingOptions:
     random_initial_delay: bool = True
     #: Flink's pre-flight check: no checkpoint is triggered (no ID taken, not a failure; a periodic
     #: trigger tries again next period) until every subtask of every operator has reported a running
-    #: attempt (``SubtaskAttemptReady``) to this coordinator. Off by default: participants report
-    #: once, when they start, so a coordinator that takes over from another would wait for subtasks
-    #: that are running already; the pipeline's Spark tasks run only for a checkpoint
-    wait_for_running_subtasks: bool = False
+    #: attempt (``SubtaskAttemptReady``) to this coordinator. A coordinator that starts leading a job
+    #: announces its epoch (``COORDINATOR_ELECTED_EVENT``), and running attempts report ready again.
+    #: Off only for a driver that launches its subtasks itself for each checkpoint (the Spark
+    #: pipeline: its tasks exist only while the checkpoint they were started for runs)
+    wait_for_running_subtasks: bool = True
 
     def __post_init__(self) -> None:
         if self.timeout_ms < 1:

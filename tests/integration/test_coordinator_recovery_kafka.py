@@ -94,6 +94,7 @@ def _child() -> None:
     service = CoordinatorService(
         job_id, bootstrap, CheckpointingOptions(interval_ms=0, checkpoint_dir=checkpoint_dir), {"src": 1},
         master_hooks=[KillingHook(seen_file)], prefix=prefix).start(periodic=False)
+    Worker(bootstrap, job_id, prefix, "src", 0).start()  # the subtask runs: triggers wait for it
     print(json.dumps({"started": True}), flush=True)
     service.trigger_checkpoint()
     time.sleep(60)

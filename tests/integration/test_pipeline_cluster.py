@@ -77,11 +77,17 @@ class _Producer:
     def __init__(self, servers: str, topic: str, count: int, rate: int) -> None:
         self.producer = kafka_config.producer(servers, overrides={"enable.idempotence": True, "acks": "all"})
         self.topic, self.count, self.rate = topic, count, rate
+        self.delivered = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _on_delivery(self, error: object, _message: object) -> None:
+        if error is None:
+            self.delivered += 1
 
     def _run(self) -> None:
         for i in range(self.count):
-            self.producer.produce(self.topic, f"v-{i}".encode(), f"k{i}".encode(), partition=i % 2)
+            self.producer.produce(self.topic, f"v-{i}".encode(), f"k{i}".encode(), partition=i % 2,
+                                  on_delivery=self._on_delivery)
             self.producer.poll(0)
             time.sleep(1 / self.rate)
         assert self.producer.flush(120) == 0
@@ -203,7 +209,8 @@ def test_a_rolling_restart_of_every_broker_loses_and_doubles_nothing(cluster, tm
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     log_file = tmp_path / "pipeline.log"
     with open(log_file, "w") as err_file:
-        run = subprocess.Popen(_pipeline(servers, topic, table, prefix), cwd=ROOT, env=env,
+        args = _pipeline(servers, topic, table, prefix)
+        run = subprocess.Popen([*args[:3], "-v", *args[3:]], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
     try:
         wait_for(lambda: _commits(table) >= 2 or run.poll() is not None, 240, "two commits before the restarts")
@@ -216,7 +223,8 @@ def test_a_rolling_restart_of_every_broker_loses_and_doubles_nothing(cluster, tm
             try:
                 wait_for(lambda b=before: _commits(table) > b or run.poll() is not None, 120, f"a commit after node {node}")
             except AssertionError as exc:
-                raise AssertionError(f"{exc}: {log_file.read_text()[-4000:]}") from None
+                raise AssertionError(f"{exc} (produced {producer.delivered}, landed {len(landed(table))}): "
+                                     f"{log_file.read_text()[-6000:]}") from None
             assert run.poll() is None, log_file.read_text()[-3000:]
         producer.thread.join(180)
         wait_for(lambda: len(landed(table)) >= 30_000 or run.poll() is not None, 180, "every record landed")

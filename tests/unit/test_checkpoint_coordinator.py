@@ -14,6 +14,7 @@ from chandy.coordinator.completed_checkpoint_store import CompletedCheckpointSto
 from chandy.coordinator.failure import CheckpointException
 from chandy.coordinator.hooks import HookRestoreError
 from chandy.coordinator.messages import (
+    COORDINATOR_ELECTED_EVENT,
     AcknowledgeCheckpoint,
     DeclineCheckpoint,
     NotifyCheckpointAborted,
@@ -392,7 +393,8 @@ def test_operator_coordinator_events_before_and_after_the_checkpoint_future(tmp_
     gateway.send_event(OperatorEvent("split", b"after"))
     env.run()
     order = [("trigger", m.checkpoint_id) if isinstance(m, TriggerCheckpoint) else ("event", m.payload)
-             for m in env.control if isinstance(m, (TriggerCheckpoint, OperatorEventMessage))]
+             for m in env.control if isinstance(m, (TriggerCheckpoint, OperatorEventMessage))
+             and getattr(m, "event_type", None) != COORDINATOR_ELECTED_EVENT]
     assert order == [("event", b"before"), ("trigger", 1), ("event", b"after")]
     ack_all(cc, 1)
     assert ("complete", 1) in coordinator.calls
@@ -566,7 +568,8 @@ def test_overlapping_triggers_keep_ids_and_events_in_order(tmp_path: Path) -> No
     gateway.send_event(OperatorEvent("e", b"after-2"))
     env.run()
     order = [("trigger", m.checkpoint_id) if isinstance(m, TriggerCheckpoint) else ("event", m.payload)
-             for m in env.control if isinstance(m, (TriggerCheckpoint, OperatorEventMessage))]
+             for m in env.control if isinstance(m, (TriggerCheckpoint, OperatorEventMessage))
+             and getattr(m, "event_type", None) != COORDINATOR_ELECTED_EVENT]
     assert order == [("trigger", 1), ("event", b"after-1"), ("trigger", 2), ("event", b"after-2")]
 
 
@@ -858,14 +861,49 @@ def test_an_id_is_durable_before_a_hook_or_coordinator_sees_it(tmp_path: Path) -
 def test_no_trigger_before_every_subtask_runs_and_a_skipped_period_is_no_failure(tmp_path: Path) -> None:
     """Flink's pre-flight check (issue 36): a trigger before every subtask has reported a running
     attempt takes no ID, is not a failed checkpoint (not counted toward tolerable failures), and
-    the periodic scheduler tries again next period."""
+    the periodic scheduler tries again next period. An explicit request made meanwhile is held and
+    runs, first, once the last subtask reports."""
     cc, env, _ = make(tmp_path, interval_ms=100, random_initial_delay=False, tolerable_failed=0, ready=False)
-    refused = trigger(cc)
-    assert refused.exception(timeout=0).reason.value == "NOT_ALL_REQUIRED_TASKS_RUNNING"
+    assert cc.options.wait_for_running_subtasks  # the default
+    held = trigger(cc)
     cc.start_periodic_scheduler()
     env.advance(350)  # three periods, each skipped
+    assert not held.done()
     assert cc.state.next_checkpoint_id == 1 and cc.state.continuous_failures == 0 and cc.job_status == "RUNNING"
     assert env.control_of(TriggerCheckpoint) == []
-    ready_all(cc)
-    env.advance(100)  # the next period triggers checkpoint 1
+    assert not any(isinstance(r, CheckpointRecord) for r in env.log)  # no ID taken, nothing failed
+    ready_all(cc)  # the held request runs at once
     assert [m.checkpoint_id for m in env.control_of(TriggerCheckpoint)] == [1]
+    for op, n in OPERATORS.items():
+        for i in range(n):
+            ack(cc, 1, op, i)
+    env.run()
+    assert held.result(timeout=0).checkpoint_id == 1
+    env.advance(100)  # the next period triggers checkpoint 2
+    assert [m.checkpoint_id for m in env.control_of(TriggerCheckpoint)] == [1, 2]
+
+
+def test_an_explicit_request_before_readiness_fails_after_the_checkpoint_timeout_uncounted(tmp_path: Path) -> None:
+    """A request held for readiness that never comes fails with NOT_ALL_REQUIRED_TASKS_RUNNING
+    after ``timeout_ms``, without an ID and without counting toward the tolerable failures."""
+    cc, env, _ = make(tmp_path, timeout_ms=1_000, tolerable_failed=0, ready=False)
+    (op, n), *_ = OPERATORS.items()
+    cc.attempt_ready(SubtaskAttemptReady(JOB, op, 0, 0))  # one subtask of several
+    held = trigger(cc)
+    env.advance(999)
+    assert not held.done()
+    env.advance(1)
+    assert held.exception(timeout=0).reason.value == "NOT_ALL_REQUIRED_TASKS_RUNNING"
+    assert "within 1000 ms" in str(held.exception(timeout=0))
+    assert cc.state.next_checkpoint_id == 1 and cc.state.continuous_failures == 0 and cc.job_status == "RUNNING"
+    assert env.control_of(TriggerCheckpoint) == []
+
+
+def test_a_starting_coordinator_announces_its_epoch_to_the_running_attempts(tmp_path: Path) -> None:
+    """Each start (a restart, a take-over) sends one operator event of the new epoch to no subtask:
+    participants report their running attempts ready again on a newer epoch."""
+    cc, env, _ = make(tmp_path, ready=False)
+    (announced,) = [m for m in env.control_of(OperatorEventMessage) if m.event_type == COORDINATOR_ELECTED_EVENT]
+    assert (announced.epoch, announced.operator_id, announced.subtask_index, announced.attempt_number) == (
+        cc.state.epoch, "", -1, -1)
+    assert announced.epoch == 1

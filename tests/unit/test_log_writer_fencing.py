@@ -10,6 +10,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from chandy.coordinator.environment import Batch
 from chandy.coordinator.kafka.runtime import CoordinatorFencedError, LogWriter
+from chandy.coordinator.kafka.topics import is_retriable
 
 
 class _Producer:
@@ -83,3 +84,18 @@ def test_a_retriable_error_past_the_retry_timeout_stops_the_writer() -> None:
     writer.retry_timeout_s = 0.3
     with pytest.raises(CoordinatorFencedError, match="broker died"):
         writer._commit([(Batch(), None)])
+
+
+@pytest.mark.parametrize("code", [KafkaError._DESTROY_BROKER, KafkaError._UNKNOWN_PARTITION, KafkaError.OFFSET_NOT_AVAILABLE,
+                                  KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                  KafkaError._TRANSPORT])
+def test_a_restarting_broker_s_errors_are_retried(code: int) -> None:
+    """What a client sees while a broker restarts (a rolling restart, issue 36) is retried:
+    ``_DESTROY_BROKER`` is a request whose broker left the client's metadata before it answered."""
+    assert is_retriable(KafkaError(code))
+
+
+@pytest.mark.parametrize("code", [KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.PRODUCER_FENCED,
+                                  KafkaError.GROUP_AUTHORIZATION_FAILED])
+def test_authorization_and_fencing_are_not_retried(code: int) -> None:
+    assert not is_retriable(KafkaError(code))

@@ -554,7 +554,9 @@ class Pipeline:
             self.job_id, opts.bootstrap_servers,
             CheckpointingOptions(interval_ms=0, timeout_ms=opts.checkpoint_timeout_ms, max_concurrent=1,
                                  tolerable_failed=opts.tolerable_failed_checkpoints, num_retained=2,
-                                 checkpoint_dir=opts.resolved_checkpoint_dir, savepoint_dir=savepoint_dir),
+                                 checkpoint_dir=opts.resolved_checkpoint_dir, savepoint_dir=savepoint_dir,
+                                 # the driver starts the subtasks (Spark tasks) for each checkpoint
+                                 wait_for_running_subtasks=False),
             {SINK_OPERATOR: self.parallelism},
             # order matters: the lake commit happens before the offset commit (notification order)
             coordinator_providers=[LakeCommitterProvider(SINK_OPERATOR, self.sink, storage, offsets_of=self.offsets_of,

@@ -292,6 +292,8 @@ class ParticipantHost:
             self.max_epoch[control.job_id] = epoch
         partition, offset = message.partition(), message.offset()
         produced = False
+        if epoch is not None and epoch > newest:
+            produced |= self._report_ready_again(slots)
         for slot in slots:
             if not slot.active:
                 continue
@@ -306,6 +308,20 @@ class ParticipantHost:
                 log.warning("subtask %s/%d: control message %s failed: %s", slot.operator_id, slot.subtask_index,
                             type(control).__name__, exc)
         return produced
+
+    def _report_ready_again(self, slots: list[SubtaskSlot]) -> bool:
+        """A coordinator of a newer epoch leads the job (a restart or a standby's take-over): its
+        acks reader started at the acks topic's end, so it never saw the readiness reported to its
+        predecessor. Report every running attempt ready again, as Flink's TaskExecutors register
+        their slots with a newly elected JobMaster; the coordinator triggers only once every subtask
+        has (``CheckpointingOptions.wait_for_running_subtasks``). True if anything was sent."""
+        sent = False
+        for slot in slots:
+            if slot.active:
+                self._send(SubtaskAttemptReady(slot.job_id, slot.operator_id, slot.subtask_index, slot.attempt_number,
+                                               socket.gethostname(), _now()))
+                sent = True
+        return sent
 
     def _deliver(self, slot: SubtaskSlot, control: Any) -> bool:
         if isinstance(control, TriggerCheckpoint):

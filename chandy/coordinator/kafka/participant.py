@@ -219,6 +219,11 @@ class CheckpointParticipant:
                 self.dropped_stale += 1
                 log.info("dropping %s of epoch %d (newest seen %d)", type(message).__name__, epoch, self.max_epoch)
                 return
+            if epoch > self.max_epoch:
+                # a newer coordinator leads (restart, take-over): its acks reader started after this
+                # attempt reported ready, so report again (ParticipantHost._report_ready_again)
+                self._send(SubtaskAttemptReady(self.job_id, self.operator_id, self.subtask_index, self.attempt_number,
+                                               socket.gethostname(), self._now()))
             self.max_epoch = epoch
         if isinstance(message, TriggerCheckpoint):
             if message.operator_ids and self.operator_id not in message.operator_ids:

@@ -185,7 +185,9 @@ _RETRIABLE = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_N
                         KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REPLICA_NOT_AVAILABLE,
                         # the client's metadata misses the partition for a moment while brokers restart (a
                         # deleted topic is retried too, until the timeout)
-                        KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
+                        KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
+                        # the request's broker left the client's metadata (restarted) before it answered
+                        KafkaError._DESTROY_BROKER})
 
 
 def is_retriable(error: KafkaError) -> bool:
