@@ -246,15 +246,29 @@ class CheckpointCoordinator:
         Raises (through the future):
             CheckpointException: the job is not RUNNING (it already ended or failed).
         """
+        return self._end_job(JobStatus.CANCELED, reason)
+
+    def fail_job(self, reason: str) -> concurrent.futures.Future:
+        """Fail the job for good (Flink: a global failure once the restart strategy gives up):
+        it becomes FAILED, a globally terminal status no standby or plain restart resumes, and
+        its ``JOB_STATUS_CHANGED`` event says ``reason``. Returns a future done once FAILED is
+        durable. Mailbox thread only.
+
+        Raises (through the future):
+            CheckpointException: the job is not RUNNING (it already ended or failed).
+        """
+        return self._end_job(JobStatus.FAILED, reason)
+
+    def _end_job(self, status: JobStatus, reason: str) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         if self.state.job_status != JobStatus.RUNNING:
             future.set_exception(CheckpointException(
                 R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {self.job_id} is {self.state.job_status.value}, not RUNNING"))
             return future
-        record = JobStatusRecord(self.job_id, JobStatus.CANCELED, self.state.epoch, reason, self.env.now_ms())
+        record = JobStatusRecord(self.job_id, status, self.state.epoch, reason, self.env.now_ms())
 
         def after_commit() -> None:
-            self._job_status_changed(JobStatus.CANCELED, reason)
+            self._job_status_changed(status, reason)
             future.set_result(record)
 
         self._commit(Batch(records=[record]), after_commit)

@@ -139,3 +139,56 @@ def test_a_standby_pipeline_takes_over_after_a_sigkill_and_lands_every_record_on
                 os.killpg(process.pid, signal.SIGKILL)
     rows = landed(table)
     assert before < 3000 and len(rows) == len(set(rows)) == 3000
+
+
+def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    """Issue 36: a Kafka call of the running pipeline that keeps failing past
+    ``--kafka-retry-timeout`` (here: the source topic deleted) stops the run with one
+    PipelineKafkaError, the job FAILED in the coordinator log and on the events topic; a plain
+    second run of the job is refused (FAILED is terminal), naming ``--from-savepoint``."""
+    from confluent_kafka.admin import AdminClient
+
+    from chandy.connectors.spark.options import PipelineError, PipelineKafkaError
+    from chandy.coordinator.kafka.log import load_state
+    from chandy.coordinator.kafka.topics import ChandyTopics
+    from chandy.coordinator.records import JobStatus
+    from tests.fixtures.workers import read_events
+
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(400)])
+    table, prefix = str(tmp_path / "t"), f"gv{uuid.uuid4().hex[:6]}"
+    opts = options(kafka_bootstrap_servers, topic, table, prefix, stop_when_drained=False,
+                   max_records_per_checkpoint=100, checkpoint_interval_ms=200, kafka_retry_timeout_ms=3000)
+    pipeline = Pipeline(opts, spark=spark)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pipeline.run()
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+            errors.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: len(landed(table)) == 400 if DeltaTable.is_deltatable(table) else False, timeout_s=180,
+                 what="every record landed")
+        AdminClient({"bootstrap.servers": kafka_bootstrap_servers}).delete_topics([topic])[topic].result(30)
+        runner.join(120)
+    finally:
+        if runner.is_alive():
+            pipeline.request_stop()
+            runner.join(120)
+    (error,) = errors
+    assert isinstance(error, PipelineKafkaError) and topic in str(error), error
+    state, _ = load_state(kafka_bootstrap_servers, ChandyTopics(prefix).coordinator_log, pipeline.job_id)
+    assert state.job_status is JobStatus.FAILED and "reading the source's offsets failed" in state.job_status_reason
+    changes = wait_for(lambda: [e.job_status for e in read_events(
+        kafka_bootstrap_servers, ChandyTopics(prefix).checkpoint_events, pipeline.job_id, expected=100, timeout_s=2)
+        if e.event_type == "JOB_STATUS_CHANGED"], what="the JOB_STATUS_CHANGED event")
+    assert changes == ["FAILED"]
+    assert len(landed(table)) == len(set(landed(table))) == 400  # nothing lost or doubled on the way out
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap_servers})
+    wait_for(lambda: topic not in admin.list_topics(timeout=10).topics, what="the topic's deletion")
+    make_topic(kafka_bootstrap_servers, [b"again"], topic=topic)  # the run would start, but for FAILED
+    with pytest.raises(PipelineError, match="--from-savepoint"):
+        Pipeline(opts, spark=spark).run()

@@ -186,6 +186,25 @@ def test_tolerable_failed_checkpoints_exceeded_fails_the_job(tmp_path: Path) -> 
     assert trigger(cc).exception(timeout=0).reason.value == "NOT_ALL_REQUIRED_TASKS_RUNNING"
 
 
+def test_fail_job_ends_the_job_failed_with_its_event_and_aborts_the_pending_checkpoint(tmp_path: Path) -> None:
+    """``fail_job`` (the pipeline gave up on Kafka, issue 36): FAILED in the log, a
+    JOB_STATUS_CHANGED event with the reason, the pending checkpoint aborted, and a second call
+    refused because the job is no longer RUNNING."""
+    cc, env, _ = make(tmp_path)
+    pending = trigger(cc)
+    failed = cc.fail_job("watermarks unreadable for 180 s")
+    env.run()
+    assert failed.result(timeout=0).status == "FAILED" and cc.job_status == "FAILED"
+    assert pending.exception(timeout=0) is not None
+    assert [(r.status, r.reason) for r in env.log if isinstance(r, JobStatusRecord)][-1] == (
+        "FAILED", "watermarks unreadable for 180 s")
+    changed = [e for e in env.events if e.event_type == "JOB_STATUS_CHANGED"]
+    assert [(e.job_status, e.failure_message) for e in changed] == [("FAILED", "watermarks unreadable for 180 s")]
+    again = cc.fail_job("twice")
+    env.run()
+    assert "FAILED, not RUNNING" in str(again.exception(timeout=0))
+
+
 def test_uncounted_failures_do_not_fail_the_job(tmp_path: Path) -> None:
     cc, env, _ = make(tmp_path, tolerable_failed=0, max_concurrent=5)
     trigger(cc)

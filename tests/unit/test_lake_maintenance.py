@@ -185,3 +185,27 @@ def test_the_committer_refuses_a_checkpoint_whose_files_were_cleaned_up(tmp_path
     with pytest.raises(LakeCommitError, match=r"checkpoint 3 references 1 data file\(s\) no longer in table"):
         committer.notify_checkpoint_complete(3)
     assert sink.committed_checkpoint(JOB) == 2 and offsets(sink) == list(range(5, 15))
+
+
+def test_a_conflict_resolved_by_another_coordinators_commit_is_not_this_writers(tmp_path: Path) -> None:
+    """Issue 36: a fenced coordinator whose commit of checkpoint N conflicts with the newer
+    coordinator's commit of the same N finds N in the table, but the commit is not its own: it
+    reports False (the run summary does not count it). Its own commit that conflicted with a
+    compaction and then landed is reported True."""
+    uri = str(tmp_path / "t")
+    old, new = DeltaLakeSink(uri), DeltaLakeSink(uri)
+    commit_checkpoints(old, 1, 1)
+    stale = old._open()  # the fenced coordinator read the table before the newer one committed
+    commit_checkpoints(new, 2, 2)
+    reads = iter([stale])
+    old._open = lambda: next(reads, None) or DeltaLakeSink._open(old)  # type: ignore[method-assign]
+    late = old.write_files(rows(2), job_id=JOB, checkpoint_id=2, subtask=0, attempt=1)
+    assert old.commit(JOB, 2, late, offsets={("t", 0): 15}) is False
+    assert offsets(old) == list(range(5, 15))  # checkpoint 2 once, the newer coordinator's files
+    # a conflict with a compaction: this writer's own commit lands on the retry, and it is its own
+    stale = old._open()
+    new.optimize()
+    reads = iter([stale])
+    assert old.commit(JOB, 3, old.write_files(rows(3), job_id=JOB, checkpoint_id=3, subtask=0, attempt=0),
+                      offsets={("t", 0): 20}) is True
+    assert offsets(old) == list(range(5, 20))

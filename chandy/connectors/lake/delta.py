@@ -38,6 +38,7 @@ from fsspec.core import url_to_fs
 
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
+    COMMIT_TOKEN,
     DATA_FILE_NAME,
     EVOLUTION_NOTE,
     TP,
@@ -240,7 +241,8 @@ class DeltaLakeSink:
                       json.dumps({"numRecords": f.records}))
             for f in files
         ]
-        metadata = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id)}
+        token = uuid.uuid4().hex  # tells this commit apart from the same checkpoint's commit by another coordinator
+        metadata = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token}
         if offsets:
             metadata["chandy.offsets"] = offsets_to_json(offsets)
         if cluster_id:
@@ -276,8 +278,10 @@ class DeltaLakeSink:
                 table = self._open()
                 done = None if table is None else table.transaction_version(job_id)
                 if done is not None and done >= checkpoint_id:
-                    log.info("checkpoint %d: commit conflicted but is in %s: done", checkpoint_id, self.table_uri)
-                    return True
+                    ours = done == checkpoint_id and any(h.get(COMMIT_TOKEN) == token for h in table.history(50))
+                    log.info("checkpoint %d: commit conflicted but is in %s (%s): done", checkpoint_id, self.table_uri,
+                             "this commit landed" if ours else "another coordinator of the job committed it")
+                    return ours
                 fields = None if table is None else self._fields_of(table)
                 log.warning("checkpoint %d: concurrent commit to %s (%s): retrying (attempt %d of %d)", checkpoint_id,
                             self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)

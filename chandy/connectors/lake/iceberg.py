@@ -36,6 +36,7 @@ from fsspec.core import url_to_fs
 
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
+    COMMIT_TOKEN,
     DATA_FILE_NAME,
     EVOLUTION_NOTE,
     TP,
@@ -329,13 +330,20 @@ class IcebergSink:
             LakeCommitError: the catalog refused the commit (after ``COMMIT_ATTEMPTS`` conflicts).
         """
         files = list(files)
+        token = uuid.uuid4().hex  # tells this commit apart from the same checkpoint's commit by another coordinator
+        key = f"{PROPERTY_PREFIX}{job_id}."
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             table = self._load()
             done = None if table is None else self._record_of(table, job_id)[0]
             if done is not None and done >= checkpoint_id:
                 if attempt == 1:
                     log.info("checkpoint %d of job %s is already in %s: skipped", checkpoint_id, job_id, self.table_uri)
-                return attempt > 1  # found done after a conflict: it was ours
+                    return False
+                # found done after a conflict: ours only if the table holds this very commit
+                ours = done == checkpoint_id and table.properties.get(key + "commit_token") == token
+                log.info("checkpoint %d: commit conflicted but is in %s (%s): done", checkpoint_id, self.table_uri,
+                         "this commit landed" if ours else "another coordinator of the job committed it")
+                return ours
             if not files and (not offsets or table is None):
                 return False
             fields = None if table is None else self._fields_of(table)
@@ -343,9 +351,8 @@ class IcebergSink:
             for schema in schemas:
                 self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
             merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
-            summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id)}
-            key = f"{PROPERTY_PREFIX}{job_id}."
-            properties = {key + "checkpoint_id": str(checkpoint_id)}
+            summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token}
+            properties = {key + "checkpoint_id": str(checkpoint_id), key + "commit_token": token}
             if offsets:
                 summary["chandy.offsets"] = properties[key + "offsets"] = offsets_to_json(offsets)
             if cluster_id:

@@ -40,6 +40,10 @@ class LakeSchemaError(LakeCommitError):
 TP = tuple[str, int]
 
 #: attempts of a commit (or an OPTIMIZE) that meets a concurrent commit delta-rs cannot rebase
+#: commitInfo (Delta) / snapshot summary and table property (Iceberg) key of a random token each
+#: commit carries: after a conflict, the table's commit of the checkpoint is this writer's only if it
+#: holds the token (a fenced coordinator then does not report a newer one's commit as its own)
+COMMIT_TOKEN = "chandy.commit_token"
 COMMIT_ATTEMPTS = 8
 
 

@@ -38,6 +38,12 @@ class PipelineFencedError(PipelineError):
     """A newer coordinator of the same job took over; this run stopped writing at once."""
 
 
+class PipelineKafkaError(PipelineError):
+    """Kafka refused a call of the running pipeline for good (not authorized, a topic gone) or
+    kept failing past ``--kafka-retry-timeout``: the job ends FAILED (on the events topic too),
+    and a later run resumes it only from a savepoint or retained checkpoint (``--from-savepoint``)."""
+
+
 def default_job_id(table_uri: str, topics: tuple[str, ...] | list[str] = (), topic_pattern: str | None = None) -> str:
     """A job ID derived from the normalised, absolute table URI and the topics (or pattern):
     the same pipeline resumes its own checkpoints however the table was spelled."""

@@ -85,6 +85,7 @@ from chandy.connectors.spark.options import (
     SOURCE_OPERATOR,
     PipelineError,
     PipelineFencedError,
+    PipelineKafkaError,
     PipelineOptions,
     PipelineProgress,
     PipelineSummary,
@@ -604,7 +605,7 @@ class Pipeline:
             try:
                 high = watermark_offsets(consumer, TopicPartition(*tp), timeout_s=timeout_s)[1]
             except OffsetsUnavailableError as exc:  # a fatal error, or retriable ones past --kafka-retry-timeout
-                raise PipelineError(f"reading the source's offsets failed: {exc}") from exc
+                raise PipelineKafkaError(f"reading the source's offsets failed: {exc}") from exc
             lag[tp] = max(0, high - start)
         return lag
 
@@ -944,6 +945,8 @@ class Pipeline:
         except ChandyError as exc:
             if self.service.fenced.is_set() and not isinstance(exc, PipelineFencedError):
                 raise PipelineFencedError(self._fenced_message()) from exc
+            if isinstance(exc, PipelineKafkaError):
+                self._record_failure(str(exc))
             raise
         finally:
             landed_total = self._safe_committed_records() - landed_before
@@ -960,6 +963,17 @@ class Pipeline:
                                bad_records=self.bad_records, dead_lettered=self.dead_lettered,
                                tombstones_skipped=counts.value[1], signal=self.stop_signal,
                                notices=tuple(self.notices), canceled=canceled)
+
+    def _record_failure(self, reason: str) -> None:
+        """Make the job FAILED in the log and on the events topic before the run exits (issue 36:
+        Kafka gave up). The brokers may be the reason, so this waits 10 s at most, then says it
+        could not."""
+        assert self.service is not None
+        try:
+            self.service.fail_job(reason).result(10)
+        except Exception as exc:  # noqa: BLE001 - the run exits with its own error either way
+            log.error("job %s: could not record FAILED (%s); the job's last status stays in the log", self.job_id,
+                      root_cause(exc))
 
     def _await(self, trigger: Any, timeout_s: float) -> Any:
         """The trigger's result, waited for in short steps: a fenced or stopped coordinator ends

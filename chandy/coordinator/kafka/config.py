@@ -42,6 +42,14 @@ BOUNDED_READ: Mapping[str, Any] = {"enable.partition.eof": True, "fetch.wait.max
 #: 108 ms; a 250,000-record range no slower).
 RANGE_READ: Mapping[str, Any] = {**BOUNDED_READ, "queued.min.messages": 20_000}
 
+#: A worker's producer of acks, declines and attempt reports (``<prefix>.acks``): not idempotent,
+#: and one request in flight per broker, so retries keep the order. The coordinator drops a
+#: duplicate ack, so idempotence buys nothing here, and it costs an InitProducerId before the first
+#: send: librdkafka asks the same broker again and again, and a broker that has just restarted can
+#: answer COORDINATOR_LOAD_IN_PROGRESS for minutes (it has no producer-ID block yet), during which
+#: no ack leaves the task (seen in a rolling restart, issue 36).
+REPORTS_PRODUCER: Mapping[str, Any] = {"enable.idempotence": False, "max.in.flight.requests.per.connection": 1}
+
 #: librdkafka's own log lines go through Python logging under this name (not raw to stderr).
 LIBRDKAFKA_LOGGER = logging.getLogger("chandy.librdkafka")
 

@@ -127,7 +127,8 @@ class ParticipantHost:
         self.max_epoch: dict[str, int] = {}
         self.dropped_stale = 0
         self.bad_messages = 0
-        self.producer = kafka_config.producer(bootstrap_servers, overrides={"linger.ms": 1, **(producer_overrides or {})})
+        self.producer = kafka_config.producer(bootstrap_servers, overrides={**kafka_config.REPORTS_PRODUCER, "linger.ms": 1,
+                                                                             **(producer_overrides or {})})
         self.consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 10,
                                                                              **(consumer_overrides or {})})
         # watermark queries on the polling consumer from another thread wait behind its poll

@@ -62,7 +62,8 @@ class AckSender:
         self.topic = ChandyTopics(prefix).acks
         self.codec = codec or SingleObjectCodec()
         self._key = job_id.encode()
-        self.producer = kafka_config.producer(bootstrap_servers, overrides=producer_overrides)
+        self.producer = kafka_config.producer(bootstrap_servers,
+                                              overrides={**kafka_config.REPORTS_PRODUCER, **(producer_overrides or {})})
 
     def send(self, message: Any, timeout_s: float = 30.0) -> None:
         """Produce one message and wait until the broker has it.

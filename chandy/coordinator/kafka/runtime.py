@@ -678,6 +678,11 @@ class CoordinatorService:
         the CANCELED status is durable."""
         return self._call(lambda cc: cc.cancel_job(reason))
 
+    def fail_job(self, reason: str) -> concurrent.futures.Future:
+        """Fail the job for good (see :meth:`CheckpointCoordinator.fail_job`): FAILED, with a
+        ``JOB_STATUS_CHANGED`` event on the events topic; the future is done once that is durable."""
+        return self._call(lambda cc: cc.fail_job(reason))
+
     @property
     def epoch(self) -> int:
         """This coordinator's epoch (control messages carry it; workers drop older ones)."""
