@@ -82,14 +82,15 @@ def test_a_cluster_id_starting_with_a_dash_formats(tmp_path: Path, monkeypatch: 
     # one random cluster id in 64 starts with "-"; the storage tool must not read it as an option
     import base64
 
-    from chandy import broker as broker_module
+    from chandy.broker import config as broker_config
+    from chandy.broker import distribution
 
     real = base64.urlsafe_b64encode
-    monkeypatch.setattr(broker_module.base64, "urlsafe_b64encode", lambda raw: b"-" + real(raw)[1:])
+    monkeypatch.setattr(broker_config.base64, "urlsafe_b64encode", lambda raw: b"-" + real(raw)[1:])
     broker = EmbeddedKafkaBroker(tmp_path)
     tmp_path.mkdir(exist_ok=True)
-    properties = broker._write_server_properties(1, {1: (broker_module.free_port(), broker_module.free_port())}, {})
-    broker._format_storage(find_java(), broker_module.resolve_kafka_jars(), 1, properties, broker._cluster_id(), {})
+    properties = broker._write_server_properties(1, {1: (broker_config.free_port(), broker_config.free_port())}, {})
+    broker._format_storage(find_java(), distribution.resolve_kafka_jars(), 1, properties, broker._cluster_id(), {})
     assert "cluster.id=-" in (tmp_path / "kraft" / "meta.properties").read_text()
 
 

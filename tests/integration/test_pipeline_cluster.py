@@ -38,7 +38,7 @@ from chandy.coordinator.kafka.topics import ChandyTopics
 from tests.fixtures.pipeline import landed
 from tests.fixtures.workers import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
