@@ -294,7 +294,7 @@ def test_a_standby_that_joined_first_does_not_fence_a_running_active(kafka_boots
     """Issue 36 (found by benchmarks/takeover.py): a standby started at the same moment as the
     active run joined the election group first and owned its partition, then started and fenced
     the healthy active run. A standby leads only once no active run is a member of the group."""
-    from chandy.coordinator.kafka.requests import LeaderElection
+    from chandy.coordinator.kafka.election import LeaderElection
 
     topics = ChandyTopics(topic_prefix)
     ensure_topics(kafka_config.admin_client(kafka_bootstrap_servers), topics)

@@ -34,9 +34,10 @@ from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator
 from chandy.coordinator.environment import Batch, Mailbox, SourceOffsets
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.election import LeaderElection, election_group, group_has_members
 from chandy.coordinator.kafka.log import LoadStats, encode_record, load_state, partition_for
 from chandy.coordinator.kafka.metrics import CheckpointMetricsCollector, MetricsServer
-from chandy.coordinator.kafka.requests import LeaderElection, RequestExecutor, RequestHandler, election_group, group_has_members
+from chandy.coordinator.kafka.requests import RequestExecutor, RequestHandler
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics, watermark_offsets
 from chandy.coordinator.messages import (
     MESSAGE_TYPES,
