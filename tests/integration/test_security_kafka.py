@@ -23,7 +23,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from chandy.broker import EmbeddedKafkaBroker
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.log import encode_record
-from chandy.coordinator.kafka.runtime import CoordinatorService, transactional_id_for
+from chandy.coordinator.kafka.log_writer import transactional_id_for
+from chandy.coordinator.kafka.runtime import CoordinatorService
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 from chandy.coordinator.messages import NotifyCheckpointComplete
 from chandy.coordinator.records import CoordinatorEpochRecord

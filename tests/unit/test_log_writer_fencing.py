@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from chandy.coordinator.environment import Batch
-from chandy.coordinator.kafka.runtime import CoordinatorFencedError, LogWriter
+from chandy.coordinator.kafka.log_writer import CoordinatorFencedError, LogWriter
 from chandy.coordinator.kafka.topics import is_retriable
 
 

@@ -97,8 +97,9 @@ from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.election import LeaderElection
+from chandy.coordinator.kafka.log_writer import CoordinatorFencedError
 from chandy.coordinator.kafka.requests import ControlRequest, ControlRequestType, RequestOutcome
-from chandy.coordinator.kafka.runtime import CoordinatorFencedError, CoordinatorService, JobTerminatedError
+from chandy.coordinator.kafka.runtime import CoordinatorService, JobTerminatedError
 from chandy.coordinator.kafka.topics import ChandyTopics, OffsetsUnavailableError, ensure_topics, watermark_offsets
 from chandy.coordinator.options import CheckpointingOptions
 from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage

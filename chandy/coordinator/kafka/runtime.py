@@ -28,19 +28,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
-
 from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator
-from chandy.coordinator.environment import Batch, Mailbox, SourceOffsets
+from chandy.coordinator.environment import Batch, Mailbox
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.ack_reader import AckReader
 from chandy.coordinator.kafka.election import LeaderElection, election_group, group_has_members
-from chandy.coordinator.kafka.log import LoadStats, encode_record, load_state, partition_for
+from chandy.coordinator.kafka.log import LoadStats, load_state
+from chandy.coordinator.kafka.log_writer import LogWriter, transactional_id_for
 from chandy.coordinator.kafka.metrics import CheckpointMetricsCollector, MetricsServer
 from chandy.coordinator.kafka.requests import RequestExecutor, RequestHandler
-from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics, watermark_offsets
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 from chandy.coordinator.messages import (
-    MESSAGE_TYPES,
     AcknowledgeCheckpoint,
     DeclineCheckpoint,
     OperatorEventMessage,
@@ -52,17 +51,11 @@ from chandy.coordinator.options import CheckpointingOptions
 from chandy.coordinator.state import CoordinatorState
 from chandy.coordinator.storage import CheckpointStorage
 from chandy.coordinator.trigger_result import CheckpointTriggerResult
-from chandy.schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
+from chandy.schemas.codec import Codec, SingleObjectCodec
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-#: acks-topic messages drained per mailbox action (already fetched ones only; nothing waits for them)
-_ACK_BATCH = 1000
-
-
-class CoordinatorFencedError(ChandyError):
-    """Another coordinator of the same job took over (its producer fenced this one's)."""
 
 
 class CoordinatorStoppedError(ChandyError):
@@ -77,266 +70,6 @@ class JobTerminatedError(CoordinatorStoppedError):
     def __init__(self, message: str, status: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-def transactional_id_for(prefix: str, job_id: str) -> str:
-    """``<prefix>-coordinator-<job id>``: one transactional producer per job, for fencing."""
-    return f"{prefix}-coordinator-{job_id}"
-
-
-def _is_fencing(error: KafkaError) -> bool:
-    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-                            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED) or error.fatal()
-
-
-class LogWriter:
-    """Commits batches in order, one Kafka transaction per group of queued batches.
-
-    ``on_committed`` callbacks are handed to ``post`` (the mailbox) after the commit.
-    ``on_fatal`` is called once when the producer is fenced or fails fatally.
-    """
-
-    def __init__(
-        self,
-        bootstrap_servers: str,
-        topics: ChandyTopics,
-        job_id: str,
-        codec: Codec,
-        transactional_id: str,
-        post: Callable[[Callable[[], None]], None],
-        on_fatal: Callable[[BaseException], None],
-        producer_overrides: Mapping[str, Any] | None = None,
-        log_partitions: int = 1,
-        retry_timeout_s: float = 180.0,
-    ) -> None:
-        self.topics = topics
-        self.retry_timeout_s = retry_timeout_s
-        self.job_id = job_id
-        self.codec = codec
-        self.post = post
-        self.on_fatal = on_fatal
-        self.log_partition = partition_for(job_id, log_partitions)
-        self.producer = kafka_config.producer(
-            bootstrap_servers, transactional_id=transactional_id,
-            overrides={"transaction.timeout.ms": 60_000, "retry.backoff.ms": 10, "retry.backoff.max.ms": 100,
-                       **(producer_overrides or {})},
-        )
-        self.bootstrap_servers = bootstrap_servers
-        self._security = kafka_config.security_settings(producer_overrides)
-        self._group_consumers: dict[str, Any] = {}  # group id -> a consumer that never joins, for its metadata
-        self._queue: list[tuple[Batch, Callable[[], None] | None]] = []
-        self._cond = threading.Condition()
-        self._closed = False
-        self.failed: BaseException | None = None
-        self.transactions = 0
-        self._thread = threading.Thread(target=self._run, name=f"chandy-log-writer-{job_id[:8]}", daemon=True)
-
-    def init(self, timeout_s: float = 60.0) -> None:
-        """``init_transactions()``: fences older producers of the same transactional.id."""
-        self.producer.init_transactions(timeout_s)
-        self._thread.start()
-
-    def submit(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
-        with self._cond:
-            if self._closed or self.failed is not None:
-                log.debug("log writer closed: dropping a batch of %d records", len(batch.records))
-                return
-            self._queue.append((batch, on_committed))
-            self._cond.notify()
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Commit what is queued, then stop."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
-        for consumer in self._group_consumers.values():
-            consumer.close()
-        self._group_consumers.clear()
-
-    def _produce(self, batch: Batch) -> None:
-        key = self.job_id.encode()
-        for record in batch.records:
-            k, v = encode_record(self.codec, record, self.topics.coordinator_log)
-            self.producer.produce(self.topics.coordinator_log, v, k, partition=self.log_partition)
-        for message in batch.control:
-            self.producer.produce(self.topics.control, self.codec.encode(message.SCHEMA, message.to_avro(),
-                                                                         topic=self.topics.control), key)
-        for event in batch.events:
-            self.producer.produce(self.topics.checkpoint_events, self.codec.encode(event.SCHEMA, event.to_avro(),
-                                                                                   topic=self.topics.checkpoint_events), key)
-        for output in batch.outputs:
-            self.producer.produce(output.topic, output.value, output.key, headers=list(output.headers) or None)
-        for committed in batch.source_offsets:
-            self._send_offsets(committed)
-
-    def _send_offsets(self, committed: SourceOffsets) -> None:
-        offsets = [TopicPartition(t, p, o) for t, p, o in committed.offsets]
-        metadata = self._group_metadata(committed.group_id)
-        self._call_retrying(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, 30.0))
-
-    def _group_metadata(self, group_id: str) -> Any:
-        """``ConsumerGroupMetadata`` of ``group_id`` for ``send_offsets_to_transaction``, from a
-        consumer of the group that never subscribes (generation -1: the broker takes the commit
-        as a simple, memberless group's, as the enumerator's own commits are)."""
-        if group_id not in self._group_consumers:
-            self._group_consumers[group_id] = kafka_config.consumer(self.bootstrap_servers, group_id=group_id,
-                                                                    overrides=self._security)
-        return self._group_consumers[group_id].consumer_group_metadata()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue and self._closed:
-                    return
-                group, self._queue = self._queue, []
-            try:
-                self._commit(group)
-            except BaseException as exc:  # noqa: BLE001 - fenced or fatal: stop writing for good
-                self.failed = exc
-                with self._cond:
-                    self._queue.clear()
-                self.on_fatal(exc)
-                return
-            self.transactions += 1
-            for _, on_committed in group:
-                if on_committed is not None:
-                    self.post(on_committed)
-
-    def _commit(self, group: list[tuple[Batch, Callable[[], None] | None]]) -> None:
-        """One transaction for the group, following librdkafka's transactional contract: a
-        retriable commit error retries the commit itself; an abortable one aborts and redoes the
-        whole transaction; a fatal or fencing error stops the writer for good."""
-        for attempt in range(5):
-            try:
-                self.producer.begin_transaction()
-                for batch, _ in group:
-                    self._produce(batch)
-                self._call_retrying(lambda: self.producer.commit_transaction(30.0))
-                return
-            except KafkaException as exc:
-                error = exc.args[0]
-                if _is_fencing(error):
-                    raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
-                if not error.txn_requires_abort():
-                    # fatal, or retriable past retry_timeout_s: the coordinator cannot go on
-                    raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
-                log.warning("transaction attempt %d failed (%s); aborting and retrying", attempt + 1, error.str())
-                try:
-                    self._call_retrying(lambda: self.producer.abort_transaction(30.0))
-                except KafkaException as abort_exc:
-                    # a newer coordinator can fence this one between the failed commit and the abort
-                    if _is_fencing(abort_exc.args[0]):
-                        raise CoordinatorFencedError(f"log writer stopped: {abort_exc.args[0].str()}") from abort_exc
-                    raise
-                time.sleep(0.1 * (attempt + 1))
-        raise CoordinatorFencedError("log writer gave up after 5 aborted transactions")
-
-    def _call_retrying(self, call: Callable[[], None]) -> None:
-        """``call`` retried with backoff (10 ms doubling to 1 s) while it fails retriably (a broker's
-        death, a leader election, the transaction coordinator moving), for up to ``retry_timeout_s``."""
-        deadline = time.monotonic() + self.retry_timeout_s
-        attempt = 0
-        while True:
-            try:
-                call()
-                return
-            except KafkaException as exc:
-                error = exc.args[0]
-                if not error.retriable() or error.fatal() or time.monotonic() > deadline:
-                    raise
-                attempt += 1
-                if attempt in (1, 10, 50):
-                    log.warning("job %s: coordinator log transaction: %s; retrying", self.job_id, error.str())
-                time.sleep(min(1.0, 0.01 * 2 ** min(attempt, 7)))
-
-
-class AckReader:
-    """Reads ``<prefix>.acks`` from its end at start, decodes, and hands the job's messages to
-    ``dispatch`` a poll batch at a time (a list, in offset order). A message that does not decode is counted, logged and skipped (and copied to
-    ``dead_letter_topic`` if set); it never stops the reader."""
-
-    def __init__(self, bootstrap_servers: str, topics: ChandyTopics, job_id: str, codec: Codec,
-                 dispatch: Callable[[list[Any]], None], consumer_overrides: Mapping[str, Any] | None = None,
-                 dead_letter_topic: str | None = None) -> None:
-        self.topic = topics.acks
-        self.job_id = job_id
-        self.codec = codec
-        self.dispatch = dispatch
-        self.bad_messages = 0
-        self.dead_letter_topic = dead_letter_topic
-        self._dlq = (kafka_config.producer(bootstrap_servers, overrides=kafka_config.security_settings(consumer_overrides))
-                     if dead_letter_topic else None)
-        self.consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 10,
-                                                                             **(consumer_overrides or {})})
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"chandy-acks-{job_id[:8]}", daemon=True)
-
-    def start(self) -> None:
-        """Start dispatching (after :meth:`assign`)."""
-        self._thread.start()
-
-    def assign(self, timeout_s: float = 30.0) -> None:
-        """Position at the current end of the acks topic; nothing is dispatched before :meth:`start`."""
-        metadata = self.consumer.list_topics(self.topic, timeout=timeout_s)
-        partitions = sorted(metadata.topics[self.topic].partitions)
-        # start at the end captured now: acks sent to an older coordinator are not ours
-        assignment = []
-        for p in partitions:
-            _, high = watermark_offsets(self.consumer, TopicPartition(self.topic, p), timeout_s)
-            assignment.append(TopicPartition(self.topic, p, high if high >= 0 else OFFSET_END))
-        self.consumer.assign(assignment)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(10)
-        if self._thread.is_alive():
-            # closing the consumer under a thread that may poll again is undefined in librdkafka
-            log.warning("acks reader of job %s: its thread did not stop within 10 s; the consumer is left open",
-                        self.job_id)
-        else:
-            self.consumer.close()
-
-    def _run(self) -> None:
-        key = self.job_id.encode()
-        while not self._stop.is_set():
-            polled = self.consumer.poll(0.2)
-            if polled is None:
-                continue
-            # poll waits for the first message; what is already fetched is drained without waiting
-            # (consume(n, timeout) would wait for its whole timeout unless n messages arrive), and
-            # the whole batch goes to the mailbox as one action: 1,000 subtasks' acks are a few
-            # mailbox turns, not 1,000
-            batch = [polled, *self.consumer.consume(_ACK_BATCH, 0)]
-            decoded_batch = []
-            for message in batch:
-                error = message.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        log.warning("acks consumer: %s", error)
-                    continue
-                if message.key() != key:
-                    continue
-                try:
-                    decoded = self.codec.decode(message.value(), location_of(message))
-                    cls = MESSAGE_TYPES.get(decoded.name)
-                    if cls is None:
-                        raise WireFormatError(f"{decoded.name} is not a message the coordinator reads",
-                                              location_of(message))
-                    decoded_batch.append(cls.from_avro(decoded.value))
-                except Exception as exc:  # noqa: BLE001 - one bad message must not stop the reader
-                    self.bad_messages += 1
-                    log.warning("skipping a bad message on %s: %s", self.topic, exc)
-                    if self._dlq is not None and self.dead_letter_topic is not None:
-                        self._dlq.produce(self.dead_letter_topic, message.value(), message.key(),
-                                          headers={"chandy.error": str(exc)})
-                        self._dlq.poll(0)
-            if decoded_batch:
-                self.dispatch(decoded_batch)
 
 
 class CoordinatorService:

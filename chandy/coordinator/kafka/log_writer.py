@@ -1,0 +1,205 @@
+"""The coordinator's only writer: :class:`LogWriter` commits batches (log records, control messages,
+public events, outputs, source offsets) in order, one Kafka transaction per group of queued
+batches, with ``transactional.id = <prefix>-coordinator-<job id>`` (:func:`transactional_id_for`):
+a newer coordinator's ``init_transactions`` fences this one, and a fenced writer writes nothing
+more (:class:`CoordinatorFencedError`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from chandy.coordinator.environment import Batch, SourceOffsets
+from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.log import encode_record, partition_for
+from chandy.coordinator.kafka.topics import ChandyTopics
+from chandy.schemas.codec import Codec
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorFencedError(ChandyError):
+    """Another coordinator of the same job took over (its producer fenced this one's)."""
+
+
+def transactional_id_for(prefix: str, job_id: str) -> str:
+    """``<prefix>-coordinator-<job id>``: one transactional producer per job, for fencing."""
+    return f"{prefix}-coordinator-{job_id}"
+
+
+def is_fencing(error: KafkaError) -> bool:
+    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED) or error.fatal()
+
+
+class LogWriter:
+    """Commits batches in order, one Kafka transaction per group of queued batches.
+
+    ``on_committed`` callbacks are handed to ``post`` (the mailbox) after the commit.
+    ``on_fatal`` is called once when the producer is fenced or fails fatally.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topics: ChandyTopics,
+        job_id: str,
+        codec: Codec,
+        transactional_id: str,
+        post: Callable[[Callable[[], None]], None],
+        on_fatal: Callable[[BaseException], None],
+        producer_overrides: Mapping[str, Any] | None = None,
+        log_partitions: int = 1,
+        retry_timeout_s: float = 180.0,
+    ) -> None:
+        self.topics = topics
+        self.retry_timeout_s = retry_timeout_s
+        self.job_id = job_id
+        self.codec = codec
+        self.post = post
+        self.on_fatal = on_fatal
+        self.log_partition = partition_for(job_id, log_partitions)
+        self.producer = kafka_config.producer(
+            bootstrap_servers, transactional_id=transactional_id,
+            overrides={"transaction.timeout.ms": 60_000, "retry.backoff.ms": 10, "retry.backoff.max.ms": 100,
+                       **(producer_overrides or {})},
+        )
+        self.bootstrap_servers = bootstrap_servers
+        self._security = kafka_config.security_settings(producer_overrides)
+        self._group_consumers: dict[str, Any] = {}  # group id -> a consumer that never joins, for its metadata
+        self._queue: list[tuple[Batch, Callable[[], None] | None]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self.failed: BaseException | None = None
+        self.transactions = 0
+        self._thread = threading.Thread(target=self._run, name=f"chandy-log-writer-{job_id[:8]}", daemon=True)
+
+    def init(self, timeout_s: float = 60.0) -> None:
+        """``init_transactions()``: fences older producers of the same transactional.id."""
+        self.producer.init_transactions(timeout_s)
+        self._thread.start()
+
+    def submit(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
+        with self._cond:
+            if self._closed or self.failed is not None:
+                log.debug("log writer closed: dropping a batch of %d records", len(batch.records))
+                return
+            self._queue.append((batch, on_committed))
+            self._cond.notify()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Commit what is queued, then stop."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._group_consumers.clear()
+
+    def _produce(self, batch: Batch) -> None:
+        key = self.job_id.encode()
+        for record in batch.records:
+            k, v = encode_record(self.codec, record, self.topics.coordinator_log)
+            self.producer.produce(self.topics.coordinator_log, v, k, partition=self.log_partition)
+        for message in batch.control:
+            self.producer.produce(self.topics.control, self.codec.encode(message.SCHEMA, message.to_avro(),
+                                                                         topic=self.topics.control), key)
+        for event in batch.events:
+            self.producer.produce(self.topics.checkpoint_events, self.codec.encode(event.SCHEMA, event.to_avro(),
+                                                                                   topic=self.topics.checkpoint_events), key)
+        for output in batch.outputs:
+            self.producer.produce(output.topic, output.value, output.key, headers=list(output.headers) or None)
+        for committed in batch.source_offsets:
+            self._send_offsets(committed)
+
+    def _send_offsets(self, committed: SourceOffsets) -> None:
+        offsets = [TopicPartition(t, p, o) for t, p, o in committed.offsets]
+        metadata = self._group_metadata(committed.group_id)
+        self._call_retrying(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, 30.0))
+
+    def _group_metadata(self, group_id: str) -> Any:
+        """``ConsumerGroupMetadata`` of ``group_id`` for ``send_offsets_to_transaction``, from a
+        consumer of the group that never subscribes (generation -1: the broker takes the commit
+        as a simple, memberless group's, as the enumerator's own commits are)."""
+        if group_id not in self._group_consumers:
+            self._group_consumers[group_id] = kafka_config.consumer(self.bootstrap_servers, group_id=group_id,
+                                                                    overrides=self._security)
+        return self._group_consumers[group_id].consumer_group_metadata()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue and self._closed:
+                    return
+                group, self._queue = self._queue, []
+            try:
+                self._commit(group)
+            except BaseException as exc:  # noqa: BLE001 - fenced or fatal: stop writing for good
+                self.failed = exc
+                with self._cond:
+                    self._queue.clear()
+                self.on_fatal(exc)
+                return
+            self.transactions += 1
+            for _, on_committed in group:
+                if on_committed is not None:
+                    self.post(on_committed)
+
+    def _commit(self, group: list[tuple[Batch, Callable[[], None] | None]]) -> None:
+        """One transaction for the group, following librdkafka's transactional contract: a
+        retriable commit error retries the commit itself; an abortable one aborts and redoes the
+        whole transaction; a fatal or fencing error stops the writer for good."""
+        for attempt in range(5):
+            try:
+                self.producer.begin_transaction()
+                for batch, _ in group:
+                    self._produce(batch)
+                self._call_retrying(lambda: self.producer.commit_transaction(30.0))
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if is_fencing(error):
+                    raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
+                if not error.txn_requires_abort():
+                    # fatal, or retriable past retry_timeout_s: the coordinator cannot go on
+                    raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
+                log.warning("transaction attempt %d failed (%s); aborting and retrying", attempt + 1, error.str())
+                try:
+                    self._call_retrying(lambda: self.producer.abort_transaction(30.0))
+                except KafkaException as abort_exc:
+                    # a newer coordinator can fence this one between the failed commit and the abort
+                    if is_fencing(abort_exc.args[0]):
+                        raise CoordinatorFencedError(f"log writer stopped: {abort_exc.args[0].str()}") from abort_exc
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+        raise CoordinatorFencedError("log writer gave up after 5 aborted transactions")
+
+    def _call_retrying(self, call: Callable[[], None]) -> None:
+        """``call`` retried with backoff (10 ms doubling to 1 s) while it fails retriably (a broker's
+        death, a leader election, the transaction coordinator moving), for up to ``retry_timeout_s``."""
+        deadline = time.monotonic() + self.retry_timeout_s
+        attempt = 0
+        while True:
+            try:
+                call()
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not error.retriable() or error.fatal() or time.monotonic() > deadline:
+                    raise
+                attempt += 1
+                if attempt in (1, 10, 50):
+                    log.warning("job %s: coordinator log transaction: %s; retrying", self.job_id, error.str())
+                time.sleep(min(1.0, 0.01 * 2 ** min(attempt, 7)))
+
+
