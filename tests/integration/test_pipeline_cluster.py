@@ -78,6 +78,7 @@ class _Producer:
         self.producer = kafka_config.producer(servers, overrides={"enable.idempotence": True, "acks": "all"})
         self.topic, self.count, self.rate = topic, count, rate
         self.delivered = 0
+        self.stopped = threading.Event()  # stop() ends production early: ``count`` is then what was sent
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _on_delivery(self, error: object, _message: object) -> None:
@@ -86,6 +87,9 @@ class _Producer:
 
     def _run(self) -> None:
         for i in range(self.count):
+            if self.stopped.is_set():
+                self.count = i
+                break
             self.producer.produce(self.topic, f"v-{i}".encode(), f"k{i}".encode(), partition=i % 2,
                                   on_delivery=self._on_delivery)
             self.producer.poll(0)
@@ -95,6 +99,13 @@ class _Producer:
     def start(self) -> _Producer:
         self.thread.start()
         return self
+
+    def stop(self, timeout_s: float = 180.0) -> int:
+        """Stop producing; returns how many records were produced (all delivered)."""
+        self.stopped.set()
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive() and self.delivered == self.count
+        return self.count
 
 
 def _pipeline(servers: str, topic: str, table: str, prefix: str, *extra: str) -> list[str]:
@@ -205,7 +216,7 @@ def _group_offsets(servers: str, group: str, topic: str) -> dict[int, int]:
 def test_a_rolling_restart_of_every_broker_loses_and_doubles_nothing(cluster, tmp_path) -> None:
     servers = _servers(cluster)
     topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
-    producer = _Producer(servers, topic, 30_000, 300).start()  # flows through all three restarts
+    producer = _Producer(servers, topic, 10**9, 300).start()  # flows until every broker restarted
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     log_file = tmp_path / "pipeline.log"
     with open(log_file, "w") as err_file:
@@ -226,16 +237,17 @@ def test_a_rolling_restart_of_every_broker_loses_and_doubles_nothing(cluster, tm
                 raise AssertionError(f"{exc} (produced {producer.delivered}, landed {len(landed(table))}): "
                                      f"{log_file.read_text()[-6000:]}") from None
             assert run.poll() is None, log_file.read_text()[-3000:]
-        producer.thread.join(180)
-        wait_for(lambda: len(landed(table)) >= 30_000 or run.poll() is not None, 180, "every record landed")
+        produced = producer.stop()
+        wait_for(lambda: len(landed(table)) >= produced or run.poll() is not None, 180, "every record landed")
         assert run.poll() is None, log_file.read_text()[-3000:]
         os.killpg(run.pid, signal.SIGTERM)  # a clean stop after the checkpoint in flight
         assert run.wait(120) == 128 + signal.SIGTERM, log_file.read_text()[-3000:]
     finally:
+        producer.stopped.set()
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     rows = landed(table)
-    assert len(rows) == len(set(rows)) == 30_000
+    assert len(rows) == len(set(rows)) == produced
 
 
 def test_a_broker_paused_past_the_session_timeout_then_resumed(cluster, tmp_path) -> None:

@@ -39,7 +39,14 @@ from chandy.coordinator.environment import Batch
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.control_request import ControlRequest, ControlRequestType, RequestStatus
-from chandy.coordinator.kafka.election import coordinator_running, election_group
+from chandy.coordinator.kafka.election import (
+    ELECTION_SESSION_TIMEOUT_MS,
+    LeaderElection,
+    active_members,
+    coordinator_running,
+    election_group,
+    group_has_members,
+)
 from chandy.coordinator.kafka.topics import ChandyTopics, watermark_offsets
 from chandy.coordinator.messages import CheckpointEvent
 from chandy.coordinator.records import (
@@ -51,6 +58,12 @@ from chandy.coordinator.records import (
     register_record_kind,
 )
 from chandy.schemas.codec import SingleObjectCodec, WireFormatError, location_of
+
+#: the election's names stay importable from here, where they were defined
+__all__ = ["ELECTION_SESSION_TIMEOUT_MS", "ControlRequest", "ControlRequestType", "JobNotRunningError", "JobSummary",
+           "LeaderElection", "RequestError", "RequestHandler", "RequestOutcome", "RequestRecord", "RequestStatus",
+           "RequestTimeoutError", "active_members", "coordinator_running", "election_group", "group_has_members",
+           "list_jobs", "send_request"]
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.ack_reader import AckReader
 from chandy.coordinator.kafka.election import LeaderElection, election_group, group_has_members
 from chandy.coordinator.kafka.log import LoadStats, load_state
-from chandy.coordinator.kafka.log_writer import LogWriter, transactional_id_for
+from chandy.coordinator.kafka.log_writer import CoordinatorFencedError, LogWriter, transactional_id_for
 from chandy.coordinator.kafka.metrics import CheckpointMetricsCollector, MetricsServer
 from chandy.coordinator.kafka.requests import RequestExecutor, RequestHandler
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
@@ -52,6 +52,10 @@ from chandy.coordinator.state import CoordinatorState
 from chandy.coordinator.storage import CheckpointStorage
 from chandy.coordinator.trigger_result import CheckpointTriggerResult
 from chandy.schemas.codec import Codec, SingleObjectCodec
+
+#: the log writer's and the ack reader's names stay importable from here, where they were defined
+__all__ = ["AckReader", "CoordinatorFencedError", "CoordinatorService", "CoordinatorStoppedError", "JobTerminatedError",
+           "LogWriter", "transactional_id_for"]
 
 log = logging.getLogger(__name__)
 
