@@ -1,0 +1,136 @@
+"""How the driver decodes values and shapes the output: the value decoder (a known schema, or
+inferred from the first micro-batch), the output schema with a ``--transform``, and its check
+against the table."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pyarrow as pa
+
+from chandy.connectors.kafka.source.reader import KafkaRangeReader
+from chandy.connectors.kafka.source.split import KafkaPartitionSplit
+from chandy.connectors.lake.sink import LakeSchemaError
+from chandy.connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
+from chandy.connectors.spark.driver_core import PipelineCore
+from chandy.connectors.spark.options import (
+    PipelineError,
+)
+from chandy.connectors.type_mapping import inferred_json_type
+
+log = logging.getLogger(__name__)
+
+
+class PipelineDecoding(PipelineCore):
+    """The decoding part of :class:`~chandy.connectors.spark.pipeline.Pipeline`."""
+
+    def _value_columns(self, struct: Any) -> tuple[pa.Schema, tuple[str, ...]]:
+        """Spark StructType of the value -> (landed Arrow columns, names in the value)."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        arrow = to_arrow_schema(struct, timezone="UTC")
+        renamed = [f.with_name(f"value_{f.name}") if f.name in KAFKA_COLUMNS else f for f in arrow]
+        return pa.schema(renamed), tuple(f.name for f in arrow)
+
+    def _make_decoder(self, columns: pa.Schema, names: tuple[str, ...], unknown_fields: str) -> ValueDecoder:
+        opts = self.options
+        keep = tuple(c for c in KAFKA_COLUMNS if c != "value" or opts.keep_raw_value)
+        return ValueDecoder(opts.value_format or "json", columns, names, keep, avro_schema=opts.value_schema
+                            if opts.value_format == "avro" else None, avro_framing=opts.avro_framing,
+                            avro_schema_id=opts.avro_schema_id, unknown_fields=unknown_fields,
+                            tombstones=opts.tombstones, errors_tolerance=opts.errors_tolerance,
+                            schema_registry=tuple(sorted(opts.schema_registry.items())))
+
+    def _decoder_from_known_schema(self) -> ValueDecoder | None:
+        """The decoder when the value's columns are known before reading: a DDL, an Avro schema,
+        or (inferred JSON) an existing table's columns. None: JSON to infer from the first batch."""
+        opts = self.options
+        if opts.value_format is None:
+            return None
+        if opts.value_format == "avro":
+            from chandy.connectors.spark.avro import value_struct
+
+            columns, names = self._value_columns(value_struct(opts.value_schema or ""))
+            return self._make_decoder(columns, names, "ignore")
+        if opts.value_schema:
+            from chandy.connectors.spark.ddl import parse_ddl
+
+            columns, names = self._value_columns(parse_ddl(opts.value_schema))
+            return self._make_decoder(columns, names, "ignore")
+        if self.table_fields is not None and self._transform is None:
+            from deltalake import Schema as DeltaSchema
+
+            value_fields = [{"name": n, "type": t, "nullable": True, "metadata": {}}
+                            for n, t in self.table_fields.items() if n not in KAFKA_COLUMNS]
+            arrow = pa.schema(DeltaSchema.from_json(json.dumps({"type": "struct", "fields": value_fields})).to_arrow())
+            names = tuple(f.name[len("value_"):] if f.name.startswith("value_") and f.name[6:] in KAFKA_COLUMNS
+                          else f.name for f in arrow)
+            return self._make_decoder(arrow, names, self._unknown_fields)
+        return None
+
+    def _output_schema(self) -> pa.Schema:
+        from chandy.connectors.spark.records import ARROW_SCHEMA
+
+        return self.decoder.output_schema if self.decoder is not None else ARROW_SCHEMA
+
+    def _check_output_schema(self, schema: pa.Schema) -> None:
+        try:
+            self.sink.check_schema(schema, self.table_fields)
+        except LakeSchemaError as exc:
+            raise PipelineError(str(exc)) from exc
+
+    def _infer_decoder(self, ranges: dict[tuple[str, int], KafkaPartitionSplit]) -> ValueDecoder:
+        """JSON without a schema or a table: infer the columns from up to 1,000 values of the
+        first micro-batch (pyarrow's JSON inference); later fields without a column are bad."""
+        import io
+
+        from pyarrow import json as pa_json
+
+        lines = []
+        for raw in self._sample(ranges):
+            try:
+                value = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(value, dict):
+                lines.append(json.dumps(value))
+        if not lines:
+            raise PipelineError("cannot infer the JSON value schema: the first micro-batch has no JSON object "
+                                "(give --value-schema)")
+        inferred = pa_json.read_json(io.BytesIO("\n".join(lines).encode())).schema
+        inferred = pa.schema([f.with_type(inferred_json_type(f.type)) for f in inferred])
+        renamed = [f.with_name(f"value_{f.name}") if f.name in KAFKA_COLUMNS else f for f in inferred]
+        return self._make_decoder(pa.schema(renamed), tuple(f.name for f in inferred), self._unknown_fields)
+
+    @property
+    def _unknown_fields(self) -> str:
+        """JSON fields without a column (columns inferred or from the table): new columns with
+        schema evolution (not with a transform, whose Spark schema is fixed), else bad records."""
+        return "add" if self.add_columns and self._transform is None else "error"
+
+    def _sample(self, ranges: dict[tuple[str, int], KafkaPartitionSplit], limit: int = 1000) -> list[bytes]:
+        reader = KafkaRangeReader(self.options.bootstrap_servers, self.options.consumer_overrides)
+        values: list[bytes] = []
+        try:
+            for split in ranges.values():
+                for message in reader.read(split):
+                    if message.value() is not None:
+                        values.append(message.value())
+                    if len(values) >= limit:
+                        return values
+        finally:
+            reader.close()
+        return values
+
+    @staticmethod
+    def _decode_frame(df: Any, task: Any, counts: Any) -> Any:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from chandy.connectors.spark.datasource import decode_with_dead_letters, task_context
+
+        def decode(batches: Any) -> Any:
+            yield from decode_with_dead_letters(task, batches, task_context().partitionId(), counts)
+
+        return df.mapInArrow(decode, from_arrow_schema(task.decoder.output_schema, prefer_timestamp_ntz=True))

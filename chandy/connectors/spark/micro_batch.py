@@ -1,0 +1,157 @@
+"""One micro-batch of the pipeline and what the loop reads around it: the source's lag, the
+checkpoint's offset ranges, the Spark job over them (``chandy_kafka_ranges`` → decode →
+transform → ``chandy_lake_files``), waiting for the checkpoint, and the back-off after a failure."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import random
+import time
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from chandy.connectors.kafka.source.split import KafkaPartitionSplit
+from chandy.connectors.spark.cluster import (
+    task_max_failures,
+)
+from chandy.connectors.spark.driver_core import PipelineCore
+from chandy.connectors.spark.options import (
+    SINK_OPERATOR,
+    PipelineError,
+    PipelineKafkaError,
+)
+from chandy.coordinator.kafka.log_writer import CoordinatorFencedError
+from chandy.coordinator.kafka.topics import OffsetsUnavailableError, watermark_offsets
+
+log = logging.getLogger(__name__)
+
+
+class PipelineMicroBatch(PipelineCore):
+    """The micro batch part of :class:`~chandy.connectors.spark.pipeline.Pipeline`."""
+
+    def lag(self, consumer: Any) -> dict[tuple[str, int], int]:
+        """Records between the last completed checkpoint's ends and the last stable offsets."""
+        ends = self._enumerator_call(lambda e: dict(e.committed_end))
+        lag = {}
+        timeout_s = self.options.kafka_retry_timeout_ms / 1000
+        for tp, start in sorted(ends.items()):
+            try:
+                high = watermark_offsets(consumer, TopicPartition(*tp), timeout_s=timeout_s)[1]
+            except OffsetsUnavailableError as exc:  # a fatal error, or retriable ones past --kafka-retry-timeout
+                raise PipelineKafkaError(f"reading the source's offsets failed: {exc}") from exc
+            lag[tp] = max(0, high - start)
+        return lag
+
+    def _ranges(self, checkpoint_id: int, future: Any, timeout_s: float) -> dict[tuple[str, int], KafkaPartitionSplit]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ranges = self._enumerator_call(lambda e: e.ranges_of(checkpoint_id))
+            if ranges:
+                return ranges
+            if future.done():
+                future.result()  # raises the reason it failed
+                return {}
+            time.sleep(0.005)
+        raise PipelineError(f"the offset ranges of checkpoint {checkpoint_id} were not fixed within {timeout_s} s")
+
+    def _task_options(self, spark: Any, checkpoint_id: int) -> Any:
+        from chandy.connectors.spark.datasource import TaskOptions
+
+        opts = self.options
+        if self.table_fields is None or self.add_columns:  # columns added by the last commit count
+            self.table_fields = self.sink.table_fields()
+        zone = spark.conf.get("spark.sql.session.timeZone", None) or "UTC"
+        if self.decoder is not None and self.decoder.session_time_zone != zone:  # JSON timestamps without an offset
+            self.decoder = dataclasses.replace(self.decoder, session_time_zone=zone)
+        assert self.service is not None
+        return TaskOptions(
+            table_uri=opts.table_uri, job_id=self.job_id, checkpoint_id=checkpoint_id, epoch=self.service.epoch,
+            operator_id=SINK_OPERATOR, bootstrap_servers=opts.bootstrap_servers, prefix=opts.prefix,
+            checkpoint_dir=opts.resolved_checkpoint_dir, partition_by=tuple(opts.partition_by),
+            storage_options=dict(opts.storage_options), producer_overrides=opts.task_producer_overrides,
+            consumer_overrides=opts.task_consumer_overrides,
+            max_task_failures=task_max_failures(spark.sparkContext.master, spark.conf.get("spark.task.maxFailures", None)),
+            table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties),
+            add_columns=self.add_columns, table_location=getattr(self.sink, "root_url", None),
+            write_buffer_bytes=opts.write_buffer_bytes)
+
+    def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, counts: Any) -> None:
+        from chandy.connectors.spark.datasource import LAKE_FILES_FORMAT, RANGES_FORMAT, TASK_OPTION, read_write_and_acknowledge
+
+        assignment = self._enumerator_call(lambda e: e.assignment())
+        per_subtask = [[[s.topic, s.partition, ranges[s.topic_partition].starting_offset,
+                         ranges[s.topic_partition].stopping_offset]
+                        for s in assignment.get(i, []) if s.topic_partition in ranges
+                        and ranges[s.topic_partition].num_records > 0]
+                       for i in range(self.parallelism)]
+        if self.options.value_format is not None and self.decoder is None:
+            self.decoder = self._infer_decoder(ranges)
+            if self._transform is None:
+                self._check_output_schema(self._output_schema())
+        task = self._task_options(spark, checkpoint_id)
+        if self._transform is None:
+            # nothing for Spark SQL to do: each task reads, decodes, writes and acknowledges in one
+            # Python worker, sparing the batches a round trip through the JVM
+            (spark.sparkContext.parallelize(per_subtask, self.parallelism)
+             .mapPartitionsWithIndex(read_write_and_acknowledge(task, counts)).collect())
+            return
+        df = (spark.read.format(RANGES_FORMAT).option(TASK_OPTION, task.encode())
+              .option("ranges", json.dumps(per_subtask)).load())
+        if self.decoder is not None:
+            df = self._decode_frame(df, task, counts)
+        df = self._transform(df)
+        partitions = df.rdd.getNumPartitions()
+        if partitions > self.parallelism:
+            df = df.coalesce(self.parallelism)
+        elif partitions < self.parallelism:
+            df = df.repartition(self.parallelism)
+        df.write.format(LAKE_FILES_FORMAT).mode("append").option(TASK_OPTION, task.encode()).save()
+
+    def _await(self, trigger: Any, timeout_s: float) -> Any:
+        """The trigger's result, waited for in short steps: a fenced or stopped coordinator ends
+        the wait at once (its log writer may die with the checkpoint's commit in flight, and
+        then nothing would ever complete the future), not at the checkpoint timeout.
+
+        Raises:
+            CoordinatorFencedError: a newer coordinator of the job took over.
+            PipelineError: the coordinator stopped.
+            CheckpointException, concurrent.futures.TimeoutError: as ``trigger.result``.
+        """
+        assert self.service is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return trigger.result(max(0.0, min(0.25, deadline - time.monotonic())))
+            except concurrent.futures.TimeoutError:
+                if self.service.fenced.is_set():
+                    raise CoordinatorFencedError(self._fenced_message()) from None
+                if self.service.stopped.is_set():
+                    raise PipelineError(f"job {self.job_id}: the coordinator stopped "
+                                        f"({self.service.failure_reason() or 'no reason given'})") from None
+                if time.monotonic() >= deadline:
+                    raise
+
+    # -- control requests (coordinator/kafka/requests.py), applied by the driver loop ------------------
+
+    def _backoff_s(self, consecutive_failures: int) -> float:
+        """Flink's exponential-delay restart strategy: initial x 2^(n-1), capped, with 10 % jitter."""
+        opts = self.options
+        delay = min(opts.restart_backoff_max_ms, opts.restart_backoff_initial_ms * 2 ** (consecutive_failures - 1))
+        return delay * (1 + random.uniform(-0.1, 0.1)) / 1000
+
+    def _committed_records(self) -> int:
+        assert self.service is not None
+        self._last_committed = self.service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.records_committed)
+        return self._last_committed
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def _safe_committed_records(self) -> int:
+        try:
+            return self._committed_records()
+        except Exception:  # noqa: BLE001 - a stopped (fenced) coordinator: what it last said
+            return self._last_committed

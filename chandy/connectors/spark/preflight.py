@@ -1,0 +1,245 @@
+"""The pipeline's checks before Spark starts (:meth:`PipelinePreflight.preflight`): the brokers,
+the Kafka settings and ACLs, the table's location and schema, and the reconciliation of the
+table with the coordinator log and the consumer group (see :mod:`chandy.connectors.spark.pipeline`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+
+from chandy.connectors.kafka.source.subscriber import subscribed_topics
+from chandy.connectors.lake.sink import TP
+from chandy.connectors.spark.cluster import (
+    is_local_master,
+    root_cause,
+)
+from chandy.connectors.spark.driver_core import PipelineCore
+from chandy.connectors.spark.options import (
+    PipelineError,
+)
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+
+log = logging.getLogger(__name__)
+
+
+class PipelinePreflight(PipelineCore):
+    """The preflight part of :class:`~chandy.connectors.spark.pipeline.Pipeline`."""
+
+    def preflight(self) -> None:
+        """Check and reconcile before Spark starts (see the module docstring).
+
+        Raises:
+            PipelineError: unreachable brokers, an unknown Kafka setting, missing topics, an
+                unwritable table location, a schema that does not fit the table, another job's
+                data in the table, a table from another Kafka cluster, or (with
+                ``resume_from_table=False``) a coordinator log behind the table.
+        """
+        if self._preflight_done:
+            return
+        opts = self.options
+        started = time.monotonic()
+        self.check_static()
+        self.decoder = self._decoder_from_known_schema()
+        if self._transform is None and (opts.value_format is None or self.decoder is not None):
+            self._check_output_schema(self._output_schema())
+        checked = time.monotonic()
+        self._reconcile()
+        self._preflight_done = True
+        log.info("job %s: preflight %.2f s (checks %.2f s, reconciling the table and the log %.2f s)", self.job_id,
+                 time.monotonic() - started, checked - started, time.monotonic() - checked)
+
+    def check_static(self) -> None:
+        """The checks that do not read what a running job changes (Kafka reachable, the settings,
+        the source topics, the table location), once: a ``--standby`` runs them before it waits,
+        so a misconfigured standby fails at once and its take-over does not pay them.
+
+        Raises:
+            PipelineError: as :meth:`preflight`.
+        """
+        if self._static_checked:
+            return
+        self._check_kafka()
+        self._check_table_location()
+        self._warn_local_paths_on_a_cluster()
+        self._static_checked = True
+
+    def _check_kafka(self) -> None:
+        opts = self.options
+        for what, make in (("-X (consumer)", lambda: kafka_config.consumer(opts.bootstrap_servers,
+                                                                           overrides=dict(opts.consumer_overrides))),
+                           ("--producer-property", lambda: kafka_config.producer(
+                               opts.bootstrap_servers, overrides=opts.driver_producer_overrides)),
+                           ("--worker-property", lambda: kafka_config.producer(
+                               opts.bootstrap_servers, overrides=opts.task_producer_overrides))):
+            try:
+                client = make()
+            except KafkaException as exc:
+                raise PipelineError(f"{what} setting refused by librdkafka: {exc.args[0].str() if exc.args else exc}") from exc
+            except (TypeError, ValueError) as exc:
+                raise PipelineError(f"{what} setting refused by librdkafka: {exc}") from exc
+            if hasattr(client, "close"):
+                client.close()
+        admin = kafka_config.admin_client(opts.bootstrap_servers, {"socket.connection.setup.timeout.ms": 10_000,
+                                                                   **kafka_config.security_settings(opts.consumer_overrides)})
+        try:
+            metadata = admin.list_topics(timeout=15)
+            self.cluster_id = metadata.cluster_id
+        except KafkaException as exc:
+            raise PipelineError(f"cannot reach Kafka at {opts.bootstrap_servers} within 15 s: "
+                                f"{exc.args[0].str() if exc.args else exc}") from exc
+        available = [t for t, m in metadata.topics.items() if m.error is None]
+        if opts.topics:
+            missing = [t for t in opts.topics if t not in available]
+            if missing:
+                hidden = (" (or not visible to this principal: give it READ on them, `chandy topics acls --source-topic`)"
+                          if kafka_config.security_settings(opts.consumer_overrides) else "")
+                raise PipelineError(f"topic(s) not found on {opts.bootstrap_servers}: {', '.join(missing)}{hidden}")
+        self.topic_names = subscribed_topics(available, opts.topics, opts.topic_pattern)
+        if not self.topic_names:
+            raise PipelineError(f"no topic matches {opts.topic_pattern!r} on {opts.bootstrap_servers}")
+        self.partitions = [(t, p) for t in self.topic_names for p in sorted(metadata.topics[t].partitions)]
+        if opts.dead_letter_topic and opts.dead_letter_topic not in available:
+            raise PipelineError(f"dead-letter topic {opts.dead_letter_topic} not found on {opts.bootstrap_servers} "
+                                "(create it first, with the retention you want for bad records)")
+        if kafka_config.security_settings(opts.task_consumer_overrides):
+            self._check_access()
+
+    def _check_access(self) -> None:
+        """On a secured cluster, before Spark starts: the tasks' principal may READ the source
+        partitions, and the driver's may use the consumer group its offsets are committed to
+        (which would otherwise fail at each checkpoint with a warning only).
+
+        Raises:
+            PipelineError: an authorization error, naming the principal, the resource and the ACL.
+        """
+        from chandy.connectors.kafka.source.reader import SourceAuthorizationError, check_read_access
+
+        opts = self.options
+        tasks = opts.task_consumer_overrides
+        try:
+            check_read_access(opts.bootstrap_servers, self.partitions, tasks)
+        except SourceAuthorizationError as exc:
+            raise PipelineError(f"the Spark tasks' principal ({tasks.get('sasl.username', 'from -X/--worker-property')}) "
+                                f"may not read the source: {exc}; grant it with `chandy topics acls --worker ... "
+                                "--source-topic ...`") from exc
+        group = opts.resolved_group_id
+        admin = kafka_config.admin_client(opts.bootstrap_servers, kafka_config.security_settings(opts.consumer_overrides))
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in self.partitions])
+        refused: list[KafkaError] = []
+        try:  # OffsetFetch: what the enumerator's commits need first (DESCRIBE on the group, READ grants it)
+            answer = admin.list_consumer_group_offsets([request], request_timeout=30)[group].result()
+            refused = [tp.error for tp in answer.topic_partitions if tp.error is not None]
+        except KafkaException as exc:
+            refused = [exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)]
+        if refused:
+            raise PipelineError(
+                f"the driver's principal ({opts.consumer_overrides.get('sasl.username', 'from -X')}) may not use consumer "
+                f"group {group} (offset commits on checkpoint completion): {refused[0].str()}; grant it with "
+                f"`chandy topics acls --coordinator ... --group {group}`")
+
+    def _check_table_location(self) -> None:
+        try:
+            self.table_fields = self.sink.table_fields()
+        except Exception as exc:  # delta-rs and fsspec raise many types
+            raise PipelineError(f"cannot read table {self.sink.table_uri}: {root_cause(exc)}") from exc
+        probe = f"{self.sink.root}/_chandy_write_probe_{uuid.uuid4().hex[:8]}"
+        try:
+            self.sink.fs.makedirs(self.sink.root, exist_ok=True)
+            with self.sink.fs.open(probe, "wb") as handle:
+                handle.write(b"chandy")
+            self.sink.fs.rm(probe)
+        except Exception as exc:  # every storage error means "not writable"
+            raise PipelineError(f"table location {self.sink.table_uri} is not writable: {exc}") from exc
+
+    def _warn_local_paths_on_a_cluster(self) -> None:
+        """Tasks write the table's files (and bad records) where the driver then commits them
+        from: off a local master, a local-filesystem path works only when every executor sees the
+        driver's directory (one machine, or a shared mount); say so once, before Spark starts."""
+        opts = self.options
+        if is_local_master(opts.master):
+            return
+        protocol = self.sink.fs.protocol
+        local = []
+        if {"file", "local"} & set(protocol if isinstance(protocol, (tuple, list)) else (protocol,)):
+            local.append(f"table {self.sink.table_uri}")
+        checkpoint_dir = opts.resolved_checkpoint_dir
+        if checkpoint_dir.startswith(("file:", "local:")) or "://" not in checkpoint_dir:
+            local.append(f"checkpoint directory {checkpoint_dir}")
+        if local:
+            log.warning("%s on the local filesystem with master %s: the driver and every executor must see the same "
+                        "directory (one machine, or a shared mount); on a cluster use shared storage (s3://, "
+                        "abfss://, gs://, hdfs://)", " and ".join(local), opts.master)
+
+    def _reconcile(self) -> None:
+        """Steps 1 to 3 of the module docstring."""
+        from chandy.coordinator.kafka.log import load_state
+
+        opts = self.options
+        progress = self.sink.progress(self.job_id)
+        self.table_progress = progress
+        mine = set(self.partitions)
+        for other, offsets in sorted(progress.other_jobs.items()):
+            shared = sorted(mine & set(offsets))
+            if shared:
+                topic, partition = shared[0]
+                raise PipelineError(
+                    f"table {self.sink.table_uri} already holds {topic}-{partition} (and {len(shared) - 1} more "
+                    f"partition(s)) landed by job {other}; two jobs landing one partition would duplicate it: "
+                    f"pass --job-id {other} to resume that job")
+        if progress.checkpoint_id is None:
+            return
+        if progress.cluster_id and self.cluster_id and progress.cluster_id != self.cluster_id:
+            raise PipelineError(
+                f"table {self.sink.table_uri} was landed by job {self.job_id} from Kafka cluster {progress.cluster_id}, "
+                f"but {opts.bootstrap_servers} is cluster {self.cluster_id}: offsets do not carry over between "
+                "clusters; land this cluster's topics with a new --job-id (or into a new table)")
+        topics = ChandyTopics(opts.prefix)
+        ensure_topics(kafka_config.admin_client(opts.bootstrap_servers, kafka_config.security_settings(opts.consumer_overrides)), topics)
+        state, _ = load_state(opts.bootstrap_servers, topics.coordinator_log, self.job_id,
+                              consumer_overrides=dict(opts.consumer_overrides), timeout_s=60)
+        completed = state.completed(savepoints=False)
+        latest = completed[-1].checkpoint_id if completed else None
+        self._checkpoint_id_floor = progress.checkpoint_id + 1
+        if latest is None or latest < progress.checkpoint_id:
+            where = ", ".join(f"{t}-{p}@{o}" for (t, p), o in sorted(progress.offsets.items())[:6])
+            more = "" if len(progress.offsets) <= 6 else f" and {len(progress.offsets) - 6} more"
+            log_state = "has no completed checkpoint" if latest is None else f"ends at checkpoint {latest}"
+            if not opts.resume_from_table:
+                raise PipelineError(
+                    f"the coordinator log of job {self.job_id} {log_state} but table {self.sink.table_uri} holds "
+                    f"checkpoint {progress.checkpoint_id}; refusing to guess (--no-resume-from-table)")
+            if latest is None:
+                self._notice(f"the coordinator log of job {self.job_id} has no completed checkpoint, the table holds "
+                             f"checkpoint {progress.checkpoint_id}: resuming from the table's offsets ({where}{more}); "
+                             f"checkpoint IDs continue at {progress.checkpoint_id + 1}")
+            else:  # the normal case after a stop between the lake commit and its log record
+                self._notice(f"the table already holds checkpoint {progress.checkpoint_id}, ahead of the coordinator "
+                             f"log at {latest} (it was committed to the lake just before the last run stopped): "
+                             f"resuming from the table ({where}{more}); checkpoint IDs continue at "
+                             f"{progress.checkpoint_id + 1}")
+        self._rewind_group_past_table(progress.offsets)
+
+    def _rewind_group_past_table(self, table_offsets: Mapping[TP, int]) -> None:
+        """A consumer group ahead of the table is moved back to the table's offsets."""
+        opts = self.options
+        if not table_offsets:
+            return
+        consumer = kafka_config.consumer(opts.bootstrap_servers, group_id=opts.resolved_group_id,
+                                         overrides=dict(opts.consumer_overrides))
+        try:
+            committed = consumer.committed([TopicPartition(t, p) for t, p in sorted(table_offsets)], timeout=30)
+            ahead = [TopicPartition(tp.topic, tp.partition, table_offsets[(tp.topic, tp.partition)])
+                     for tp in committed if tp.offset >= 0 and tp.offset > table_offsets[(tp.topic, tp.partition)]]
+            if ahead:
+                consumer.commit(offsets=ahead, asynchronous=False)
+                self._notice(f"consumer group {opts.resolved_group_id} was ahead of the table on {len(ahead)} "
+                             "partition(s): moved back to the table's offsets")
+        finally:
+            consumer.close()
+
+    # -- setup -------------------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""The pipeline's Spark session: started or borrowed, its Python data sources registered, its
+Python workers warmed, the planner's Python checked, and the driver's signal handlers."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from chandy.connectors.spark.cluster import (
+    executor_python,
+    root_cause,
+    task_code_zip,
+    warm_task,
+)
+from chandy.connectors.spark.driver_core import PipelineCore
+from chandy.connectors.spark.options import (
+    PipelineError,
+)
+from chandy.coordinator import faults
+
+log = logging.getLogger(__name__)
+
+
+class PipelineSession(PipelineCore):
+    """The session part of :class:`~chandy.connectors.spark.pipeline.Pipeline`."""
+
+    def _spark_session(self) -> Any:
+        if self._spark is not None:
+            return self._spark
+        from pyspark.sql import SparkSession
+
+        # the executors' Python workers must import the tasks' packages (see executor_python)
+        python = executor_python(self.options.master, self.options.spark_conf, os.environ)
+        if python:
+            os.environ["PYSPARK_PYTHON"] = python
+        if self._transform is not None:
+            self._check_planner_python(python or "python3")
+        if os.environ.get(faults.ENV):
+            os.environ[faults.PGID_ENV] = str(os.getpgid(0))  # a crash point in a task kills the driver too
+        builder = (SparkSession.builder.master(self.options.master).appName(f"chandy-pipeline-{self.job_id[:8]}")
+                   .config("spark.ui.showConsoleProgress", "false"))
+        for key, value in self.options.spark_conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+        if self.options.resolved_ship_code:
+            code = task_code_zip()
+            spark.sparkContext.addPyFile(code)  # every executor fetches it before its first task
+            log.info("shipped %s to the executors; their Python: %s", os.path.basename(code),
+                     os.environ.get("PYSPARK_PYTHON", "python3"))
+        return spark
+
+    def _register_data_sources(self, spark: Any) -> None:
+        """Register the two data sources with ``spark`` once (Spark 4 looks Python data sources up
+        in a Python worker: about two seconds a warm standby spends before it leads, not after)."""
+        if self._data_sources_registered:
+            return
+        from chandy.connectors.spark.datasource import KafkaRangesDataSource, LakeFilesDataSource
+
+        spark.dataSource.register(KafkaRangesDataSource)
+        spark.dataSource.register(LakeFilesDataSource)
+        self._data_sources_registered = True
+
+    def _warm_python_workers(self, spark: Any) -> None:
+        """A standby's Spark runs one task per slot that imports the tasks' modules and creates their
+        pooled Kafka clients (:func:`~chandy.connectors.spark.cluster.warm_task`), so its first
+        micro-batch after a take-over reuses started Python workers (``spark.python.worker.reuse``,
+        on by default) instead of paying their start, imports and connections (about a second)."""
+        slots = max(1, spark.sparkContext.defaultParallelism)
+        opts = self.options
+        warm = functools.partial(warm_task, opts.bootstrap_servers, self.job_id, opts.prefix,
+                                 dict(opts.task_consumer_overrides), dict(opts.task_producer_overrides))
+        try:
+            spark.sparkContext.parallelize(range(slots), slots).foreach(warm)
+        except Exception as exc:  # noqa: BLE001 - only an optimization: the first micro-batch starts them anyway
+            log.warning("could not warm the standby's Python workers: %s", root_cause(exc))
+
+    def _check_planner_python(self, python: str) -> None:
+        """With a transform, the micro-batch reads and writes through Python data sources, which
+        Spark plans on the driver in a Python worker started with the executors' Python path,
+        from this process's directory (``PythonPlannerRunner``): that path must run here too.
+
+        Raises:
+            PipelineError: it does not (e.g. ``./environment/bin/python`` of an archive that only
+                the executors unpack).
+        """
+        import shutil
+
+        found = os.path.isfile(python) if os.sep in python else shutil.which(python) is not None
+        if not found:
+            raise PipelineError(
+                f"--transform: Spark plans the transform's data sources on the driver with the executors' Python "
+                f"{python!r}, which does not exist from {os.getcwd()}; run from a directory where it does (the "
+                "environment archive unpacked there, or a link to an environment with Chandy's dependencies)")
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Ctrl-C (SIGINT) and SIGTERM finish or abort the checkpoint in flight and stop; a
+        second one stops at once. Installed after Spark starts, since PySpark's SparkContext
+        replaces the SIGINT handler with its own."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop.is_set():
+                raise KeyboardInterrupt
+            print(f"\n{signal.Signals(signum).name}: stopping after the checkpoint in flight "
+                  "(again to stop at once)", file=sys.stderr)
+            self.request_stop(signum)
+
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
