@@ -40,16 +40,14 @@ from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
     DATA_FILE_NAME,
-    EVOLUTION_NOTE,
     TP,
     DataFile,
     LakeCommitError,
-    LakeSchemaError,
+    SchemaChecked,
     TableProgress,
     merge_schemas,
     offsets_from_json,
     offsets_to_json,
-    schema_differences,
     schema_from_b64,
     schema_to_b64,
 )
@@ -74,7 +72,7 @@ def _partition_string(value: Any) -> str | None:
     return str(value)
 
 
-class DeltaLakeSink:
+class DeltaLakeSink(SchemaChecked):
     """A Delta table at any fsspec/object-store URL (see the module docstring).
 
     Args:
@@ -168,20 +166,6 @@ class DeltaLakeSink:
         """The table's columns (name -> Delta type JSON), or None when there is no table yet."""
         table = self._open()
         return None if table is None else self._fields_of(table)
-
-    def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
-        """Refuse data that does not fit the table (see :func:`schema_differences`).
-
-        Raises:
-            LakeSchemaError: one line naming every column that differs, with both types.
-        """
-        fields = self.table_fields() if table_fields is None else table_fields
-        if fields is None:
-            return
-        problems = schema_differences(data, fields, add_columns=self.add_columns)
-        if problems:
-            raise LakeSchemaError(f"{where}the data does not fit table {self.table_uri}: {'; '.join(problems)} "
-                                  f"({EVOLUTION_NOTE}: nothing was committed)")
 
     def progress(self, job_id: str) -> TableProgress:
         """What the table holds for ``job_id`` (and which partitions other jobs landed), read from

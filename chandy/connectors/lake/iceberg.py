@@ -38,16 +38,14 @@ from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
     DATA_FILE_NAME,
-    EVOLUTION_NOTE,
     TP,
     DataFile,
     LakeCommitError,
-    LakeSchemaError,
+    SchemaChecked,
     TableProgress,
     merge_schemas,
     offsets_from_json,
     offsets_to_json,
-    schema_differences,
     schema_from_b64,
     schema_to_b64,
 )
@@ -82,7 +80,7 @@ def _is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, CommitFailedException | ValidationException)
 
 
-class IcebergSink:
+class IcebergSink(SchemaChecked):
     """An Iceberg table in a pyiceberg catalog (see the module docstring); the methods of
     :class:`~chandy.connectors.lake.sink.LakeSink`, with the contracts :class:`~chandy.connectors.lake.delta.DeltaLakeSink` documents.
 
@@ -227,20 +225,6 @@ class IcebergSink:
         """The table's columns (name -> Delta type JSON, to compare as the Delta sink does), or None."""
         table = self._load()
         return None if table is None else self._fields_of(table)
-
-    def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
-        """Refuse data that does not fit the table (see :func:`~chandy.connectors.lake.sink.schema_differences`).
-
-        Raises:
-            LakeSchemaError: one line naming every column that differs, with both types.
-        """
-        fields = self.table_fields() if table_fields is None else table_fields
-        if fields is None:
-            return
-        problems = schema_differences(data, fields, add_columns=self.add_columns)
-        if problems:
-            raise LakeSchemaError(f"{where}the data does not fit table {self.table_uri}: {'; '.join(problems)} "
-                                  f"({EVOLUTION_NOTE}: nothing was committed)")
 
     @staticmethod
     def _record_of(table: Any, job_id: str) -> tuple[int | None, dict[TP, int], str | None]:

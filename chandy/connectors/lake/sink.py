@@ -177,6 +177,34 @@ def schema_from_b64(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
+class SchemaChecked:
+    """What both formats share to refuse data that does not fit their table: a base of
+    :class:`~chandy.connectors.lake.delta.DeltaLakeSink` and
+    :class:`~chandy.connectors.lake.iceberg.IcebergSink`, which give ``table_uri``,
+    ``add_columns`` and :meth:`table_fields`."""
+
+    table_uri: str
+    add_columns: bool
+
+    def table_fields(self) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
+        """Refuse data that does not fit the table (see :func:`schema_differences`); ``table_fields``
+        as :meth:`table_fields` returns them, read from the table when None.
+
+        Raises:
+            LakeSchemaError: one line naming every column that differs, with both types.
+        """
+        fields = self.table_fields() if table_fields is None else table_fields
+        if fields is None:
+            return
+        problems = schema_differences(data, fields, add_columns=self.add_columns)
+        if problems:
+            raise LakeSchemaError(f"{where}the data does not fit table {self.table_uri}: {'; '.join(problems)} "
+                                  f"({EVOLUTION_NOTE}: nothing was committed)")
+
+
 class LakeSink(Protocol):
     """What the pipeline, the lake committer and the maintenance commands use of a table (the
     methods of :class:`DeltaLakeSink`, which documents them)."""

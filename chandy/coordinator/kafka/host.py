@@ -39,17 +39,14 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from chandy.coordinator.errors import ChandyError
-from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
+from chandy.coordinator.failure import CheckpointFailureReason
 from chandy.coordinator.kafka import config as kafka_config
-from chandy.coordinator.kafka.participant import Snapshot
+from chandy.coordinator.kafka.participant import Snapshot, deliver_control, run_snapshot
 from chandy.coordinator.kafka.topics import ChandyTopics, TopicError, watermark_offsets
 from chandy.coordinator.messages import (
     MESSAGE_TYPES,
     AcknowledgeCheckpoint,
-    CheckpointMetrics,
     DeclineCheckpoint,
-    NotifyCheckpointAborted,
-    NotifyCheckpointComplete,
     OperatorEventMessage,
     SubtaskAttemptFailed,
     SubtaskAttemptReady,
@@ -325,38 +322,16 @@ class ParticipantHost:
         return sent
 
     def _deliver(self, slot: SubtaskSlot, control: Any) -> bool:
-        if isinstance(control, TriggerCheckpoint):
-            if control.operator_ids and slot.operator_id not in control.operator_ids:
-                return False
-            self._take_checkpoint(slot, control)
-            return True
-        if isinstance(control, NotifyCheckpointComplete):
-            if slot.on_complete is not None:
-                slot.on_complete(control.checkpoint_id)
-        elif isinstance(control, NotifyCheckpointAborted):
-            if slot.on_aborted is not None:
-                slot.on_aborted(control.checkpoint_id)
-        elif isinstance(control, OperatorEventMessage):
-            if (control.operator_id, control.subtask_index, control.attempt_number) == (
-                    slot.operator_id, slot.subtask_index, slot.attempt_number) and slot.on_event is not None:
-                slot.on_event(OperatorEvent(control.event_type, control.payload))
-        return False
+        return deliver_control(slot, control, lambda trigger: self._take_checkpoint(slot, trigger))
 
     def _take_checkpoint(self, slot: SubtaskSlot, trigger: TriggerCheckpoint) -> None:
-        start = time.monotonic()
-        try:
-            handles = tuple(slot.snapshot(trigger.checkpoint_id, trigger))
-        except CheckpointException as exc:
-            self._decline(slot, trigger, exc.reason, str(exc))
+        outcome = run_snapshot(slot.snapshot, trigger)
+        if outcome.decline is not None:
+            self._decline(slot, trigger, *outcome.decline)
             return
-        except Exception as exc:  # noqa: BLE001 - any failure of the snapshot declines
-            self._decline(slot, trigger, CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}")
-            return
-        took = int((time.monotonic() - start) * 1000)
-        self._send(AcknowledgeCheckpoint(
-            slot.job_id, trigger.epoch, trigger.checkpoint_id, slot.operator_id, slot.subtask_index,
-            slot.attempt_number, handles,
-            CheckpointMetrics(sync_duration_ms=took, bytes_persisted=sum(h.state_size for h in handles)), _now()))
+        self._send(AcknowledgeCheckpoint(slot.job_id, trigger.epoch, trigger.checkpoint_id, slot.operator_id,
+                                         slot.subtask_index, slot.attempt_number, outcome.handles, outcome.metrics,
+                                         _now()))
 
     def _decline(self, slot: SubtaskSlot, trigger: TriggerCheckpoint, reason: CheckpointFailureReason,
                  message: str) -> None:

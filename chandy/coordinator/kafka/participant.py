@@ -17,6 +17,7 @@ participant's thread, one at a time, in control-topic order.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -50,6 +51,56 @@ log = logging.getLogger(__name__)
 
 Snapshot = Callable[[int, TriggerCheckpoint], Iterable[StateHandle]]
 
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotOutcome:
+    """What a subtask's ``snapshot`` gave for a trigger: its state handles and metrics to
+    acknowledge with, or (reason, message) to decline with."""
+
+    handles: tuple[StateHandle, ...] = ()
+    metrics: CheckpointMetrics = dataclasses.field(default_factory=CheckpointMetrics)
+    decline: tuple[CheckpointFailureReason, str] | None = None
+
+
+def run_snapshot(snapshot: Snapshot, trigger: TriggerCheckpoint) -> SnapshotOutcome:
+    """Call ``snapshot`` for ``trigger``: a :class:`CheckpointException` declines with its reason,
+    any other exception with CHECKPOINT_DECLINED (Flink's ``declineCheckpoint``); the sync
+    duration (ms) and the handles' size (bytes) are the acknowledgement's metrics."""
+    start = time.monotonic()
+    try:
+        handles = tuple(snapshot(trigger.checkpoint_id, trigger))
+    except CheckpointException as exc:
+        return SnapshotOutcome(decline=(exc.reason, str(exc)))
+    except Exception as exc:  # noqa: BLE001 - any failure of the snapshot declines
+        return SnapshotOutcome(decline=(CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}"))
+    took = int((time.monotonic() - start) * 1000)
+    return SnapshotOutcome(handles, CheckpointMetrics(sync_duration_ms=took,
+                                                      bytes_persisted=sum(h.state_size for h in handles)))
+
+
+def deliver_control(subtask: Any, control: Any, take_checkpoint: Callable[[TriggerCheckpoint], None]) -> bool:
+    """Hand one control message to a subtask attempt (``subtask`` has ``operator_id``,
+    ``subtask_index``, ``attempt_number`` and the ``on_complete`` / ``on_aborted`` / ``on_event``
+    callbacks of :class:`CheckpointParticipant`): a trigger for its operator is taken, a
+    notification goes to its callback, an operator event only to the attempt it names. True when
+    a checkpoint was taken (an ack or a decline is on its way)."""
+    if isinstance(control, TriggerCheckpoint):
+        if control.operator_ids and subtask.operator_id not in control.operator_ids:
+            return False
+        take_checkpoint(control)
+        return True
+    if isinstance(control, NotifyCheckpointComplete):
+        if subtask.on_complete is not None:
+            subtask.on_complete(control.checkpoint_id)
+    elif isinstance(control, NotifyCheckpointAborted):
+        if subtask.on_aborted is not None:
+            subtask.on_aborted(control.checkpoint_id)
+    elif isinstance(control, OperatorEventMessage):
+        if (control.operator_id, control.subtask_index, control.attempt_number) == (
+                subtask.operator_id, subtask.subtask_index, subtask.attempt_number) and subtask.on_event is not None:
+            subtask.on_event(OperatorEvent(control.event_type, control.payload))
+    return False
 
 class AckSender:
     """Sends a subtask attempt's acknowledgements, declines and reports to ``<prefix>.acks``
@@ -226,35 +277,15 @@ class CheckpointParticipant:
                 self._send(SubtaskAttemptReady(self.job_id, self.operator_id, self.subtask_index, self.attempt_number,
                                                socket.gethostname(), self._now()))
             self.max_epoch = epoch
-        if isinstance(message, TriggerCheckpoint):
-            if message.operator_ids and self.operator_id not in message.operator_ids:
-                return
-            self._take_checkpoint(message)
-        elif isinstance(message, NotifyCheckpointComplete):
-            if self.on_complete is not None:
-                self.on_complete(message.checkpoint_id)
-        elif isinstance(message, NotifyCheckpointAborted):
-            if self.on_aborted is not None:
-                self.on_aborted(message.checkpoint_id)
-        elif isinstance(message, OperatorEventMessage):
-            if (message.operator_id, message.subtask_index, message.attempt_number) == (
-                    self.operator_id, self.subtask_index, self.attempt_number) and self.on_event is not None:
-                self.on_event(OperatorEvent(message.event_type, message.payload))
+        deliver_control(self, message, self._take_checkpoint)
 
     def _take_checkpoint(self, trigger: TriggerCheckpoint) -> None:
-        start = time.monotonic()
-        try:
-            handles = tuple(self.snapshot(trigger.checkpoint_id, trigger))
-        except CheckpointException as exc:
-            self._decline(trigger, exc.reason, str(exc))
+        outcome = run_snapshot(self.snapshot, trigger)
+        if outcome.decline is not None:
+            self._decline(trigger, *outcome.decline)
             return
-        except Exception as exc:  # noqa: BLE001 - any failure of the snapshot declines
-            self._decline(trigger, CheckpointFailureReason.CHECKPOINT_DECLINED, f"{type(exc).__name__}: {exc}")
-            return
-        took = int((time.monotonic() - start) * 1000)
-        size = sum(h.state_size for h in handles)
         self.sender.acknowledge(trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
-                                self.attempt_number, handles, CheckpointMetrics(sync_duration_ms=took, bytes_persisted=size))
+                                self.attempt_number, outcome.handles, outcome.metrics)
 
     def _decline(self, trigger: TriggerCheckpoint, reason: CheckpointFailureReason, message: str) -> None:
         self.sender.decline(trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
