@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,15 @@ def _print_metrics_url(service: Any) -> None:
         err_console.print(f"metrics: http://127.0.0.1:{service.metrics_server.port}/metrics (job {service.job_id})")
 
 
+def request_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of every command that sends a control request (after the command's own):
+    ``--prefix``, ``-b``, ``--data-dir``, ``--timeout``; errors become one line and an exit code."""
+    command = handle_errors(command)
+    for option in (request_timeout_option, data_dir_option, bootstrap_option, prefix_option):
+        command = option(command)
+    return command
+
+
 def _request(kind_name: str, job_id: str, prefix: str, bootstrap_servers: str | None, data_dir: Path | None,
              timeout_s: float, *, target_directory: str | None = None, drain: bool = False) -> None:
     """Send one control request, show its progress, print the pointer or the reason; exit 1 on
@@ -111,11 +121,7 @@ def _request(kind_name: str, job_id: str, prefix: str, bootstrap_servers: str | 
 
 @checkpoint.command("trigger")
 @job_option
-@prefix_option
-@bootstrap_option
-@data_dir_option
-@request_timeout_option
-@handle_errors
+@request_options
 def checkpoint_trigger(job_id: str, prefix: str, bootstrap_servers: str | None, data_dir: Path | None,
                        timeout_s: float) -> None:
     """Trigger a checkpoint of a running job and print its pointer (Flink's POST /jobs/:jobid/checkpoints)."""
@@ -131,11 +137,7 @@ def savepoint() -> None:
 @job_option
 @click.option("--dir", "target_directory", default=None, metavar="URL",
               help="Target directory (default: the job's savepoint directory, state.savepoints.dir).")
-@prefix_option
-@bootstrap_option
-@data_dir_option
-@request_timeout_option
-@handle_errors
+@request_options
 def savepoint_trigger(job_id: str, target_directory: str | None, prefix: str, bootstrap_servers: str | None,
                       data_dir: Path | None, timeout_s: float) -> None:
     """Take a savepoint of a running job and print its pointer (Flink's `flink savepoint`). An
@@ -155,11 +157,7 @@ def job() -> None:
               help="Stop with a savepoint (Flink's `flink stop`); the only way Chandy stops a job gracefully.")
 @click.option("--drain", is_flag=True, help="Land everything available before the final savepoint (Flink's --drain).")
 @click.option("--dir", "target_directory", default=None, metavar="URL", help="Savepoint target directory.")
-@prefix_option
-@bootstrap_option
-@data_dir_option
-@request_timeout_option
-@handle_errors
+@request_options
 def job_stop(job_id: str, with_savepoint: bool, drain: bool, target_directory: str | None, prefix: str,
              bootstrap_servers: str | None, data_dir: Path | None, timeout_s: float) -> None:
     """Stop a running job with a savepoint, committed to the lake and the consumer group; print its pointer."""
@@ -171,11 +169,7 @@ def job_stop(job_id: str, with_savepoint: bool, drain: bool, target_directory: s
 
 @job.command("cancel")
 @job_option
-@prefix_option
-@bootstrap_option
-@data_dir_option
-@request_timeout_option
-@handle_errors
+@request_options
 def job_cancel(job_id: str, prefix: str, bootstrap_servers: str | None, data_dir: Path | None,
                timeout_s: float) -> None:
     """Cancel a running job: no savepoint, the checkpoint in flight is aborted (Flink's `flink cancel`)."""
