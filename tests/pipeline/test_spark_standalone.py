@@ -28,6 +28,7 @@ import pytest
 from chandy.connectors.lake.sinks import open_sink
 from chandy.connectors.spark.options import default_job_id
 from chandy.connectors.spark.verify import verify_table
+from tests.fixtures import REPO_ROOT
 from tests.fixtures.lake_pipeline import make_topic, topic_ends
 from tests.fixtures.pipeline import group_offsets
 from tests.fixtures.spark_cluster import (
@@ -39,7 +40,7 @@ from tests.fixtures.spark_cluster import (
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 PARTITIONS = 4
 PER_PARTITION = 900
 CAP = 400  # records per partition per checkpoint: three checkpoints carry data

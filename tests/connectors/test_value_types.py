@@ -9,7 +9,6 @@ import datetime
 import decimal
 import json
 import math
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -21,9 +20,10 @@ from chandy.connectors.spark.ddl import parse_ddl
 from chandy.connectors.spark.decode import BadRecordError, ValueDecoder
 from chandy.connectors.spark.records import ARROW_SCHEMA
 from chandy.connectors.type_mapping import AVRO_TYPES, JSON_TYPES, markdown_table, to_lake_types, utc_schema
+from tests.fixtures import REPO_ROOT
 from tests.fixtures import value_schemas as vs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 def _batch(values: list[bytes | None]) -> pa.RecordBatch:

@@ -22,10 +22,11 @@ from deltalake import DeltaTable
 from chandy.connectors.spark.options import default_job_id
 from chandy.coordinator.faults import POINTS
 from chandy.coordinator.kafka import config as kafka_config
+from tests.fixtures import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 PARTITIONS = 3
 PER_PARTITION = 900
 CAP = 400  # records per partition per checkpoint: checkpoints 1, 2 and 3 each carry data

@@ -4,7 +4,7 @@ never handed out again, even after a SIGKILL at that very moment; a log record t
 read fails the load, one of an unknown kind is skipped.
 
 Run as a module, it is the coordinator process the SIGKILL test starts:
-``python -m tests.integration.test_coordinator_recovery_kafka BOOTSTRAP JOB PREFIX CHECKPOINT_DIR SEEN_FILE``.
+``python -m tests.coordinator.kafka.test_coordinator_recovery_kafka BOOTSTRAP JOB PREFIX CHECKPOINT_DIR SEEN_FILE``.
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 from chandy.coordinator.options import CheckpointingOptions
 from chandy.coordinator.records import LogKey
 from chandy.schemas.codec import SingleObjectCodec
+from tests.fixtures import REPO_ROOT
 from tests.fixtures.workers import Worker, options, wait_for
 from tests.procs.common import RecordingHook
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 @pytest.fixture
@@ -107,7 +108,7 @@ def test_an_id_a_hook_has_seen_is_never_handed_out_again_after_sigkill(
     seen_file = tmp_path / "seen"
     for _ in range(2):  # twice: the second restart starts from a log the first restart wrote
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.test_coordinator_recovery_kafka", kafka_bootstrap_servers, job, topic_prefix,
+            [sys.executable, "-m", "tests.coordinator.kafka.test_coordinator_recovery_kafka", kafka_bootstrap_servers, job, topic_prefix,
              checkpoint_dir, str(seen_file)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             assert json.loads(process.stdout.readline())["started"]

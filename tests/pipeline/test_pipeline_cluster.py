@@ -13,7 +13,7 @@ three replicas and ``min.insync.replicas`` 2), landing into Delta while brokers 
 
 Each ends with every record in the table exactly once. Slow (three broker JVMs and Spark, about
 ten minutes):
-``flock /tmp/chandy-spark.lock .venv/bin/pytest -m slow tests/integration/test_pipeline_cluster.py -s``.
+``flock /tmp/chandy-spark.lock .venv/bin/pytest -m slow tests/pipeline/test_pipeline_cluster.py -s``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -35,12 +34,13 @@ from chandy.broker import EmbeddedKafkaBroker
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
 from chandy.coordinator.kafka.topics import ChandyTopics
+from tests.fixtures import REPO_ROOT
 from tests.fixtures.pipeline import landed
 from tests.fixtures.workers import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ coordinator restart (at most the checkpoints in flight fail), and a restarted br
 catch up (it is back in the in-sync replica set of every partition).
 
 Slow (three JVMs, two kills and two restarts, about two minutes):
-``.venv/bin/pytest -m slow tests/integration/test_cluster_kafka.py``.
+``.venv/bin/pytest -m slow tests/coordinator/kafka/test_cluster_kafka.py``.
 """
 
 from __future__ import annotations

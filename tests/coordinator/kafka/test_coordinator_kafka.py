@@ -25,12 +25,13 @@ from chandy.coordinator.messages import TriggerCheckpoint
 from chandy.coordinator.options import CheckpointingOptions
 from chandy.coordinator.records import CheckpointRecord, CoordinatorEpochRecord
 from chandy.schemas.codec import SingleObjectCodec
+from tests.fixtures import REPO_ROOT
 from tests.fixtures.workers import Worker, options, read_events, wait_for
 from tests.procs.common import RecordingHook
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 @pytest.fixture

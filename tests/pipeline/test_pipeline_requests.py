@@ -12,20 +12,20 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
 from chandy.connectors.spark.pipeline import Pipeline
 from chandy.coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
+from tests.fixtures import REPO_ROOT
 from tests.fixtures.pipeline import all_offsets, group_offsets, landed, make_topic, options
 from tests.fixtures.workers import wait_for
 
 pytestmark = pytest.mark.integration
 
 T = ControlRequestType
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 def _checkpoint_ids(table: str) -> list[int]:

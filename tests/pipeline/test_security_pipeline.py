@@ -11,7 +11,7 @@ source, or whose coordinator was not granted its consumer group, stops before Sp
 Kafka's authorisation error, and lands nothing.
 
 Run it under the Spark lock: ``flock /tmp/chandy-spark.lock .venv/bin/pytest
-tests/integration/test_security_pipeline.py``.
+tests/pipeline/test_security_pipeline.py``.
 """
 
 from __future__ import annotations

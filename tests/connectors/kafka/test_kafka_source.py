@@ -44,6 +44,8 @@ from chandy.coordinator.state import replay
 from chandy.coordinator.storage import CheckpointStorage
 from tests.fixtures.manual_env import ManualEnvironment
 
+pytestmark = pytest.mark.integration
+
 JOB = "5e1f00c0ffee4a60a1b2c3d4e5f60718"
 OP = "kafka-source"
 

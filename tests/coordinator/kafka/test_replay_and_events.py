@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +21,11 @@ from chandy.coordinator.kafka.topics import ChandyTopics
 from chandy.coordinator.messages import CheckpointEvent
 from chandy.coordinator.options import CheckpointingOptions
 from chandy.schemas.codec import Schema, SingleObjectCodec, default_repository
+from tests.fixtures import REPO_ROOT
 from tests.fixtures.workers import Worker, read_events, wait_for
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 def chandy(*args: str) -> subprocess.CompletedProcess:

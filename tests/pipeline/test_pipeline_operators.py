@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -25,11 +24,12 @@ from chandy.connectors.spark.options import PipelineError, PipelineOptions, defa
 from chandy.connectors.spark.pipeline import Pipeline
 from chandy.connectors.spark.verify import verify_table
 from chandy.coordinator.kafka import config as kafka_config
+from tests.fixtures import REPO_ROOT
 from tests.fixtures.pipeline import all_offsets, group_offsets, landed, make_topic, options, produce
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 def test_one_table_spelled_four_ways_is_one_job(spark, kafka_bootstrap_servers, tmp_path, monkeypatch) -> None:

@@ -11,7 +11,9 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fixtures import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def test_the_wheel_installs_one_top_level_name_and_imports_from_it_alone(tmp_path: Path) -> None:

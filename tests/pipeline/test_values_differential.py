@@ -102,7 +102,7 @@ def test_random_avro_schemas_land_as_produced(lake_spark, kafka_bootstrap_server
 @pytest.mark.slow
 @pytest.mark.parametrize(("sink", "transform", "zone"), PATHS)
 def test_many_random_avro_schemas_land_as_produced(lake_spark, kafka_bootstrap_servers, sink, transform, zone) -> None:
-    """The larger run: ``flock /tmp/chandy-spark.lock .venv/bin/pytest -m slow tests/integration/test_values_differential.py``."""
+    """The larger run: ``flock /tmp/chandy-spark.lock .venv/bin/pytest -m slow tests/pipeline/test_values_differential.py``."""
 
     @settings(max_examples=25, deadline=None, phases=[Phase.generate],
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -29,11 +28,12 @@ from chandy.coordinator.kafka.runtime import CoordinatorService
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 from chandy.coordinator.records import CheckpointStatus, JobStatus
 from chandy.schemas.codec import SingleObjectCodec
+from tests.fixtures import REPO_ROOT
 from tests.fixtures.workers import Worker, options, read_events, wait_for
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 T = ControlRequestType
 
 

@@ -1,10 +1,11 @@
 """No Docker engine runs here: the compose file must at least parse and name its services."""
 
-from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fixtures import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def test_compose_file_parses_with_kafka_spark_and_chandy() -> None:
