@@ -37,3 +37,17 @@ def test_a_type_change_between_parts_is_refused_naming_the_column_and_both_range
     message = str(error.value)
     assert message.startswith("checkpoint 4: field v changed type: int64 at ")
     assert "[0, 4]" in message and "[9, 11]" in message and "string" in message
+
+
+def test_a_worker_opens_the_sink_once_per_table_and_settings(tmp_path) -> None:
+    """Issue 26: the lake sink is opened once per Python worker and reused by every task and
+    micro-batch after (its table URI parsed once), and a sink of other settings is another one."""
+    from chandy.connectors.spark import clients
+
+    before = clients.stats["sinks_opened"]
+    uri = str(tmp_path / "t")
+    first = clients.task_sink(uri, partition_by=("topic",), storage_options={"a": "1"})
+    again = clients.task_sink(uri, partition_by=("topic",), storage_options={"a": "1"})
+    assert again is first and clients.stats["sinks_opened"] - before == 1
+    other = clients.task_sink(uri, partition_by=("topic",), storage_options={"a": "1"}, add_columns=True)
+    assert other is not first and other.add_columns and clients.stats["sinks_opened"] - before == 2

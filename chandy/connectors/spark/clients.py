@@ -1,4 +1,5 @@
-"""Kafka clients pooled per Python worker process, reused across Spark tasks and checkpoints.
+"""Kafka clients and lake sinks pooled per Python worker process, reused across Spark tasks and
+checkpoints.
 
 Spark reuses its Python workers (``spark.python.worker.reuse``, true by default), so a process
 runs many tasks of many micro-batches one after the other. Creating a librdkafka client per task
@@ -12,6 +13,8 @@ authentication: spark-sql-kafka avoids the same cost by caching its consumers pe
 - :func:`ack_sender` returns one shared :class:`~chandy.coordinator.kafka.participant.AckSender` per
   (servers, job, prefix, settings); a librdkafka producer is thread-safe. A failed task's
   sender is discarded (:func:`discard_sender`).
+- :func:`task_sink` returns one lake sink per table and settings: its table URI parsed, its
+  filesystem (and, for Iceberg, its location) resolved once per process, not per task.
 
 Clients are keyed by every setting they were created with (credentials included, so a pooled
 client never serves another principal) and closed at interpreter exit (:func:`close_all`). A
@@ -29,6 +32,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from chandy.connectors.kafka.source.reader import KafkaRangeReader
+from chandy.connectors.lake.sinks import LakeSink, open_sink
 from chandy.coordinator.kafka.participant import AckSender
 
 _Key = tuple[Any, ...]
@@ -36,8 +40,9 @@ _Key = tuple[Any, ...]
 _lock = threading.Lock()
 _idle_readers: dict[_Key, list[KafkaRangeReader]] = {}
 _senders: dict[_Key, AckSender] = {}
+_sinks: dict[_Key, LakeSink] = {}
 #: clients created and loans served since the process started (for tests and the benchmarks)
-stats = {"readers_created": 0, "readers_lent": 0, "senders_created": 0}
+stats = {"readers_created": 0, "readers_lent": 0, "senders_created": 0, "sinks_opened": 0}
 
 
 def _settings_key(settings: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
@@ -79,6 +84,24 @@ def ack_sender(bootstrap_servers: str, job_id: str, *, prefix: str,
                                                producer_overrides=dict(producer_overrides or {}))
             stats["senders_created"] += 1
         return sender
+
+
+def task_sink(table_uri: str, *, partition_by: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None,
+              catalog_properties: Mapping[str, Any] | None = None, add_columns: bool = False,
+              location: str | None = None) -> LakeSink:
+    """The process's lake sink for ``table_uri`` and these settings (those of
+    :func:`~chandy.connectors.lake.sinks.open_sink`), opened on first use and shared by every
+    task after it: a sink holds configuration and a filesystem, no per-checkpoint state."""
+    key = (table_uri, tuple(partition_by), _settings_key(storage_options), _settings_key(catalog_properties),
+           add_columns, location)
+    with _lock:
+        sink = _sinks.get(key)
+        if sink is None:
+            sink = _sinks[key] = open_sink(table_uri, partition_by=partition_by, storage_options=storage_options,
+                                           catalog_properties=catalog_properties, add_columns=add_columns,
+                                           location=location)
+            stats["sinks_opened"] += 1
+        return sink
 
 
 def discard_sender(sender: AckSender) -> None:

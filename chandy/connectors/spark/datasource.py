@@ -164,8 +164,7 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
     Raises:
         LakeSchemaError: the data does not fit the table (checked before its part is written).
     """
-    from chandy.connectors.lake.sinks import open_sink
-    from chandy.connectors.spark.clients import ack_sender, discard_sender
+    from chandy.connectors.spark.clients import ack_sender, discard_sender, task_sink
     from chandy.coordinator.failure import CheckpointFailureReason
     from chandy.coordinator.faults import crash_point
 
@@ -173,7 +172,7 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
     sender = ack_sender(o.bootstrap_servers, o.job_id, prefix=o.prefix, producer_overrides=o.producer_overrides)
     try:
         where = f"checkpoint {o.checkpoint_id}: "
-        sink = open_sink(o.table_uri, partition_by=o.partition_by, storage_options=o.storage_options,
+        sink = task_sink(o.table_uri, partition_by=tuple(o.partition_by), storage_options=o.storage_options,
                          catalog_properties=o.catalog_properties, add_columns=o.add_columns,
                          location=o.table_location)
         files, rows = [], 0
