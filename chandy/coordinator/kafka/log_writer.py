@@ -38,11 +38,25 @@ def is_fencing(error: KafkaError) -> bool:
                             KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED) or error.fatal()
 
 
+#: seconds a ``send_offsets_to_transaction`` may block before its producer counts as stuck:
+#: librdkafka ignores the call's own timeout while it looks for the group's coordinator, and after
+#: that broker left the client's metadata (a restart) it may wait forever (librdkafka issues 5456
+#: and 5511; seen in a rolling restart of three brokers)
+SEND_OFFSETS_STUCK_S = 45.0
+
+
+class _ProducerStuck(Exception):
+    """A transactional call did not return within :data:`SEND_OFFSETS_STUCK_S`."""
+
+
 class LogWriter:
     """Commits batches in order, one Kafka transaction per group of queued batches.
 
     ``on_committed`` callbacks are handed to ``post`` (the mailbox) after the commit.
     ``on_fatal`` is called once when the producer is fenced or fails fatally.
+    ``still_leading`` says whether this coordinator may replace a stuck producer: a new producer's
+    ``init_transactions`` fences every other of the same ``transactional.id``, so only a
+    coordinator that still leads its job's election may make one.
     """
 
     def __init__(
@@ -57,20 +71,22 @@ class LogWriter:
         producer_overrides: Mapping[str, Any] | None = None,
         log_partitions: int = 1,
         retry_timeout_s: float = 180.0,
+        still_leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.topics = topics
+        self.still_leading = still_leading
         self.retry_timeout_s = retry_timeout_s
         self.job_id = job_id
         self.codec = codec
         self.post = post
         self.on_fatal = on_fatal
         self.log_partition = partition_for(job_id, log_partitions)
-        self.producer = kafka_config.producer(
-            bootstrap_servers, transactional_id=transactional_id,
-            overrides={"transaction.timeout.ms": 60_000, "retry.backoff.ms": 10, "retry.backoff.max.ms": 100,
-                       **(producer_overrides or {})},
-        )
+        self.transactional_id = transactional_id
+        self._producer_settings = {"transaction.timeout.ms": 60_000, "retry.backoff.ms": 10, "retry.backoff.max.ms": 100,
+                                   **(producer_overrides or {})}
         self.bootstrap_servers = bootstrap_servers
+        self.producer = self._new_producer()
+        self._stuck_producers: list[Any] = []  # replaced, never destroyed: a call of theirs may still block
         self._security = kafka_config.security_settings(producer_overrides)
         self._group_consumers: dict[str, Any] = {}  # group id -> a consumer that never joins, for its metadata
         self._queue: list[tuple[Batch, Callable[[], None] | None]] = []
@@ -79,6 +95,24 @@ class LogWriter:
         self.failed: BaseException | None = None
         self.transactions = 0
         self._thread = threading.Thread(target=self._run, name=f"chandy-log-writer-{job_id[:8]}", daemon=True)
+
+    def _new_producer(self) -> Any:
+        return kafka_config.producer(self.bootstrap_servers, transactional_id=self.transactional_id,
+                                     overrides=self._producer_settings)
+
+    def _replace_stuck_producer(self, what: str) -> None:
+        """A new producer for the stuck one; its ``init_transactions`` aborts the open transaction.
+
+        Raises:
+            CoordinatorFencedError: this coordinator no longer leads its job (the new producer
+                would fence the one that does).
+        """
+        if not self.still_leading():
+            raise CoordinatorFencedError(f"log writer stopped: {what}, and this coordinator no longer leads its job")
+        log.warning("job %s: %s (librdkafka issues 5456, 5511): replacing the coordinator's producer", self.job_id, what)
+        self._stuck_producers.append(self.producer)
+        self.producer = self._new_producer()
+        self._call_retrying(lambda: self.producer.init_transactions(30.0))
 
     def init(self, timeout_s: float = 60.0) -> None:
         """``init_transactions()``: fences older producers of the same transactional.id."""
@@ -123,7 +157,30 @@ class LogWriter:
     def _send_offsets(self, committed: SourceOffsets) -> None:
         offsets = [TopicPartition(t, p, o) for t, p, o in committed.offsets]
         metadata = self._group_metadata(committed.group_id)
-        self._call_retrying(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, 30.0))
+        producer = self.producer
+
+        def send() -> None:
+            # in a thread of its own, waited for at most SEND_OFFSETS_STUCK_S: the call can block
+            # past its timeout, and then only a new producer gets the writer going again
+            outcome: list[BaseException | None] = []
+            done = threading.Event()
+
+            def call() -> None:
+                try:
+                    producer.send_offsets_to_transaction(offsets, metadata, 30.0)
+                    outcome.append(None)
+                except BaseException as exc:  # noqa: BLE001 - handed to the writer's thread
+                    outcome.append(exc)
+                finally:
+                    done.set()
+
+            threading.Thread(target=call, name=f"chandy-send-offsets-{self.job_id[:8]}", daemon=True).start()
+            if not done.wait(SEND_OFFSETS_STUCK_S):
+                raise _ProducerStuck(f"send_offsets_to_transaction did not return within {SEND_OFFSETS_STUCK_S:.0f} s")
+            if outcome[0] is not None:
+                raise outcome[0]
+
+        self._call_retrying(send)
 
     def _group_metadata(self, group_id: str) -> Any:
         """``ConsumerGroupMetadata`` of ``group_id`` for ``send_offsets_to_transaction``, from a
@@ -166,6 +223,9 @@ class LogWriter:
                     self._produce(batch)
                 self._call_retrying(lambda: self.producer.commit_transaction(30.0))
                 return
+            except _ProducerStuck as exc:
+                self._replace_stuck_producer(str(exc))  # the group is written again by the new producer
+                continue
             except KafkaException as exc:
                 error = exc.args[0]
                 if is_fencing(error):

@@ -243,7 +243,7 @@ class CoordinatorService:
                              .topics[self.topics.coordinator_log].partitions)
         self._writer = LogWriter(self.bootstrap_servers, self.topics, self.job_id, self.codec, self.transactional_id,
                                  self.mailbox.execute, self._on_writer_failed, self._producer_overrides, log_partitions,
-                                 retry_timeout_s=self._retry_timeout_s)
+                                 retry_timeout_s=self._retry_timeout_s, still_leading=self._still_leading)
         self._writer.init(timeout_s)  # fences older coordinators of this job
         state, load_stats = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id,
                                        codec=self.codec, consumer_overrides=self._consumer_overrides,
@@ -343,6 +343,12 @@ class CoordinatorService:
     def _on_mailbox_error(self, exc: BaseException) -> None:
         self.stop_reason = exc
         threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
+
+    def _still_leading(self) -> bool:
+        """Whether this coordinator still leads its job: it owns the election group's partition
+        (waiting up to 10 s for it: a broker's restart moves the group and its partition for a
+        moment), or it runs without an election (then only a new start of the job fences it)."""
+        return self.election is None or self.election.wait_until_leader(timeout_s=10.0)
 
     def _on_job_status(self, status: str, reason: str | None) -> None:
         self.job_status = status

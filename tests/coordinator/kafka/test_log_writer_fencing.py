@@ -5,6 +5,8 @@ between), so the process exits as fenced (3) and not as failed."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -99,3 +101,60 @@ def test_a_restarting_broker_s_errors_are_retried(code: int) -> None:
                                   KafkaError.GROUP_AUTHORIZATION_FAILED])
 def test_authorization_and_fencing_are_not_retried(code: int) -> None:
     assert not is_retriable(KafkaError(code))
+
+
+class _OffsetsProducer(_Producer):
+    """A transactional producer whose ``send_offsets_to_transaction`` blocks forever when
+    ``stuck`` (librdkafka issues 5456 and 5511: the group's coordinator left the metadata)."""
+
+    def __init__(self, stuck: bool) -> None:
+        super().__init__(commits=[None], aborts=[])
+        self.stuck, self.released = stuck, threading.Event()
+
+    def init_transactions(self, timeout: float) -> None:
+        self.calls.append("init")
+
+    def send_offsets_to_transaction(self, offsets, metadata, timeout: float) -> None:
+        self.calls.append("send_offsets")
+        if self.stuck:
+            self.released.wait()
+
+
+def _offsets_writer(first: _OffsetsProducer, second: _OffsetsProducer, *, leading: bool) -> LogWriter:
+    writer = _writer(first)
+    del writer._produce  # the real one: it sends the batch's offsets
+    writer.job_id, writer.codec, writer.topics = "job", None, None
+    writer._group_metadata = lambda group_id: object()
+    writer._new_producer = lambda: second
+    writer._stuck_producers = []
+    writer.still_leading = lambda: leading
+    return writer
+
+
+def test_a_stuck_send_offsets_gets_a_new_producer_that_writes_the_transaction_again(monkeypatch) -> None:
+    """Issue 36 (rolling restart): ``send_offsets_to_transaction`` can block past its timeout; the
+    writer then makes a new producer (its init_transactions aborts the stuck transaction) and
+    writes the whole group again with it, while the coordinator still leads its job."""
+    from chandy.coordinator.environment import SourceOffsets
+    from chandy.coordinator.kafka import log_writer
+
+    monkeypatch.setattr(log_writer, "SEND_OFFSETS_STUCK_S", 0.2)
+    stuck, fresh = _OffsetsProducer(stuck=True), _OffsetsProducer(stuck=False)
+    writer = _offsets_writer(stuck, fresh, leading=True)
+    writer._commit([(Batch(source_offsets=[SourceOffsets("group", (("t", 0, 5),))]), None)])
+    assert stuck.calls == ["begin", "send_offsets"]
+    assert fresh.calls == ["init", "begin", "send_offsets", "commit"] and writer.producer is fresh
+    stuck.released.set()
+
+
+def test_a_stuck_producer_is_not_replaced_once_the_coordinator_no_longer_leads(monkeypatch) -> None:
+    from chandy.coordinator.environment import SourceOffsets
+    from chandy.coordinator.kafka import log_writer
+
+    monkeypatch.setattr(log_writer, "SEND_OFFSETS_STUCK_S", 0.2)
+    stuck, fresh = _OffsetsProducer(stuck=True), _OffsetsProducer(stuck=False)
+    writer = _offsets_writer(stuck, fresh, leading=False)
+    with pytest.raises(CoordinatorFencedError, match="no longer leads"):
+        writer._commit([(Batch(source_offsets=[SourceOffsets("group", (("t", 0, 5),))]), None)])
+    assert fresh.calls == []  # a new producer would fence the coordinator that leads now
+    stuck.released.set()
