@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,11 @@ from rich.table import Table
 from chandy.cli.app import (
     EXIT_CANCELED,
     bootstrap_option,
-    catalog_property_option,
     console,
     data_dir_option,
     err_console,
     handle_errors,
     main,
-    metrics_port_option,
     parse_settings,
     resolve_bootstrap,
 )
@@ -115,106 +114,73 @@ def pipeline() -> None:
     """The exactly-once Kafka-to-lake pipeline on Spark."""
 
 
+def pipeline_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One click option per :class:`~chandy.connectors.spark.options.PipelineOptions` field that has
+    a :class:`~chandy.connectors.spark.options.Flag` (its spelling, help, default and bounds are
+    defined there, once), in field order."""
+    from chandy.connectors.spark.options import cli_flags
+
+    for field, flag in reversed(cli_flags()):
+        kwargs: dict[str, Any] = {"help": flag.help or None}
+        if flag.kind in ("multiple", "settings"):
+            kwargs["multiple"] = True
+            kwargs["metavar"] = flag.metavar or ("KEY=VALUE" if flag.kind == "settings" else None)
+        elif flag.kind == "flag":
+            kwargs["is_flag"] = True
+        else:
+            default = field.default
+            kwargs["default"] = default
+            kwargs["show_default"] = default is not None and flag.kind != "switch" or isinstance(default, bool)
+            kwargs["metavar"] = flag.metavar
+            if flag.choices:
+                kwargs["type"] = click.Choice(list(flag.choices))
+            elif flag.minimum is not None or flag.maximum is not None:
+                kwargs["type"] = click.IntRange(flag.minimum, flag.maximum)
+        if flag.required:
+            kwargs["required"] = True
+            kwargs.pop("default", None)
+            kwargs.pop("show_default", None)
+        command = click.option(*flag.decls, field.name, **kwargs)(command)
+    return command
+
+
+def options_from_cli(values: dict[str, Any], bootstrap_servers: str) -> Any:
+    """The :class:`~chandy.connectors.spark.options.PipelineOptions` of the parsed ``values`` (one
+    per field with a flag): repeated ``KEY=VALUE`` settings become a mapping, ``@path`` values a
+    file's text.
+
+    Raises:
+        click.BadParameter: a file named with ``@`` cannot be read.
+    """
+    from chandy.connectors.spark.options import PipelineOptions, cli_flags
+
+    fields: dict[str, Any] = {}
+    for field, flag in cli_flags():
+        value = values[field.name]
+        if flag.kind == "settings":
+            value = parse_settings(value, flag.decls[0])
+        elif flag.kind == "multiple":
+            value = tuple(value)
+        elif flag.read_at_file and isinstance(value, str) and value.startswith("@"):
+            try:
+                value = Path(value[1:]).read_text()
+            except OSError as exc:
+                raise click.BadParameter(f"cannot read {value[1:]}: {exc}", param_hint=flag.decls[0]) from exc
+        fields[field.name] = value
+    return PipelineOptions(bootstrap_servers=bootstrap_servers, **fields)
+
+
 @pipeline.command("run")
-@click.option("--table", "table_uri", required=True,
-              help="Delta table URL (file://, s3://, ... or a local path), or iceberg://<catalog>/<namespace>.<table>.")
-@click.option("--topic", "topics", multiple=True, help="Topic to read (repeatable).")
-@click.option("--topic-pattern", default=None, help="Regex of topics to read (instead of --topic).")
+@pipeline_options
 @bootstrap_option
 @data_dir_option
-@click.option("--job-id", default=None, help="Job ID (default: derived from the table URL, so a restart resumes).")
-@click.option("--group-id", default=None, help="Consumer group for offset commits (default chandy-<job id>).")
-@click.option("--starting-offsets", type=click.Choice(["earliest", "latest", "committed"]), default="earliest",
-              show_default=True)
-@click.option("--max-records-per-checkpoint", type=click.IntRange(1), default=None,
-              help="Cap per partition per checkpoint (micro-batch).")
-@click.option("--checkpoint-interval", "interval_ms", type=click.IntRange(0), default=0, show_default=True,
-              help="Minimum ms between checkpoint triggers (0: back to back while there is lag).")
-@click.option("--kafka-retry-timeout", "kafka_retry_timeout_ms", type=click.IntRange(1), default=180_000,
-              show_default=True, help="ms the running pipeline rides through Kafka being unavailable (a broker's death, "
-                                      "a leader election: retriable errors, retried with backoff) before it stops.")
-@click.option("--checkpoint-timeout", "timeout_ms", type=click.IntRange(1), default=300_000, show_default=True,
-              help="execution.checkpointing.timeout in ms.")
-@click.option("--tolerable-failed-checkpoints", type=click.IntRange(0), default=3, show_default=True)
-@click.option("--checkpoint-dir", default=None, help="state.checkpoints.dir (default: <table>/_chandy_checkpoints).")
-@click.option("--parallelism", type=click.IntRange(1), default=None,
-              help="Subtasks, one Spark task each (default: one per partition of the topics; on a local master "
-                   "at most its cores or spark.default.parallelism).")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
-@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Spark setting (repeatable).")
-@click.option("-X", "consumer_conf", multiple=True, metavar="KEY=VALUE", help="librdkafka consumer setting (repeatable).")
-@click.option("--producer-property", "producer_conf", multiple=True, metavar="KEY=VALUE",
-              help="librdkafka producer setting for acks (repeatable).")
-@click.option("--worker-property", "worker_conf", multiple=True, metavar="KEY=VALUE",
-              help="librdkafka setting of the Spark tasks' clients (source reads, acks), repeatable: credentials "
-                   "given here (sasl.username, sasl.password, ...) replace the driver's -X ones, so the tasks act as "
-                   "the worker principal of `chandy topics acls --worker`  [default: the tasks use the driver's]")
-@click.option("--value-format", type=click.Choice(["json", "avro"]), default=None, help="Decode values into columns.")
-@click.option("--value-schema", default=None, help="JSON: Spark DDL (default inferred); Avro: schema JSON or @file.")
-@click.option("--avro-framing", type=click.Choice(["single-object", "confluent", "raw"]), default="single-object",
-              show_default=True)
-@click.option("--keep-raw-value", is_flag=True, help="Keep the value bytes next to the decoded columns.")
-@click.option("--transform", default=None, metavar="MODULE:FUNCTION", help="DataFrame -> DataFrame, applied per micro-batch.")
-@click.option("--partition-by", multiple=True, help="Table partition column (repeatable).")
-@click.option("--storage-option", "storage_conf", multiple=True, metavar="KEY=VALUE",
-              help="fsspec / delta-rs storage option (repeatable).")
-@click.option("--prefix", default="chandy", show_default=True, help="Chandy topic prefix.")
-@click.option("--until-drained", is_flag=True, help="Stop once every partition is read to its end.")
-@click.option("--max-checkpoints", type=click.IntRange(1), default=None, help="Stop after this many checkpoints.")
 @click.option("--verify/--no-verify", default=False, help="Compare the table with the topics at the end.")
-@click.option("--errors-tolerance", type=click.Choice(["none", "all"]), default="none", show_default=True,
-              help="Kafka Connect's errors.tolerance: none fails the micro-batch at the first bad record "
-                   "(naming topic, partition, offset); all skips bad records (counted, logged).")
-@click.option("--dead-letter-topic", default=None, metavar="TOPIC",
-              help="With --errors-tolerance all: publish bad records, raw, with Connect's __connect.errors.* "
-                   "headers, exactly once with their checkpoint.")
-@click.option("--tombstones", type=click.Choice(["error", "skip", "null"]), default="error", show_default=True,
-              help="With --value-format: a null value is a bad record, skipped, or a row of null columns.")
-@click.option("--avro-schema-id", type=click.IntRange(0), default=None,
-              help="With --avro-framing confluent: the only schema ID accepted.")
 @click.option("--schema-registry-url", default=None, metavar="URL",
               help="With --avro-framing confluent: read each record with its writer schema from this Schema "
                    "Registry, resolved against --value-schema.")
-@click.option("--schema-registry-property", "registry_conf", multiple=True, metavar="KEY=VALUE",
-              help="Schema Registry client setting, e.g. basic.auth.user.info (repeatable).")
-@click.option("--resume-from-table/--no-resume-from-table", default=True, show_default=True,
-              help="When the coordinator log is missing or behind the table, resume from the table's offsets "
-                   "(or refuse).")
-@click.option("--optimize-every", type=click.IntRange(1), default=None, metavar="K",
-              help="Compact the table's small files after every K-th checkpoint, while the pipeline runs.")
-@click.option("--optimize-target-size", type=click.IntRange(1), default=None, metavar="BYTES",
-              help="With --optimize-every: the compacted files' size (default: the table format's).")
-@click.option("--schema-evolution/--no-schema-evolution", default=True, show_default=True,
-              help="With --value-format: a new field adds a column (Delta schema merge, Iceberg union by name); "
-                   "a field whose type changes always fails the micro-batch.")
-@metrics_port_option
-@catalog_property_option
-@click.option("--from-savepoint", default=None, metavar="URL",
-              help="Start the job from this savepoint (Flink's `flink run -s`) when its coordinator log has none: "
-                   "offsets come from it, checkpoint IDs continue above it.")
-@click.option("--standby", is_flag=True,
-              help="Wait as a standby until the running coordinator of this job dies or stops, then take over.")
-@click.option("--write-buffer-bytes", type=click.IntRange(1), default=None, metavar="BYTES",
-              help="A subtask writes its records as lake files whenever it holds this many bytes of Arrow data: "
-                   "memory stays bounded however large a checkpoint is  [default: 16 MiB]")
-@click.option("--ship-code/--no-ship-code", default=None,
-              help="Ship Chandy's task code (a zip, SparkContext.addPyFile) to the executors, whose Python then "
-                   "needs only Chandy's dependencies  [default: when --master is not local]")
 @handle_errors
-def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | None, bootstrap_servers: str | None,
-                 data_dir: Path | None, job_id: str | None, group_id: str | None, starting_offsets: str,
-                 max_records_per_checkpoint: int | None, interval_ms: int, timeout_ms: int,
-                 tolerable_failed_checkpoints: int, checkpoint_dir: str | None, parallelism: int | None, master: str,
-                 spark_conf: tuple[str, ...], consumer_conf: tuple[str, ...], producer_conf: tuple[str, ...],
-                 worker_conf: tuple[str, ...], value_format: str | None, value_schema: str | None, avro_framing: str, keep_raw_value: bool,
-                 transform: str | None, partition_by: tuple[str, ...], storage_conf: tuple[str, ...], prefix: str,
-                 until_drained: bool, max_checkpoints: int | None, verify: bool, errors_tolerance: str,
-                 dead_letter_topic: str | None, tombstones: str, avro_schema_id: int | None,
-                 resume_from_table: bool, optimize_every: int | None, optimize_target_size: int | None,
-                 schema_evolution: bool, schema_registry_url: str | None, registry_conf: tuple[str, ...],
-                 metrics_port: int | None, catalog_conf: tuple[str, ...], from_savepoint: str | None,
-                 standby: bool, ship_code: bool | None, write_buffer_bytes: int | None,
-                 kafka_retry_timeout_ms: int) -> None:
+def pipeline_run(bootstrap_servers: str | None, data_dir: Path | None, verify: bool, schema_registry_url: str | None,
+                 **values: Any) -> None:
     """Land Kafka topics in a Delta table exactly once, one checkpoint per micro-batch.
 
     \b
@@ -227,34 +193,9 @@ def pipeline_run(table_uri: str, topics: tuple[str, ...], topic_pattern: str | N
       4    canceled by `chandy job cancel`
       130  stopped by Ctrl-C (SIGINT), after the checkpoint in flight
       143  stopped by SIGTERM, after the checkpoint in flight"""
-    from chandy.connectors.spark.options import PipelineOptions
-
-    if value_schema and value_schema.startswith("@"):
-        try:
-            value_schema = Path(value_schema[1:]).read_text()
-        except OSError as exc:
-            raise click.BadParameter(f"cannot read {value_schema[1:]}: {exc}", param_hint="--value-schema") from exc
-    options = PipelineOptions(
-        table_uri=table_uri, bootstrap_servers=resolve_bootstrap(bootstrap_servers, data_dir), topics=topics,
-        topic_pattern=topic_pattern, job_id=job_id, group_id=group_id, starting_offsets=starting_offsets,
-        max_records_per_checkpoint=max_records_per_checkpoint, checkpoint_interval_ms=interval_ms,
-        checkpoint_timeout_ms=timeout_ms, tolerable_failed_checkpoints=tolerable_failed_checkpoints,
-        checkpoint_dir=checkpoint_dir, parallelism=parallelism, master=master,
-        spark_conf=parse_settings(spark_conf, "--conf"), value_format=value_format, value_schema=value_schema,
-        avro_framing=avro_framing, keep_raw_value=keep_raw_value, transform=transform, partition_by=partition_by,
-        consumer_overrides=parse_settings(consumer_conf), producer_overrides=parse_settings(producer_conf, "--producer-property"),
-        worker_overrides=parse_settings(worker_conf, "--worker-property"),
-        storage_options=parse_settings(storage_conf, "--storage-option"), prefix=prefix,
-        stop_when_drained=until_drained, max_checkpoints=max_checkpoints, errors_tolerance=errors_tolerance,
-        dead_letter_topic=dead_letter_topic, tombstones=tombstones, avro_schema_id=avro_schema_id,
-        resume_from_table=resume_from_table, optimize_every=optimize_every, optimize_target_size=optimize_target_size,
-        schema_evolution=schema_evolution,
-        schema_registry={**parse_settings(registry_conf, "--schema-registry-property"),
-                         **({"url": schema_registry_url} if schema_registry_url else {})},
-        catalog_properties=parse_settings(catalog_conf, "--catalog-property"), metrics_port=metrics_port,
-        from_savepoint=from_savepoint, standby=standby, ship_code=ship_code, kafka_retry_timeout_ms=kafka_retry_timeout_ms,
-        **({} if write_buffer_bytes is None else {"write_buffer_bytes": write_buffer_bytes}),
-    )
+    if schema_registry_url:
+        values["schema_registry"] = (*values["schema_registry"], f"url={schema_registry_url}")
+    options = options_from_cli(values, resolve_bootstrap(bootstrap_servers, data_dir))
     run_pipeline_with_progress(options, verify=verify)
 
 

@@ -44,6 +44,44 @@ class PipelineKafkaError(PipelineError):
     and a later run resumes it only from a savepoint or retained checkpoint (``--from-savepoint``)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """How a :class:`PipelineOptions` field is spelled on ``chandy pipeline run``: the CLI derives
+    its options from these (``chandy/cli/pipeline.py``), so a setting is defined once, here.
+
+    ``kind``: ``value`` (one value), ``flag`` (on when given), ``switch`` (``--x/--no-x``),
+    ``multiple`` (repeatable, a tuple) or ``settings`` (repeatable ``KEY=VALUE``, a mapping).
+    ``minimum`` / ``maximum`` bound an integer; ``read_at_file``: a value ``@path`` is that file's text.
+    """
+
+    decls: tuple[str, ...]
+    help: str = ""
+    kind: str = "value"
+    choices: tuple[str, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    metavar: str | None = None
+    required: bool = False
+    read_at_file: bool = False
+
+
+_REQUIRED: Any = dataclasses.MISSING
+
+
+def _opt(default: Any, *decls: str, help: str = "", **spec: Any) -> Any:
+    """A :class:`PipelineOptions` field with ``default`` (a dict default is copied per instance),
+    spelled ``decls`` on the CLI (none: not a CLI option)."""
+    metadata = {"flag": Flag(tuple(decls), help=help, **spec)} if decls else {}
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=dict, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def cli_flags() -> list[tuple[dataclasses.Field, Flag]]:
+    """Every :class:`PipelineOptions` field that the CLI takes, with its :class:`Flag`, in field order."""
+    return [(f, f.metadata["flag"]) for f in dataclasses.fields(PipelineOptions) if "flag" in f.metadata]
+
+
 def default_job_id(table_uri: str, topics: tuple[str, ...] | list[str] = (), topic_pattern: str | None = None) -> str:
     """A job ID derived from the normalised, absolute table URI and the topics (or pattern):
     the same pipeline resumes its own checkpoints however the table was spelled."""
@@ -77,58 +115,97 @@ class PipelineOptions:
         PipelineError: inconsistent options; DdlError / AvroValueSchemaError: a bad value schema.
     """
 
-    table_uri: str
-    bootstrap_servers: str
-    topics: tuple[str, ...] = ()
-    topic_pattern: str | None = None
-    job_id: str | None = None
-    group_id: str | None = None
-    starting_offsets: str = "earliest"
-    max_records_per_checkpoint: int | None = None
-    checkpoint_interval_ms: int = 0
-    checkpoint_timeout_ms: int = 300_000
-    tolerable_failed_checkpoints: int = 3
-    checkpoint_dir: str | None = None
-    parallelism: int | None = None
-    master: str = "local[*]"
-    spark_conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    value_format: str | None = None
-    value_schema: str | None = None
-    avro_framing: str = "single-object"
-    avro_schema_id: int | None = None
-    keep_raw_value: bool = False
-    transform: str | None = None
-    partition_by: tuple[str, ...] = ()
-    consumer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    producer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    table_uri: str = _opt(_REQUIRED, "--table", required=True, help=(
+        "Delta table URL (file://, s3://, ... or a local path), or iceberg://<catalog>/<namespace>.<table>."))
+    bootstrap_servers: str = _opt(_REQUIRED)  # the CLI's -b / --data-dir resolve it (cli/app.py)
+    topics: tuple[str, ...] = _opt((), "--topic", kind="multiple", help="Topic to read (repeatable).")
+    topic_pattern: str | None = _opt(None, "--topic-pattern", help="Regex of topics to read (instead of --topic).")
+    job_id: str | None = _opt(None, "--job-id", help="Job ID (default: derived from the table URL, so a restart resumes).")
+    group_id: str | None = _opt(None, "--group-id", help="Consumer group for offset commits (default chandy-<job id>).")
+    starting_offsets: str = _opt("earliest", "--starting-offsets", choices=("earliest", "latest", "committed"))
+    max_records_per_checkpoint: int | None = _opt(None, "--max-records-per-checkpoint", minimum=1,
+                                                  help="Cap per partition per checkpoint (micro-batch).")
+    checkpoint_interval_ms: int = _opt(0, "--checkpoint-interval", minimum=0, help=(
+        "Minimum ms between checkpoint triggers (0: back to back while there is lag)."))
+    checkpoint_timeout_ms: int = _opt(300_000, "--checkpoint-timeout", minimum=1,
+                                      help="execution.checkpointing.timeout in ms.")
+    tolerable_failed_checkpoints: int = _opt(3, "--tolerable-failed-checkpoints", minimum=0)
+    checkpoint_dir: str | None = _opt(None, "--checkpoint-dir",
+                                      help="state.checkpoints.dir (default: <table>/_chandy_checkpoints).")
+    parallelism: int | None = _opt(None, "--parallelism", minimum=1, help=(
+        "Subtasks, one Spark task each (default: one per partition of the topics; on a local master at most its "
+        "cores or spark.default.parallelism)."))
+    master: str = _opt("local[*]", "--master", help="Spark master URL.")
+    spark_conf: Mapping[str, str] = _opt({}, "--conf", kind="settings", help="Spark setting (repeatable).")
+    value_format: str | None = _opt(None, "--value-format", choices=("json", "avro"), help="Decode values into columns.")
+    value_schema: str | None = _opt(None, "--value-schema", read_at_file=True,
+                                    help="JSON: Spark DDL (default inferred); Avro: schema JSON or @file.")
+    avro_framing: str = _opt("single-object", "--avro-framing", choices=("single-object", "confluent", "raw"))
+    avro_schema_id: int | None = _opt(None, "--avro-schema-id", minimum=0,
+                                      help="With --avro-framing confluent: the only schema ID accepted.")
+    keep_raw_value: bool = _opt(False, "--keep-raw-value", kind="flag", help="Keep the value bytes next to the decoded columns.")
+    transform: str | None = _opt(None, "--transform", metavar="MODULE:FUNCTION",
+                                 help="DataFrame -> DataFrame, applied per micro-batch.")
+    partition_by: tuple[str, ...] = _opt((), "--partition-by", kind="multiple", help="Table partition column (repeatable).")
+    consumer_overrides: Mapping[str, Any] = _opt({}, "-X", kind="settings", help="librdkafka consumer setting (repeatable).")
+    producer_overrides: Mapping[str, Any] = _opt({}, "--producer-property", kind="settings",
+                                                 help="librdkafka producer setting for acks (repeatable).")
     #: the Spark tasks' principal (docs/design.md, "The pipeline's principals"): laid over the
     #: driver's settings for the tasks' clients, its credentials replacing the driver's
-    worker_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    storage_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    prefix: str = "chandy"
-    stop_when_drained: bool = False
-    max_checkpoints: int | None = None
-    errors_tolerance: str = "none"
-    dead_letter_topic: str | None = None
-    tombstones: str = "error"
-    resume_from_table: bool = True
-    restart_backoff_initial_ms: int = 1_000
-    restart_backoff_max_ms: int = 60_000
-    optimize_every: int | None = None
-    optimize_target_size: int | None = None
-    catalog_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    schema_evolution: bool = True
-    schema_registry: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    metrics_port: int | None = None  # the coordinator's Prometheus metrics (coordinator/kafka/metrics.py)
-    from_savepoint: str | None = None  # Flink's `flink run -s`: start from this savepoint when the log has none
-    standby: bool = False  # wait until this process leads the job's election group (coordinator/kafka/requests.py)
-    ship_code: bool | None = None  # ship TASK_PACKAGES to the executors (None: when the master is not local)
+    worker_overrides: Mapping[str, Any] = _opt({}, "--worker-property", kind="settings", help=(
+        "librdkafka setting of the Spark tasks' clients (source reads, acks), repeatable: credentials given here "
+        "(sasl.username, sasl.password, ...) replace the driver's -X ones, so the tasks act as the worker principal "
+        "of `chandy topics acls --worker`  [default: the tasks use the driver's]"))
+    storage_options: Mapping[str, str] = _opt({}, "--storage-option", kind="settings",
+                                              help="fsspec / delta-rs storage option (repeatable).")
+    prefix: str = _opt("chandy", "--prefix", help="Chandy topic prefix.")
+    stop_when_drained: bool = _opt(False, "--until-drained", kind="flag", help="Stop once every partition is read to its end.")
+    max_checkpoints: int | None = _opt(None, "--max-checkpoints", minimum=1, help="Stop after this many checkpoints.")
+    errors_tolerance: str = _opt("none", "--errors-tolerance", choices=("none", "all"), help=(
+        "Kafka Connect's errors.tolerance: none fails the micro-batch at the first bad record (naming topic, "
+        "partition, offset); all skips bad records (counted, logged)."))
+    dead_letter_topic: str | None = _opt(None, "--dead-letter-topic", metavar="TOPIC", help=(
+        "With --errors-tolerance all: publish bad records, raw, with Connect's __connect.errors.* headers, exactly "
+        "once with their checkpoint."))
+    tombstones: str = _opt("error", "--tombstones", choices=("error", "skip", "null"),
+                           help="With --value-format: a null value is a bad record, skipped, or a row of null columns.")
+    resume_from_table: bool = _opt(True, "--resume-from-table/--no-resume-from-table", kind="switch", help=(
+        "When the coordinator log is missing or behind the table, resume from the table's offsets (or refuse)."))
+    restart_backoff_initial_ms: int = _opt(1_000)
+    restart_backoff_max_ms: int = _opt(60_000)
+    optimize_every: int | None = _opt(None, "--optimize-every", minimum=1, metavar="K", help=(
+        "Compact the table's small files after every K-th checkpoint, while the pipeline runs."))
+    optimize_target_size: int | None = _opt(None, "--optimize-target-size", minimum=1, metavar="BYTES",
+                                            help="With --optimize-every: the compacted files' size (default: the table format's).")
+    catalog_properties: Mapping[str, str] = _opt({}, "--catalog-property", kind="settings", help=(
+        "pyiceberg catalog property for iceberg:// tables (repeatable; default: a SQLite catalog and local warehouse)."))
+    schema_evolution: bool = _opt(True, "--schema-evolution/--no-schema-evolution", kind="switch", help=(
+        "With --value-format: a new field adds a column (Delta schema merge, Iceberg union by name); a field whose "
+        "type changes always fails the micro-batch."))
+    #: SchemaRegistryClient settings; the CLI's --schema-registry-url is its "url"
+    schema_registry: Mapping[str, str] = _opt({}, "--schema-registry-property", kind="settings",
+                                              help="Schema Registry client setting, e.g. basic.auth.user.info (repeatable).")
+    metrics_port: int | None = _opt(None, "--metrics-port", minimum=0, maximum=65535, metavar="PORT", help=(
+        "Serve Prometheus metrics (Flink's checkpoint metric names) at http://0.0.0.0:PORT/metrics while the "
+        "coordinator runs (0: a free port)."))  # coordinator/kafka/metrics.py
+    from_savepoint: str | None = _opt(None, "--from-savepoint", metavar="URL", help=(
+        "Start the job from this savepoint (Flink's `flink run -s`) when its coordinator log has none: offsets come "
+        "from it, checkpoint IDs continue above it."))
+    standby: bool = _opt(False, "--standby", kind="flag", help=(
+        "Wait as a standby until the running coordinator of this job dies or stops, then take over."))
+    ship_code: bool | None = _opt(None, "--ship-code/--no-ship-code", kind="switch", help=(
+        "Ship Chandy's task code (a zip, SparkContext.addPyFile) to the executors, whose Python then needs only "
+        "Chandy's dependencies  [default: when --master is not local]"))
     #: a subtask writes lake files whenever the Arrow batches it holds reach this many bytes, so its
     #: memory is bounded whatever the checkpoint's size (connectors/spark/datasource.py)
-    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES
+    write_buffer_bytes: int = _opt(DEFAULT_WRITE_BUFFER_BYTES, "--write-buffer-bytes", minimum=1, metavar="BYTES", help=(
+        "A subtask writes its records as lake files whenever it holds this many bytes of Arrow data: memory stays "
+        "bounded however large a checkpoint is."))
     #: how long the running pipeline rides through Kafka being unavailable (a broker's death, a
     #: leader election) before it stops with one line: retriable errors are retried with backoff
-    kafka_retry_timeout_ms: int = 180_000
+    kafka_retry_timeout_ms: int = _opt(180_000, "--kafka-retry-timeout", minimum=1, help=(
+        "ms the running pipeline rides through Kafka being unavailable (a broker's death, a leader election: "
+        "retriable errors, retried with backoff) before it stops."))
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):

@@ -1,0 +1,68 @@
+"""One definition per pipeline setting (issue 26): ``chandy pipeline run``'s options are derived
+from :class:`PipelineOptions`' fields (their :class:`Flag`), so a command line and the options it
+gives cannot drift apart. Without servers: click parses, nothing runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import click
+
+from chandy.cli.app import main
+from chandy.cli.pipeline import options_from_cli
+from chandy.connectors.spark.options import PipelineOptions, cli_flags
+
+
+def _parse(args: list[str]) -> tuple[PipelineOptions, dict]:
+    command = main.commands["pipeline"].commands["run"]
+    context = command.make_context("run", args)
+    values = dict(context.params)
+    extra = {k: values.pop(k) for k in ("bootstrap_servers", "data_dir", "verify", "schema_registry_url")}
+    if extra["schema_registry_url"]:
+        values["schema_registry"] = (*values["schema_registry"], f"url={extra['schema_registry_url']}")
+    return options_from_cli(values, extra["bootstrap_servers"]), extra
+
+
+def test_every_setting_but_the_resolved_bootstrap_is_a_cli_option_defined_once() -> None:
+    flagged = {f.name for f, _ in cli_flags()}
+    assert {f.name for f in dataclasses.fields(PipelineOptions)} - flagged == {
+        "bootstrap_servers", "restart_backoff_initial_ms", "restart_backoff_max_ms"}
+    spellings = [d.split("/")[0] for _, flag in cli_flags() for d in flag.decls]
+    assert len(spellings) == len(set(spellings))
+
+
+def test_defaults_on_the_command_line_are_the_dataclass_defaults(tmp_path: Path) -> None:
+    options, _ = _parse(["--table", str(tmp_path / "t"), "--topic", "orders", "-b", "k:9092"])
+    assert options == PipelineOptions(table_uri=str(tmp_path / "t"), bootstrap_servers="k:9092", topics=("orders",))
+
+
+def test_a_command_line_becomes_the_options_it_spells(tmp_path: Path) -> None:
+    schema = tmp_path / "schema.avsc"
+    schema.write_text('{"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}')
+    options, extra = _parse([
+        "--table", str(tmp_path / "t"), "--topic", "a", "--topic", "b", "-b", "k:9092", "--checkpoint-interval", "250",
+        "-X", "fetch.min.bytes=1", "-X", "client.id=x", "--conf", "spark.ui.enabled=false", "--value-format", "avro",
+        "--value-schema", f"@{schema}", "--avro-framing", "confluent", "--schema-registry-property", "a=b",
+        "--schema-registry-url", "http://r:8081", "--no-schema-evolution", "--standby", "--partition-by", "topic",
+        "--write-buffer-bytes", "1024", "--kafka-retry-timeout", "5000", "--verify", "--ship-code"])
+    assert extra["verify"] is True
+    assert options.topics == ("a", "b") and options.checkpoint_interval_ms == 250
+    assert dict(options.consumer_overrides) == {"fetch.min.bytes": "1", "client.id": "x"}
+    assert dict(options.spark_conf) == {"spark.ui.enabled": "false"}
+    assert options.value_schema == schema.read_text() and options.avro_framing == "confluent"
+    assert dict(options.schema_registry) == {"a": "b", "url": "http://r:8081"}
+    assert options.schema_evolution is False and options.standby is True and options.ship_code is True
+    assert options.partition_by == ("topic",) and options.write_buffer_bytes == 1024
+    assert options.kafka_retry_timeout_ms == 5000
+
+
+def test_bounds_and_choices_come_from_the_field() -> None:
+    command = main.commands["pipeline"].commands["run"]
+    for args, wrong in ((["--checkpoint-timeout", "0"], "--checkpoint-timeout"), (["--tombstones", "maybe"], "--tombstones")):
+        try:
+            command.make_context("run", ["--table", "t", "--topic", "a", *args])
+        except click.BadParameter as exc:
+            assert wrong in exc.format_message() or wrong in str(exc.param_hint or exc.param.opts)
+        else:
+            raise AssertionError(f"{args} was accepted")
