@@ -28,6 +28,12 @@ class CoordinatorFencedError(ChandyError):
     """Another coordinator of the same job took over (its producer fenced this one's)."""
 
 
+class LogWriteError(ChandyError):
+    """The coordinator log could not be written: Kafka kept failing past the retry timeout, or
+    failed fatally without fencing this coordinator. The coordinator stops; unlike a fenced one,
+    no other coordinator took over, and a restart resumes the job from its log."""
+
+
 def transactional_id_for(prefix: str, job_id: str) -> str:
     """``<prefix>-coordinator-<job id>``: one transactional producer per job, for fencing."""
     return f"{prefix}-coordinator-{job_id}"
@@ -232,7 +238,7 @@ class LogWriter:
                     raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
                 if not error.txn_requires_abort():
                     # fatal, or retriable past retry_timeout_s: the coordinator cannot go on
-                    raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
+                    raise LogWriteError(f"the coordinator log could not be written: {error.str()}") from exc
                 log.warning("transaction attempt %d failed (%s); aborting and retrying", attempt + 1, error.str())
                 try:
                     self._call_retrying(lambda: self.producer.abort_transaction(30.0))
@@ -242,7 +248,7 @@ class LogWriter:
                         raise CoordinatorFencedError(f"log writer stopped: {abort_exc.args[0].str()}") from abort_exc
                     raise
                 time.sleep(0.1 * (attempt + 1))
-        raise CoordinatorFencedError("log writer gave up after 5 aborted transactions")
+        raise LogWriteError("the coordinator log could not be written: 5 transactions in a row were aborted")
 
     def _call_retrying(self, call: Callable[[], None]) -> None:
         """``call`` retried with backoff (10 ms doubling to 1 s) while it fails retriably (a broker's

@@ -319,7 +319,8 @@ class CoordinatorService:
 
     def _on_writer_failed(self, exc: BaseException) -> None:
         log.error("job %s: coordinator log writer stopped (%s); this coordinator stops", self.job_id, exc)
-        self.fenced.set()
+        if isinstance(exc, CoordinatorFencedError):
+            self.fenced.set()  # a newer coordinator leads; anything else (Kafka gone too long) only stops this one
         self.stop_reason = exc
         self._fail_pending(exc)
         threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
