@@ -74,6 +74,7 @@ class PipelineCore:
         self.election: LeaderElection | None = None
         self.takeover_s: float | None = None
         self._last_committed = 0
+        self._lag_consumer: Any = None  # reads the source's last stable offsets (micro_batch.py)
 
     def _notice(self, message: str) -> None:
         self.notices.append(message)
@@ -164,7 +165,7 @@ class PipelineCore:
     def check_static(self) -> None:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.preflight`
 
-    def lag(self, consumer: Any) -> dict[tuple[str, int], int]:
+    def lag(self) -> dict[tuple[str, int], int]:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.micro_batch`
 
     def preflight(self) -> None:

@@ -24,27 +24,58 @@ from chandy.connectors.spark.options import (
     PipelineError,
     PipelineKafkaError,
 )
+from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.log_writer import CoordinatorFencedError
 from chandy.coordinator.kafka.topics import OffsetsUnavailableError, watermark_offsets
 
 log = logging.getLogger(__name__)
 
+#: seconds a source-offset read may keep failing retriably before it is asked with a new client
+LAG_CLIENT_RENEW_S = 20.0
+
 
 class PipelineMicroBatch(PipelineCore):
     """The micro batch part of :class:`~chandy.connectors.spark.pipeline.Pipeline`."""
 
-    def lag(self, consumer: Any) -> dict[tuple[str, int], int]:
-        """Records between the last completed checkpoint's ends and the last stable offsets."""
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Records between the last completed checkpoint's ends and the last stable offsets.
+
+        A read that keeps failing retriably for :data:`LAG_CLIENT_RENEW_S` gets a new client (a
+        client whose metadata lost the partition while brokers restarted can answer "unknown
+        partition" for minutes); reads go on for ``--kafka-retry-timeout`` in all.
+
+        Raises:
+            PipelineKafkaError: a fatal error, or retriable ones past ``--kafka-retry-timeout``.
+        """
         ends = self._enumerator_call(lambda e: dict(e.committed_end))
         lag = {}
-        timeout_s = self.options.kafka_retry_timeout_ms / 1000
+        deadline = time.monotonic() + self.options.kafka_retry_timeout_ms / 1000
         for tp, start in sorted(ends.items()):
-            try:
-                high = watermark_offsets(consumer, TopicPartition(*tp), timeout_s=timeout_s)[1]
-            except OffsetsUnavailableError as exc:  # a fatal error, or retriable ones past --kafka-retry-timeout
-                raise PipelineKafkaError(f"reading the source's offsets failed: {exc}") from exc
+            while True:
+                try:
+                    high = watermark_offsets(self._lag_client(), TopicPartition(*tp), timeout_s=max(
+                        0.1, min(LAG_CLIENT_RENEW_S, deadline - time.monotonic())))[1]
+                    break
+                except OffsetsUnavailableError as exc:
+                    if not exc.retriable or time.monotonic() >= deadline:
+                        raise PipelineKafkaError(f"reading the source's offsets failed: {exc} (for "
+                                                 f"{self.options.kafka_retry_timeout_ms} ms in all)") from exc
+                    log.warning("job %s: %s; reading with a new client", self.job_id, exc)
+                    self.close_lag_client()
             lag[tp] = max(0, high - start)
         return lag
+
+    def _lag_client(self) -> Any:
+        if self._lag_consumer is None:
+            self._lag_consumer = kafka_config.consumer(self.options.bootstrap_servers,
+                                                       overrides=dict(self.options.consumer_overrides))
+        return self._lag_consumer
+
+    def close_lag_client(self) -> None:
+        """Close the consumer that reads the source's offsets (a new one is made when needed)."""
+        consumer, self._lag_consumer = self._lag_consumer, None
+        if consumer is not None:
+            consumer.close()
 
     def _ranges(self, checkpoint_id: int, future: Any, timeout_s: float) -> dict[tuple[str, int], KafkaPartitionSplit]:
         deadline = time.monotonic() + timeout_s

@@ -263,7 +263,6 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             metrics = PipelineMetricsCollector(self.job_id, SOURCE_OPERATOR, SINK_OPERATOR, read_commit_ms=lambda: (
                 service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.last_commit_ms, timeout_s=5.0)))
             self.service.metrics_server.register(metrics)
-        consumer = kafka_config.consumer(opts.bootstrap_servers, overrides=dict(opts.consumer_overrides))
         completed = failed = consecutive = 0
         first_failure: str | None = None
         landed_before = self._committed_records()
@@ -300,7 +299,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     stopped_because = f"canceled by request {request[0].request_id}"
                     canceled = True
                     break
-                lag = self.lag(consumer)
+                lag = self.lag()
                 if (request is not None and request[0].request_type is ControlRequestType.STOP_WITH_SAVEPOINT
                         and request[0].drain and sum(lag.values()) > 0):
                     self._draining, request = request, None  # land what is available first (Flink's --drain)
@@ -363,7 +362,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     progress = PipelineProgress(
                         checkpoint_id, message is None, records, landed, completed, failed,
                         (time.monotonic() - batch_started) * 1000, time.monotonic() - started,
-                        self.lag(consumer), message, spark_job_ms, self.bad_records, self.dead_lettered,
+                        self.lag(), message, spark_job_ms, self.bad_records, self.dead_lettered,
                         counts.value[1])
                     if metrics is not None:
                         metrics.update(progress)
@@ -387,7 +386,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             self._fail_request(request, PipelineError("the pipeline stopped before the request was applied"))
             while (queued := self._next_request()) is not None:
                 self._fail_request(queued, PipelineError("the pipeline stopped before the request was applied"))
-            consumer.close()
+            self.close_lag_client()
             self.service.stop()
             if self._spark is None:
                 _stop_spark(spark)

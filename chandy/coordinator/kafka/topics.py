@@ -14,6 +14,7 @@ holds one job's messages in order while many jobs share the topics (see docs/des
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -197,8 +198,17 @@ def is_retriable(error: KafkaError) -> bool:
     return error.code() in _RETRIABLE or (error.retriable() and not error.fatal())
 
 
+#: seconds one watermark request may take before it is asked again (of the leader metadata names then)
+WATERMARK_REQUEST_S = 5.0
+
+
 class OffsetsUnavailableError(TopicError):
-    """A partition's watermark offsets could not be read (no leader in time, or an error)."""
+    """A partition's watermark offsets could not be read (no leader in time, or an error);
+    ``retriable``: the last error was one a later try may not meet (a broker's restart)."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
 
 
 def watermark_offsets(consumer: Any, partition: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
@@ -216,16 +226,21 @@ def watermark_offsets(consumer: Any, partition: TopicPartition, timeout_s: float
     attempt = 0
     while True:
         try:
-            low, high = consumer.get_watermark_offsets(partition, timeout=max(0.1, deadline - time.monotonic()),
-                                                       cached=False)
+            # one request waits WATERMARK_REQUEST_S at most: a request to a broker that restarted
+            # and left the client's metadata may never be answered, however long the timeout
+            low, high = consumer.get_watermark_offsets(
+                partition, timeout=max(0.1, min(WATERMARK_REQUEST_S, deadline - time.monotonic())), cached=False)
             return int(low), int(high)
         except KafkaException as exc:
             error = exc.args[0]
             if not is_retriable(error) or time.monotonic() > deadline:
                 waited = f" (retried for {timeout_s:.0f} s)" if is_retriable(error) else ""
                 raise OffsetsUnavailableError(
-                    f"watermark offsets of {partition.topic}-{partition.partition}: {error.str()}{waited}") from exc
+                    f"watermark offsets of {partition.topic}-{partition.partition}: {error.str()}{waited}",
+                    retriable=is_retriable(error)) from exc
             attempt += 1
+            with contextlib.suppress(KafkaException):  # the partition's leader, asked anew before the next try
+                consumer.list_topics(partition.topic, timeout=max(0.1, min(WATERMARK_REQUEST_S, deadline - time.monotonic())))
             time.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5)))
 
 
