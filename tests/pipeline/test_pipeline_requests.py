@@ -172,7 +172,8 @@ def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_b
     try:
         wait_for(lambda: len(landed(table)) == 400 if DeltaTable.is_deltatable(table) else False, timeout_s=180,
                  what="every record landed")
-        AdminClient({"bootstrap.servers": kafka_bootstrap_servers}).delete_topics([topic])[topic].result(30)
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap_servers})  # held: its futures need the handle
+        admin.delete_topics([topic])[topic].result(30)
         runner.join(120)
     finally:
         if runner.is_alive():
@@ -187,7 +188,6 @@ def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_b
         if e.event_type == "JOB_STATUS_CHANGED"], what="the JOB_STATUS_CHANGED event")
     assert changes == ["FAILED"]
     assert len(landed(table)) == len(set(landed(table))) == 400  # nothing lost or doubled on the way out
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap_servers})
     wait_for(lambda: topic not in admin.list_topics(timeout=10).topics, what="the topic's deletion")
     make_topic(kafka_bootstrap_servers, [b"again"], topic=topic)  # the run would start, but for FAILED
     with pytest.raises(PipelineError, match="--from-savepoint"):
