@@ -40,6 +40,8 @@ def transactional_id_for(prefix: str, job_id: str) -> str:
 
 
 def is_fencing(error: KafkaError) -> bool:
+    """Whether ``error`` means a newer producer of the same ``transactional.id`` took over (or the
+    producer failed fatally, which librdkafka reports for fencing too)."""
     return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
                             KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED) or error.fatal()
 
@@ -118,7 +120,13 @@ class LogWriter:
         log.warning("job %s: %s (librdkafka issues 5456, 5511): replacing the coordinator's producer", self.job_id, what)
         self._stuck_producers.append(self.producer)
         self.producer = self._new_producer()
-        self._call_retrying(lambda: self.producer.init_transactions(30.0))
+        try:
+            self._call_retrying(lambda: self.producer.init_transactions(30.0))
+        except KafkaException as exc:
+            error = exc.args[0]
+            if is_fencing(error):
+                raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
+            raise LogWriteError(f"the coordinator log could not be written: a new producer failed: {error.str()}") from exc
 
     def init(self, timeout_s: float = 60.0) -> None:
         """``init_transactions()``: fences older producers of the same transactional.id."""
