@@ -294,6 +294,13 @@ def check_topics(admin: AdminClient, topics: ChandyTopics, *, timeout_s: float =
     specs = {spec.name: spec for spec in topics.specs()}
     metadata = admin.list_topics(timeout=timeout_s)
     missing = sorted(name for name in specs if name not in metadata.topics)
+    # a topic created a moment ago reaches every broker's metadata a little later (a cluster of
+    # three answers from any of them): wait a few seconds before calling it missing
+    deadline = time.monotonic() + min(timeout_s, 10.0)
+    while missing and time.monotonic() < deadline:
+        time.sleep(0.2)
+        metadata = admin.list_topics(timeout=timeout_s)
+        missing = sorted(name for name in specs if name not in metadata.topics)
     if missing:
         raise TopicError(f"missing Chandy topics: {', '.join(missing)} (create them with ensure_topics)")
     resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in specs]
