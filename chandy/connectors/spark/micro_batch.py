@@ -58,8 +58,8 @@ class PipelineMicroBatch(PipelineCore):
                     break
                 except OffsetsUnavailableError as exc:
                     if not exc.retriable or time.monotonic() >= deadline:
-                        raise PipelineKafkaError(f"reading the source's offsets failed: {exc} (for "
-                                                 f"{self.options.kafka_retry_timeout_ms} ms in all)") from exc
+                        waited = f"; retried for {self.options.kafka_retry_timeout_ms} ms in all" if exc.retriable else ""
+                        raise PipelineKafkaError(f"reading the source's offsets failed: {exc}{waited}") from exc
                     log.warning("job %s: %s; reading with a new client", self.job_id, exc)
                     self.close_lag_client()
             lag[tp] = max(0, high - start)
