@@ -160,7 +160,7 @@ class CheckpointCoordinator(CheckpointRestore, SubtaskAttempts, JobLifecycle, Ch
                 pointer.set_result(f.result().external_pointer)
 
         result.future.add_done_callback(done)
-        return CheckpointTriggerResult(result.checkpoint_id, pointer)
+        return CheckpointTriggerResult(result.checkpoint_id, pointer, held=result.held)
 
     def _preflight(self) -> CheckpointFailureReason | None:
         """Flink's pre-flight checks: a request the coordinator refuses before it takes an ID."""
@@ -188,7 +188,7 @@ class CheckpointCoordinator(CheckpointRestore, SubtaskAttempts, JobLifecycle, Ch
         if refused is not None and not periodic and self.state.job_status == JobStatus.RUNNING \
                 and not self._shutdown and self._subtasks_not_ready():
             self._await_readiness(request)
-            return CheckpointTriggerResult(None, request.future)
+            return CheckpointTriggerResult(None, request.future, held=request)
         if refused is not None:
             request.fail(refused, "checkpoint request refused")
             if periodic and self._periodic_running:

@@ -36,6 +36,10 @@ class SubtaskAttempts(CoordinatorCore):
         return self.options.wait_for_running_subtasks and any(
             (op, i) not in self.current_attempts for op, n in self.operators.items() for i in range(n))
 
+    def is_held(self, request: CheckpointTriggerRequest) -> bool:
+        """Whether ``request`` still waits for every subtask to report a running attempt."""
+        return any(waiting is request for waiting, _ in self._awaiting_readiness)
+
     def _await_readiness(self, request: CheckpointTriggerRequest) -> None:
         """Hold an explicit request (a user's checkpoint or savepoint) made before every subtask
         reported a running attempt, e.g. right after the job started or a coordinator took over:

@@ -31,6 +31,9 @@ class CheckpointTriggerResult:
 
     checkpoint_id: int | None
     future: concurrent.futures.Future
+    #: the request, while it waits for every subtask to report a running attempt (it takes its
+    #: ID once they have): what ``CoordinatorService`` waits on to hand its caller that ID
+    held: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def result(self, timeout: float | None = None) -> Any:
         """``future.result(timeout)``."""

@@ -887,12 +887,13 @@ def test_no_trigger_before_every_subtask_runs_and_a_skipped_period_is_no_failure
     held = trigger(cc)
     cc.start_periodic_scheduler()
     env.advance(350)  # three periods, each skipped
-    assert not held.done()
+    assert not held.done() and held.checkpoint_id is None and cc.is_held(held.held)
     assert cc.state.next_checkpoint_id == 1 and cc.state.continuous_failures == 0 and cc.job_status == "RUNNING"
     assert env.control_of(TriggerCheckpoint) == []
     assert not any(isinstance(r, CheckpointRecord) for r in env.log)  # no ID taken, nothing failed
     ready_all(cc)  # the held request runs at once
     assert [m.checkpoint_id for m in env.control_of(TriggerCheckpoint)] == [1]
+    assert not cc.is_held(held.held) and held.held.checkpoint_id == 1  # what CoordinatorService waits for
     for op, n in OPERATORS.items():
         for i in range(n):
             ack(cc, 1, op, i)

@@ -406,12 +406,25 @@ class CoordinatorService:
     def trigger_checkpoint(self, *, forced: bool = False) -> CheckpointTriggerResult:
         """Request a checkpoint now: its ID (None while queued) and future; see
         :meth:`CheckpointCoordinator.trigger_checkpoint`."""
-        return self._call(lambda cc: cc.trigger_checkpoint(forced=forced))
+        return self._with_checkpoint_id(self._call(lambda cc: cc.trigger_checkpoint(forced=forced)))
 
     def trigger_savepoint(self, target: str | None = None, *, terminate: bool = False) -> CheckpointTriggerResult:
         """Trigger a savepoint; the result's future gives its pointer. See
         :meth:`CheckpointCoordinator.trigger_savepoint`."""
-        return self._call(lambda cc: cc.trigger_savepoint(target, terminate=terminate))
+        return self._with_checkpoint_id(self._call(lambda cc: cc.trigger_savepoint(target, terminate=terminate)))
+
+    def _with_checkpoint_id(self, result: CheckpointTriggerResult) -> CheckpointTriggerResult:
+        """A request made before every subtask reported a running attempt (right after a start or
+        a take-over) is held by the coordinator and takes its ID once they have: wait for that here
+        (up to the checkpoint timeout), so the caller gets the ID with the result, as it would a
+        moment later; the future is the same either way."""
+        request = result.held
+        if request is None:
+            return result
+        deadline = time.monotonic() + self.options.timeout_ms / 1000
+        while not result.done() and time.monotonic() < deadline and self._call(lambda cc: cc.is_held(request)):
+            time.sleep(0.01)
+        return CheckpointTriggerResult(request.checkpoint_id, result.future)
 
     def abort_checkpoint(self, checkpoint_id: int, reason: Any, message: str) -> bool:
         """Abort a pending checkpoint (e.g. the driver saw its Spark job fail); see
