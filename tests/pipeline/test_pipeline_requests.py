@@ -5,6 +5,7 @@ exactly the rest."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import uuid
 import pytest
 from deltalake import DeltaTable
 
+from chandy.connectors.spark.options import PipelineError
 from chandy.connectors.spark.pipeline import Pipeline
 from chandy.coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
 from tests.fixtures import REPO_ROOT
@@ -141,6 +143,15 @@ def test_a_standby_pipeline_takes_over_after_a_sigkill_and_lands_every_record_on
     assert before < 3000 and len(rows) == len(set(rows)) == 3000
 
 
+def _run_into(pipeline: Pipeline, running: concurrent.futures.Future) -> None:
+    """Run ``pipeline`` and settle ``running`` with its summary or its error."""
+    if running.set_running_or_notify_cancel():
+        try:
+            running.set_result(pipeline.run())
+        except PipelineError as exc:
+            running.set_exception(exc)
+
+
 def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_bootstrap_servers, tmp_path) -> None:
     """Issue 36: a Kafka call of the running pipeline that keeps failing past
     ``--kafka-retry-timeout`` (here: the source topic deleted) stops the run with one
@@ -148,7 +159,7 @@ def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_b
     second run of the job is refused (FAILED is terminal), naming ``--from-savepoint``."""
     from confluent_kafka.admin import AdminClient
 
-    from chandy.connectors.spark.options import PipelineError, PipelineKafkaError
+    from chandy.connectors.spark.options import PipelineKafkaError
     from chandy.coordinator.kafka.log import load_state
     from chandy.coordinator.kafka.topics import ChandyTopics
     from chandy.coordinator.records import JobStatus
@@ -159,15 +170,8 @@ def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_b
     opts = options(kafka_bootstrap_servers, topic, table, prefix, stop_when_drained=False,
                    max_records_per_checkpoint=100, checkpoint_interval_ms=200, kafka_retry_timeout_ms=3000)
     pipeline = Pipeline(opts, spark=spark)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            pipeline.run()
-        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
-            errors.append(exc)
-
-    runner = threading.Thread(target=run, daemon=True)
+    running: concurrent.futures.Future = concurrent.futures.Future()
+    runner = threading.Thread(target=lambda: _run_into(pipeline, running), daemon=True)
     runner.start()
     try:
         wait_for(lambda: len(landed(table)) == 400 if DeltaTable.is_deltatable(table) else False, timeout_s=180,
@@ -179,7 +183,7 @@ def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_b
         if runner.is_alive():
             pipeline.request_stop()
             runner.join(120)
-    (error,) = errors
+    error = running.exception(0)
     assert isinstance(error, PipelineKafkaError) and topic in str(error), error
     state, _ = load_state(kafka_bootstrap_servers, ChandyTopics(prefix).coordinator_log, pipeline.job_id)
     assert state.job_status is JobStatus.FAILED and "reading the source's offsets failed" in state.job_status_reason

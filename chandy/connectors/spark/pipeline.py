@@ -404,7 +404,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         assert self.service is not None
         try:
             self.service.fail_job(reason).result(10)
-        except Exception as exc:  # noqa: BLE001 - the run exits with its own error either way
+        except (ChandyError, concurrent.futures.TimeoutError) as exc:  # the run exits with its own error either way
             log.error("job %s: could not record FAILED (%s); the job's last status stays in the log", self.job_id,
                       root_cause(exc))
 

@@ -183,7 +183,7 @@ class LogWriter:
                 try:
                     producer.send_offsets_to_transaction(offsets, metadata, 30.0)
                     outcome.append(None)
-                except BaseException as exc:  # noqa: BLE001 - handed to the writer's thread
+                except KafkaException as exc:  # handed to the writer's thread
                     outcome.append(exc)
                 finally:
                     done.set()
@@ -191,6 +191,8 @@ class LogWriter:
             threading.Thread(target=call, name=f"chandy-send-offsets-{self.job_id[:8]}", daemon=True).start()
             if not done.wait(SEND_OFFSETS_STUCK_S):
                 raise _ProducerStuck(f"send_offsets_to_transaction did not return within {SEND_OFFSETS_STUCK_S:.0f} s")
+            if not outcome:  # anything but a KafkaException is a bug; the thread logged it
+                raise LogWriteError("send_offsets_to_transaction failed with an unexpected error")
             if outcome[0] is not None:
                 raise outcome[0]
 
