@@ -12,33 +12,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from chandy.connectors.spark.avro import AvroValueSchemaError, value_fields, value_struct
 from chandy.connectors.spark.decode import ValueDecoder
 from chandy.connectors.spark.records import to_record_batch
+from tests.fixtures.messages import FakeMessage as Message
 from tests.fixtures.nested_avro import ARROW_TYPES, SCHEMA, confluent_bytes, value
-
-
-class Message:
-    def __init__(self, offset: int, raw: bytes) -> None:
-        self._offset, self._raw = offset, raw
-
-    def key(self) -> bytes:
-        return b"k"
-
-    def value(self) -> bytes:
-        return self._raw
-
-    def topic(self) -> str:
-        return "t"
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_700_000_000_000)
-
-    def headers(self) -> None:
-        return None
 
 
 def test_every_avro_type_has_its_arrow_type() -> None:

@@ -15,36 +15,14 @@ from chandy.connectors.lake.sink import LakeSchemaError
 from chandy.connectors.lake.sinks import open_sink
 from chandy.connectors.spark.decode import BadRecordError, SchemaChangeError, ValueDecoder, concat_evolving
 from chandy.connectors.spark.records import to_record_batch
+from tests.fixtures.messages import FakeMessage
 
 JOB = "00112233445566778899aabbccddeeff"
 
 
-class Message:
-    """The part of a confluent_kafka.Message that to_record_batch reads."""
-
-    def __init__(self, offset: int, value: dict) -> None:
-        self._offset, self._value = offset, json.dumps(value).encode()
-
-    def key(self) -> bytes:
-        return b"k"
-
-    def value(self) -> bytes:
-        return self._value
-
-    def topic(self) -> str:
-        return "t"
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_700_000_000_000)
-
-    def headers(self) -> None:
-        return None
+def Message(offset: int, value: dict) -> FakeMessage:
+    """A consumed record whose value is ``value`` as JSON."""
+    return FakeMessage(offset, json.dumps(value).encode())
 
 
 def decoder(unknown_fields: str) -> ValueDecoder:

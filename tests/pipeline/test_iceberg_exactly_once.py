@@ -7,26 +7,22 @@ offsets equal the topic's ends, and no data file is left that no snapshot refere
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import NewTopic
 from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.spark.options import default_job_id
 from chandy.coordinator.faults import POINTS
 from chandy.coordinator.kafka import config as kafka_config
-from tests.fixtures import REPO_ROOT
+from tests.fixtures import exactly_once
 
 pytestmark = pytest.mark.integration
 
-ROOT = REPO_ROOT
 PARTITIONS = 3
 PER_PARTITION = 300
 CAP = 120  # records per partition per checkpoint: checkpoints 1, 2 and 3 each carry data
@@ -49,33 +45,17 @@ def source_topic(kafka_bootstrap_servers: str) -> tuple[str, dict]:
 
 def run_pipeline(servers: str, topic: str, warehouse: Path, table: str, prefix: str, crash_at: str | None = None,
                  timeout_s: float = 400) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    env.pop("CHANDY_CRASH_AT", None)
-    if crash_at:
-        env["CHANDY_CRASH_AT"] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", f"iceberg://local/{table}",
-         "--catalog-property", f"warehouse={warehouse}", "--topic", topic,
-         "-b", servers, "--prefix", prefix, "--until-drained", "--max-records-per-checkpoint", str(CAP),
-         "--parallelism", str(PARTITIONS), "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, start_new_session=True,
-    )
+    return exactly_once.run_pipeline(
+        ["--table", f"iceberg://local/{table}", "--catalog-property", f"warehouse={warehouse}"], servers, topic,
+        prefix, cap=CAP, parallelism=PARTITIONS, crash_at=crash_at, timeout_s=timeout_s)
 
 
 def check_exactly_once(servers: str, warehouse: Path, table_name: str, content: dict, topic: str) -> None:
     catalog = load_catalog("local", type="sql", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
     table = catalog.load_table(table_name)
-    data = table.scan(selected_fields=("topic", "partition", "offset", "value")).to_arrow()
-    rows = list(zip(*(data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")), strict=True))
-    keys = [(t, p, o) for t, p, o, _ in rows]
-    assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} duplicates"
-    assert set(keys) == set(content), f"{len(set(content) - set(keys))} missing"
-    assert all(content[(t, p, o)] == v for t, p, o, v in rows), "content differs from the source"
+    exactly_once.assert_rows_exactly_once(table.scan(selected_fields=exactly_once.COLUMNS).to_arrow(), content)
     job = default_job_id(f"iceberg://local/{table_name}", [topic])
-    group = f"chandy-{job}"
-    admin = kafka_config.admin_client(servers)
-    committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
-    assert {(tp.topic, tp.partition): tp.offset for tp in committed.topic_partitions} == {
+    assert exactly_once.committed_offsets(servers, f"chandy-{job}") == {
         (topic, p): PER_PARTITION for p in range(PARTITIONS)}
     recorded = json.loads(table.properties[f"chandy.job.{job}.offsets"])
     assert recorded == {topic: {str(p): PER_PARTITION for p in range(PARTITIONS)}}

@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from deltalake import DeltaTable
@@ -35,6 +34,7 @@ from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
 from chandy.coordinator.kafka.topics import ChandyTopics
 from tests.fixtures import REPO_ROOT
+from tests.fixtures.kafka import cluster_servers
 from tests.fixtures.pipeline import landed
 from tests.fixtures.workers import wait_for
 
@@ -44,19 +44,9 @@ ROOT = REPO_ROOT
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafkaBroker]:
-    broker = EmbeddedKafkaBroker(tmp_path_factory.mktemp("cluster"), nodes=3, heap="384m")
-    broker.up()
-    try:
-        yield broker
-    finally:
-        broker.down()
-
-
-def _servers(cluster: EmbeddedKafkaBroker) -> str:
-    info = cluster.status()
-    assert info is not None
-    return info.bootstrap_servers
+def cluster(kafka_cluster: EmbeddedKafkaBroker) -> EmbeddedKafkaBroker:
+    """The module's three-node cluster (``kafka_cluster`` in tests/fixtures/kafka.py)."""
+    return kafka_cluster
 
 
 def _topic(servers: str, partitions: int = 2) -> str:
@@ -125,7 +115,7 @@ def _commits(table: str) -> int:
 
 
 def test_the_pipeline_rides_through_the_death_of_the_coordinator_logs_leader(cluster, tmp_path) -> None:
-    servers = _servers(cluster)
+    servers = cluster_servers(cluster)
     topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
     producer = _Producer(servers, topic, 6000, 400).start()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -166,7 +156,7 @@ def test_the_pipeline_rides_through_the_death_of_the_coordinator_logs_leader(clu
 
 
 def test_a_stopped_job_stays_finished_with_a_standby_waiting(cluster, tmp_path) -> None:
-    servers = _servers(cluster)
+    servers = cluster_servers(cluster)
     topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
     producer = _Producer(servers, topic, 2000, 400).start()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -214,7 +204,7 @@ def _group_offsets(servers: str, group: str, topic: str) -> dict[int, int]:
 
 
 def test_a_rolling_restart_of_every_broker_loses_and_doubles_nothing(cluster, tmp_path) -> None:
-    servers = _servers(cluster)
+    servers = cluster_servers(cluster)
     topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
     producer = _Producer(servers, topic, 10**9, 300).start()  # flows until every broker restarted
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -251,7 +241,7 @@ def test_a_rolling_restart_of_every_broker_loses_and_doubles_nothing(cluster, tm
 
 
 def test_a_broker_paused_past_the_session_timeout_then_resumed(cluster, tmp_path) -> None:
-    servers = _servers(cluster)
+    servers = cluster_servers(cluster)
     topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
     producer = _Producer(servers, topic, 5000, 300).start()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -285,7 +275,7 @@ def test_a_frozen_leader_is_fenced_and_the_group_never_moves_back(cluster, tmp_p
     """The active driver's whole process tree is frozen (SIGSTOP) mid-run; the standby takes over
     and lands; the old leader resumes: it is fenced (exit 3) and commits nothing, and the
     consumer group's offsets, sampled throughout, never decrease."""
-    servers = _servers(cluster)
+    servers = cluster_servers(cluster)
     topic, table, prefix = _topic(servers), str(tmp_path / "t"), f"cl{uuid.uuid4().hex[:6]}"
     producer = _Producer(servers, topic, 20_000, 300).start()  # still flowing when the leader freezes
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}

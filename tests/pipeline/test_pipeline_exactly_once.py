@@ -15,14 +15,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import NewTopic
 from deltalake import DeltaTable
 
 from chandy.connectors.spark.options import default_job_id
 from chandy.coordinator.faults import POINTS
 from chandy.coordinator.kafka import config as kafka_config
-from tests.fixtures import REPO_ROOT
+from tests.fixtures import REPO_ROOT, exactly_once
 
 pytestmark = pytest.mark.integration
 
@@ -72,34 +72,20 @@ def source_topic(kafka_bootstrap_servers: str) -> tuple[str, dict]:
 
 def run_pipeline(servers: str, topic: str, table: Path, prefix: str, crash_at: str | None = None,
                  timeout_s: float = 400) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    env.pop("CHANDY_CRASH_AT", None)
-    if crash_at:
-        env["CHANDY_CRASH_AT"] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", str(table), "--topic", topic,
-         "-b", servers, "--prefix", prefix, "--until-drained", "--max-records-per-checkpoint", str(CAP),
-         "--parallelism", str(PARTITIONS), "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, start_new_session=True,
-    )
+    return exactly_once.run_pipeline(["--table", str(table)], servers, topic, prefix, cap=CAP,
+                                     parallelism=PARTITIONS, crash_at=crash_at, timeout_s=timeout_s)
 
 
 def check_exactly_once(servers: str, table: Path, content: dict, topic: str) -> None:
-    data = DeltaTable(str(table)).to_pyarrow_table(columns=["topic", "partition", "offset", "value"])
-    rows = list(zip(*(data.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")), strict=True))
-    keys = [(t, p, o) for t, p, o, _ in rows]
-    assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} duplicates"
-    assert set(keys) == set(content), f"{len(set(content) - set(keys))} missing"
-    assert all(content[(t, p, o)] == v for t, p, o, v in rows), "content differs from the source"
+    data = DeltaTable(str(table)).to_pyarrow_table(columns=list(exactly_once.COLUMNS))
+    exactly_once.assert_rows_exactly_once(data, content)
     # the consumer group shows the pipeline's progress: its offsets are the topic's ends
     group = f"chandy-{default_job_id(str(table), [topic])}"
-    admin = kafka_config.admin_client(servers)
-    committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
     consumer = kafka_config.consumer(servers)
     ends = {(topic, p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
             for p in range(PARTITIONS)}
     consumer.close()
-    assert {(tp.topic, tp.partition): tp.offset for tp in committed.topic_partitions} == ends
+    assert exactly_once.committed_offsets(servers, group) == ends
     # no data file is left that the table does not reference
     referenced = {Path(u).name for u in DeltaTable(str(table)).file_uris()}
     on_disk = {p.name for p in table.rglob("part-chandy-*.parquet")}

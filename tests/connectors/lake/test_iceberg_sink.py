@@ -6,7 +6,9 @@ schema checks, compaction racing commits, and vacuum."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -79,23 +81,23 @@ def test_schema_mismatch_lands_nothing(tmp_path: Path) -> None:
     assert sink.committed_checkpoint(JOB) == 1 and sink.read_table().num_rows == 4
 
 
-def test_compaction_racing_commits_keeps_every_row_once(tmp_path: Path) -> None:
-    sink = make_sink(tmp_path)
-    assert commit(sink, 1, n=3)
+def commit_24_checkpoints_beside(tmp_path: Path, sink: IcebergSink, maintenance: Callable[[IcebergSink], Any]) -> list:
+    """Commits checkpoints 2 to 25 (3 records each) while another sink on the same table runs
+    ``maintenance`` again and again; returns its results. Fails if ``maintenance`` ever raised."""
     stop = threading.Event()
-    results: list[dict] = []
+    results: list = []
     errors: list[BaseException] = []
 
-    def compact() -> None:
+    def run() -> None:
         other = make_sink(tmp_path)
         while not stop.is_set():
             try:
-                results.append(other.optimize())
+                results.append(maintenance(other))
             except Exception as exc:  # noqa: BLE001 - any failure is reported by the assertion below
                 errors.append(exc)
                 return
 
-    thread = threading.Thread(target=compact)
+    thread = threading.Thread(target=run)
     thread.start()
     try:
         for checkpoint in range(2, 26):
@@ -104,47 +106,17 @@ def test_compaction_racing_commits_keeps_every_row_once(tmp_path: Path) -> None:
         stop.set()
         thread.join()
     assert not errors, errors
+    return results
+
+
+def test_compaction_racing_commits_keeps_every_row_once(tmp_path: Path) -> None:
+    sink = make_sink(tmp_path)
+    assert commit(sink, 1, n=3)
+    results = commit_24_checkpoints_beside(tmp_path, sink, lambda other: other.optimize())
     assert sum(r["numFilesRemoved"] for r in results) > 0
     sink.optimize()
     assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(3, 78))
     assert sink.committed_checkpoint(JOB) == 25 and sink.progress(JOB).offsets == {("t", 0): 78}
-    assert len(sink.referenced_files()) == 1
-    # vacuum: expire the old snapshots, delete what only they referenced; the table reads the same
-    removed = sink.vacuum(retention_hours=0, dry_run=True)
-    assert removed and all((Path(sink.root) / p).exists() for p in removed)
-    assert sorted(sink.vacuum(retention_hours=0)) == sorted(removed)
-    assert not any((Path(sink.root) / p).exists() for p in removed)
-    assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(3, 78))
-    assert sink.committed_checkpoint(JOB) == 25  # the record is in the properties, not in expired snapshots
-
-
-def test_a_partitioned_table_gets_one_file_per_partition_value(tmp_path: Path) -> None:
-    sink = open_sink(URI, partition_by=("topic",), catalog_properties={"warehouse": str(tmp_path / "wh")})
-    for checkpoint in (1, 2):
-        data = pa.table({"topic": ["a", "b", "a", None], "partition": pa.array([0] * 4, pa.int32()),
-                         "offset": pa.array([checkpoint * 4 + i for i in range(4)], pa.int64())})
-        files = sink.write_files(data, job_id=JOB, checkpoint_id=checkpoint, subtask=0, attempt=0)
-        assert sorted(f.path.split("/")[1] for f in files) == ["topic=a", "topic=b", "topic=null"]
-        assert sink.commit(JOB, checkpoint, files, offsets={("t", 0): checkpoint * 4 + 4})
-    table = load_catalog("local", type="sql", uri=f"sqlite:///{tmp_path}/wh/catalog.db",
-                         warehouse=f"file://{tmp_path}/wh").load_table("lake.orders")
-    assert [f.name for f in table.spec().fields] == ["topic"]
-    assert sorted(table.scan(row_filter="topic == 'a'").to_arrow().column("offset").to_pylist()) == [4, 6, 8, 10]
-    partitions = {r["partition"]["topic"]: r["record_count"] for r in table.inspect.partitions().to_pylist()}
-    assert partitions == {"a": 4, "b": 2, None: 2}
-    assert sink.optimize()["numFilesAdded"] == 3  # compaction keeps partitions apart
-    assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(4, 12))
-
-
-def test_a_task_writes_files_without_the_catalog(tmp_path: Path) -> None:
-    """Spark tasks get the table location from the driver: they write without contacting the
-    catalog (here an unreachable REST catalog), and the driver's commit adds what they wrote."""
-    unreachable = {"type": "rest", "uri": "http://127.0.0.1:9"}
-    driver = make_sink(tmp_path)
-    task = open_sink(URI, catalog_properties=unreachable, location=driver.root_url)
-    files = task.write_files(rows(1), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
-    assert driver.commit(JOB, 1, files, offsets={("t", 0): 8})
-    assert sorted(driver.read_table().column("offset").to_pylist()) == [4, 5, 6, 7]
 
 
 def test_vacuum_racing_commits_retries_instead_of_failing(tmp_path: Path) -> None:
@@ -152,28 +124,7 @@ def test_vacuum_racing_commits_retries_instead_of_failing(tmp_path: Path) -> Non
     pipeline committed at the same moment; it now reads the table again and retries."""
     sink = make_sink(tmp_path)
     assert commit(sink, 1, n=3)
-    stop = threading.Event()
-    vacuumed: list[list[str]] = []
-    errors: list[BaseException] = []
-
-    def vacuum() -> None:
-        other = make_sink(tmp_path)
-        while not stop.is_set():
-            try:
-                vacuumed.append(other.vacuum(retention_hours=0))
-            except Exception as exc:  # noqa: BLE001 - any failure is reported by the assertion below
-                errors.append(exc)
-                return
-
-    thread = threading.Thread(target=vacuum)
-    thread.start()
-    try:
-        for checkpoint in range(2, 26):
-            assert commit(sink, checkpoint, n=3)
-    finally:
-        stop.set()
-        thread.join()
-    assert not errors, errors
+    vacuumed = commit_24_checkpoints_beside(tmp_path, sink, lambda other: other.vacuum(retention_hours=0))
     assert len(vacuumed) > 1
     assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(3, 78))
     assert sink.committed_checkpoint(JOB) == 25

@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from chandy.broker import EmbeddedKafkaBroker
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.runtime import CoordinatorService
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+from tests.fixtures.kafka import cluster_servers
 from tests.fixtures.workers import Worker, options, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -32,23 +32,13 @@ SUBTASKS = 3
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafkaBroker]:
-    broker = EmbeddedKafkaBroker(tmp_path_factory.mktemp("cluster"), nodes=3, heap="384m")
-    broker.up()
-    try:
-        yield broker
-    finally:
-        broker.down()
-
-
-def _servers(cluster: EmbeddedKafkaBroker) -> str:
-    info = cluster.status()
-    assert info is not None
-    return info.bootstrap_servers
+def cluster(kafka_cluster: EmbeddedKafkaBroker) -> EmbeddedKafkaBroker:
+    """The module's three-node cluster (``kafka_cluster`` in tests/fixtures/kafka.py)."""
+    return kafka_cluster
 
 
 def _admin(cluster: EmbeddedKafkaBroker) -> AdminClient:
-    return kafka_config.admin_client(_servers(cluster))
+    return kafka_config.admin_client(cluster_servers(cluster))
 
 
 def _leader(admin: AdminClient, topic: str) -> int:
@@ -97,7 +87,7 @@ def test_topics_get_three_replicas_and_two_in_sync(cluster: EmbeddedKafkaBroker,
 
 def test_checkpoints_go_on_when_a_broker_dies_and_it_catches_up(
         cluster: EmbeddedKafkaBroker, topic_prefix: str, tmp_path: Path) -> None:
-    servers = _servers(cluster)
+    servers = cluster_servers(cluster)
     admin = _admin(cluster)
     topics = ChandyTopics(topic_prefix)
     names = [spec.name for spec in topics.specs()]
