@@ -34,10 +34,10 @@ import zlib
 from typing import Any
 
 import fsspec
-from fsspec.core import url_to_fs
 
 from chandy.coordinator import serde
 from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.filesystems import open_filesystem
 from chandy.coordinator.messages import StateHandle
 from chandy.schemas.codec import SingleObjectCodec, WireFormatError
 
@@ -233,7 +233,7 @@ class CheckpointStorage:
     ) -> None:
         self.job_id = job_id
         self.storage_options = dict(storage_options or {})
-        self.fs, base = url_to_fs(checkpoint_dir, **self.storage_options)
+        self.fs, base = open_filesystem(checkpoint_dir, self.storage_options)
         self.base_url = self._url(base)
         self.job_dir = _join(self.base_url, job_id)
         self.shared_dir = _join(self.job_dir, CHECKPOINT_SHARED_STATE_DIR)
@@ -244,7 +244,7 @@ class CheckpointStorage:
         return self.fs.unstrip_protocol(path)
 
     def _fs_for(self, url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-        return url_to_fs(url, **self.storage_options)
+        return open_filesystem(url, self.storage_options)
 
     def initialize_base_locations(self) -> None:
         """Create ``<job>/shared`` and ``<job>/taskowned`` (Flink's initializeBaseLocationsForCheckpoint)."""
@@ -345,7 +345,7 @@ def resolve_checkpoint_pointer(pointer: str, storage_options: dict[str, Any] | N
     """
     if not pointer or not pointer.strip():
         raise CheckpointPointerError("empty checkpoint pointer")
-    fs, path = url_to_fs(pointer, **(storage_options or {}))
+    fs, path = open_filesystem(pointer, storage_options)
     path = path.rstrip("/")
     if not fs.exists(path):
         raise CheckpointPointerError(f"checkpoint pointer {pointer} does not exist")

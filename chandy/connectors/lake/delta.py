@@ -34,7 +34,6 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
@@ -52,6 +51,7 @@ from chandy.connectors.lake.sink import (
     schema_to_b64,
 )
 from chandy.connectors.type_mapping import to_lake_types
+from chandy.coordinator.filesystems import delta_options, open_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class DeltaLakeSink(SchemaChecked):
         self.add_columns = add_columns
         self.partition_by = list(partition_by)
         self.storage_options = dict(storage_options or {})
-        self.fs, self.root = url_to_fs(self.table_uri, **self.storage_options)
+        self.fs, self.root = open_filesystem(self.table_uri, self.storage_options)
 
     @property
     def _delta_uri(self) -> str:
@@ -101,7 +101,7 @@ class DeltaLakeSink(SchemaChecked):
 
     @property
     def _delta_options(self) -> dict[str, str] | None:
-        return {k: str(v) for k, v in self.storage_options.items()} or None
+        return delta_options(self.table_uri, self.storage_options)
 
     # -- task side ------------------------------------------------------------------------------------
     def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int) -> list[DataFile]:

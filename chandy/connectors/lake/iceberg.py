@@ -31,7 +31,6 @@ from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
-from fsspec.core import url_to_fs
 
 from chandy.connectors.lake.iceberg_catalog import catalog_properties_for, parse_iceberg_uri
 from chandy.connectors.lake.sink import (
@@ -51,6 +50,7 @@ from chandy.connectors.lake.sink import (
 )
 from chandy.connectors.lake.uri import normalize_table_uri
 from chandy.connectors.type_mapping import to_lake_types
+from chandy.coordinator.filesystems import open_filesystem, pyiceberg_properties
 
 __all__ = ["IcebergSink", "catalog_properties_for", "default_checkpoint_dir", "parse_iceberg_uri"]
 
@@ -117,9 +117,11 @@ class IcebergSink(SchemaChecked):
             self.root_url = location.rstrip("/")
         else:
             self.catalog_properties = catalog_properties_for(self.catalog_name, catalog_properties)
+            storage = pyiceberg_properties(self.catalog_properties.get("warehouse"), self.storage_options)
+            self.catalog_properties = {**storage, **self.catalog_properties}  # a catalog property wins
             table = self._load()
             self.root_url = (table.location() if table is not None else self._default_location()).rstrip("/")
-        self.fs, self.root = url_to_fs(self.root_url, **self.storage_options)
+        self.fs, self.root = open_filesystem(self.root_url, self.storage_options)
 
     # -- catalog ---------------------------------------------------------------------------------------
     @property

@@ -23,10 +23,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 
 from chandy.connectors.spark.decode import BAD_RECORDS_SCHEMA
 from chandy.coordinator.environment import OutboundMessage
+from chandy.coordinator.filesystems import open_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class DeadLetterFile:
         """Write the file (nothing when there are no bad records)."""
         if not self.batches:
             return
-        fs, directory = url_to_fs(self.directory, **self.storage_options)
+        fs, directory = open_filesystem(self.directory, self.storage_options)
         fs.makedirs(directory, exist_ok=True)
         final = f"{directory}/part-{self.subtask:05d}.parquet"
         temporary = f"{directory}/.part-{self.subtask:05d}-{uuid.uuid4().hex[:8]}.tmp"
@@ -75,7 +75,7 @@ class DeadLetterFile:
 def read_dead_letters(checkpoint_dir: str, job_id: str, checkpoint_id: int,
                       storage_options: Mapping[str, Any] | None = None) -> pa.Table:
     """Checkpoint ``checkpoint_id``'s bad records (empty when there are none)."""
-    fs, directory = url_to_fs(dead_letter_directory(checkpoint_dir, job_id, checkpoint_id), **dict(storage_options or {}))
+    fs, directory = open_filesystem(dead_letter_directory(checkpoint_dir, job_id, checkpoint_id), storage_options)
     if not fs.exists(directory):
         return BAD_RECORDS_SCHEMA.empty_table()
     files = sorted(p for p in fs.ls(directory, detail=False) if p.rsplit("/", 1)[-1].startswith("part-"))
@@ -89,7 +89,7 @@ def read_dead_letters(checkpoint_dir: str, job_id: str, checkpoint_id: int,
 def delete_dead_letters_before(checkpoint_dir: str, job_id: str, checkpoint_id: int,
                                storage_options: Mapping[str, Any] | None = None) -> None:
     """Delete the dead-letter files of checkpoints below ``checkpoint_id`` (published or aborted)."""
-    fs, root = url_to_fs(dead_letter_directory(checkpoint_dir, job_id), **dict(storage_options or {}))
+    fs, root = open_filesystem(dead_letter_directory(checkpoint_dir, job_id), storage_options)
     if not fs.exists(root):
         return
     for path in fs.ls(root, detail=False):

@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 
@@ -15,12 +16,12 @@ from chandy.connectors.kafka.source.subscriber import subscribed_topics
 from chandy.connectors.lake.sink import TP
 from chandy.connectors.spark.cluster import (
     is_local_master,
-    root_cause,
 )
 from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
 )
+from chandy.coordinator.filesystems import StorageBackendError, describe_storage_error, open_filesystem
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 
@@ -65,6 +66,7 @@ class PipelinePreflight(PipelineCore):
             return
         self._check_kafka()
         self._check_table_location()
+        self._check_checkpoint_directory()
         self._warn_local_paths_on_a_cluster()
         self._static_checked = True
 
@@ -145,16 +147,25 @@ class PipelinePreflight(PipelineCore):
     def _check_table_location(self) -> None:
         try:
             self.table_fields = self.sink.table_fields()
-        except Exception as exc:  # delta-rs and fsspec raise many types
-            raise PipelineError(f"cannot read table {self.sink.table_uri}: {root_cause(exc)}") from exc
-        probe = f"{self.sink.root}/_chandy_write_probe_{uuid.uuid4().hex[:8]}"
+        except Exception as exc:  # delta-rs, pyiceberg and fsspec raise many types
+            raise PipelineError(f"cannot read table {describe_storage_error(self.sink.table_uri, exc)}") from exc
         try:
-            self.sink.fs.makedirs(self.sink.root, exist_ok=True)
-            with self.sink.fs.open(probe, "wb") as handle:
-                handle.write(b"chandy")
-            self.sink.fs.rm(probe)
+            _probe_write(self.sink.fs, self.sink.root)
         except Exception as exc:  # every storage error means "not writable"
-            raise PipelineError(f"table location {self.sink.table_uri} is not writable: {exc}") from exc
+            raise PipelineError(f"table location not writable: {describe_storage_error(self.sink.table_uri, exc)}") from exc
+
+    def _check_checkpoint_directory(self) -> None:
+        """The checkpoint directory (``--checkpoint-dir``, Flink's ``state.checkpoints.dir``) is
+        a store of its own when it is not inside the table: its backend, bucket and credentials
+        are checked as the table's are."""
+        checkpoint_dir = self.options.resolved_checkpoint_dir
+        try:
+            fs, path = open_filesystem(checkpoint_dir, self.options.storage_options)
+            _probe_write(fs, path)
+        except StorageBackendError as exc:
+            raise PipelineError(str(exc)) from exc
+        except Exception as exc:  # every storage error means "not writable"
+            raise PipelineError(f"checkpoint directory not writable: {describe_storage_error(checkpoint_dir, exc)}") from exc
 
     def _warn_local_paths_on_a_cluster(self) -> None:
         """Tasks write the table's files (and bad records) where the driver then commits them
@@ -243,3 +254,12 @@ class PipelinePreflight(PipelineCore):
             consumer.close()
 
     # -- setup -------------------------------------------------------------------------------------
+
+
+def _probe_write(fs: Any, root: str) -> None:
+    """Create ``root`` and write then delete a small file in it: what a checkpoint will do."""
+    probe = f"{root}/_chandy_write_probe_{uuid.uuid4().hex[:8]}"
+    fs.makedirs(root, exist_ok=True)
+    with fs.open(probe, "wb") as handle:
+        handle.write(b"chandy")
+    fs.rm(probe)
