@@ -59,6 +59,7 @@ __all__ = [
     "delta_options",
     "describe_storage_error",
     "fsspec_options",
+    "is_local",
     "open_filesystem",
     "pyiceberg_properties",
     "require_backend",
@@ -222,6 +223,11 @@ def require_backend(url: str) -> None:
         oldest = ".".join(map(str, backend.minimum))
         raise StorageBackendError(f"{url}: {backend.distribution} {found} is too old (at least {oldest} is needed); "
                                   f"{install}")
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether ``fs`` is a local disk (directories exist there; on object stores they do not)."""
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
 def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:

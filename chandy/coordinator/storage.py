@@ -37,7 +37,7 @@ import fsspec
 
 from chandy.coordinator import serde
 from chandy.coordinator.errors import ChandyError
-from chandy.coordinator.filesystems import open_filesystem
+from chandy.coordinator.filesystems import is_local, open_filesystem
 from chandy.coordinator.messages import StateHandle
 from chandy.schemas.codec import SingleObjectCodec, WireFormatError
 
@@ -298,7 +298,7 @@ class CheckpointStorage:
         if fs.exists(path):
             raise CheckpointStorageError(f"{location.metadata_file} already exists; _metadata is written once")
         try:
-            if _is_local(fs):
+            if is_local(fs):
                 tmp = f"{path}.inprogress-{uuid.uuid4().hex}"
                 fs.pipe_file(tmp, data)
                 try:
@@ -329,11 +329,6 @@ class CheckpointStorage:
         fs, path = self._fs_for(directory)
         if fs.exists(path):
             fs.rm(path, recursive=True)
-
-
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
 
 
 def resolve_checkpoint_pointer(pointer: str, storage_options: dict[str, Any] | None = None) -> tuple[str, CheckpointMetadata]:

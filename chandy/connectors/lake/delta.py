@@ -412,4 +412,6 @@ class DeltaLakeSink(SchemaChecked):
         """The committed table, read with pyarrow through deltalake (a reader other than the writer)."""
         from deltalake import DeltaTable
 
-        return DeltaTable(self._delta_uri, storage_options=self._delta_options).to_pyarrow_table()
+        # through a dataset: deltalake 1.x's to_pyarrow_table leaves a process that read S3 to
+        # abort at exit ("terminate called without an active exception")
+        return DeltaTable(self._delta_uri, storage_options=self._delta_options).to_pyarrow_dataset().to_table()

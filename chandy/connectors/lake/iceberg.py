@@ -349,7 +349,9 @@ class IcebergSink(SchemaChecked):
         if not self.fs.exists(data):
             return []
         for path in self.fs.find(data):
-            relative = self._relative(path if path.startswith("/") or "://" in path else "/" + path)
+            # fsspec's own form of the path: "/tmp/w/t/data/..." on a disk, "bucket/w/t/data/..." on
+            # an object store (no protocol, no leading slash), so strip the root as fsspec spells it
+            relative = path[len(self.root):].lstrip("/") if path.startswith(self.root + "/") else self._relative(path)
             match = DATA_FILE_NAME.search(relative)
             if match is None or not job_id.startswith(match["job"]) or relative in referenced:
                 continue

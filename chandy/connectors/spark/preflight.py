@@ -21,7 +21,7 @@ from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
 )
-from chandy.coordinator.filesystems import StorageBackendError, describe_storage_error, open_filesystem
+from chandy.coordinator.filesystems import StorageBackendError, describe_storage_error, is_local, open_filesystem
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 
@@ -149,10 +149,13 @@ class PipelinePreflight(PipelineCore):
             self.table_fields = self.sink.table_fields()
         except Exception as exc:  # delta-rs, pyiceberg and fsspec raise many types
             raise PipelineError(f"cannot read table {describe_storage_error(self.sink.table_uri, exc)}") from exc
+        location = self.sink.fs.unstrip_protocol(self.sink.root)
+        where = self.sink.table_uri if location.rstrip("/") == self.sink.table_uri.rstrip("/") else \
+            f"{self.sink.table_uri} (at {location})"
         try:
             _probe_write(self.sink.fs, self.sink.root)
         except Exception as exc:  # every storage error means "not writable"
-            raise PipelineError(f"table location not writable: {describe_storage_error(self.sink.table_uri, exc)}") from exc
+            raise PipelineError(f"table location not writable: {describe_storage_error(where, exc)}") from exc
 
     def _check_checkpoint_directory(self) -> None:
         """The checkpoint directory (``--checkpoint-dir``, Flink's ``state.checkpoints.dir``) is
@@ -257,9 +260,12 @@ class PipelinePreflight(PipelineCore):
 
 
 def _probe_write(fs: Any, root: str) -> None:
-    """Create ``root`` and write then delete a small file in it: what a checkpoint will do."""
+    """Write then delete a small file in ``root`` (created first on a local disk; on an object
+    store, where a "directory" is a bucket, making it would create the user's bucket), as a
+    checkpoint will."""
     probe = f"{root}/_chandy_write_probe_{uuid.uuid4().hex[:8]}"
-    fs.makedirs(root, exist_ok=True)
+    if is_local(fs):
+        fs.makedirs(root, exist_ok=True)
     with fs.open(probe, "wb") as handle:
         handle.write(b"chandy")
     fs.rm(probe)
