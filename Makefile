@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CHANDY := $(VENV)/bin/chandy
 
-.PHONY: setup kafka-jars check demo test bench clean
+.PHONY: setup kafka-jars azurite check demo test bench clean
 
 setup: $(VENV)/.installed
 
@@ -18,6 +18,15 @@ $(VENV)/.installed: pyproject.toml
 kafka-jars: setup
 	$(PY) -c "from chandy.broker import resolve_kafka_jars; print('Kafka jars in', resolve_kafka_jars())"
 
+# Azurite (the Azure Storage emulator, from npm) for the object-store tests, into the venv; without
+# npm the Azure tests are skipped and say why
+AZURITE_VERSION ?= 3.37.0
+azurite: setup
+	@if command -v npm >/dev/null 2>&1; then \
+	  test -x $(VENV)/azurite/node_modules/.bin/azurite-blob || \
+	  npm install --prefix $(VENV)/azurite --no-audit --no-fund --silent azurite@$(AZURITE_VERSION); \
+	else echo "npm is missing: the Azure (Azurite) tests will be skipped"; fi
+
 demo: kafka-jars
 	$(CHANDY) kafka up
 	$(CHANDY) demo
@@ -29,7 +38,7 @@ check: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: kafka-jars check
+test: kafka-jars azurite check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: kafka-jars

@@ -16,6 +16,12 @@ from chandy.cli.app import (
     parse_settings,
 )
 
+#: ``--storage-option``: as ``chandy pipeline run``'s (see chandy.coordinator.filesystems)
+storage_option = click.option(
+    "--storage-option", "storage_conf", multiple=True, metavar="KEY=VALUE",
+    help="Storage setting under delta-rs's name (AWS_REGION, AWS_ENDPOINT_URL, ...), mapped for fsspec and "
+         "pyiceberg; the environment's are read too (repeatable).")
+
 
 # -- chandy lake ------------------------------------------------------------------------------
 @main.group()
@@ -34,8 +40,7 @@ def _lake_sink(table_uri: str, storage_conf: tuple[str, ...], catalog_conf: tupl
 @click.option("--table", "table_uri", required=True, help="Table URL (a Delta path/URL or iceberg://catalog/ns.table).")
 @click.option("--target-size", type=click.IntRange(1), default=None, metavar="BYTES",
               help="Size of the compacted files (default: delta-rs's 100 MiB).")
-@click.option("--storage-option", "storage_conf", multiple=True, metavar="KEY=VALUE",
-              help="fsspec / delta-rs storage option (repeatable).")
+@storage_option
 @catalog_property_option
 @handle_errors
 def lake_optimize(table_uri: str, target_size: int | None, storage_conf: tuple[str, ...],
@@ -54,8 +59,7 @@ def lake_optimize(table_uri: str, target_size: int | None, storage_conf: tuple[s
 @click.option("--retention-hours", type=click.FloatRange(0), required=True,
               help="Delete files removed from the table longer ago than this (Delta's default is 168).")
 @click.option("--dry-run", is_flag=True, help="List the files instead of deleting them.")
-@click.option("--storage-option", "storage_conf", multiple=True, metavar="KEY=VALUE",
-              help="fsspec / delta-rs storage option (repeatable).")
+@storage_option
 @catalog_property_option
 @handle_errors
 def lake_vacuum(table_uri: str, retention_hours: float, dry_run: bool, storage_conf: tuple[str, ...],

@@ -46,13 +46,19 @@ class CheckpointCompletion(CoordinatorCore):
 
     def receive_acknowledge(self, ack: AcknowledgeCheckpoint) -> AckResult:
         """Handle an ack (Flink's ``receiveAcknowledgeMessage``). Never raises on bad input:
-        late, duplicate, stale and unknown acks are counted, logged and change nothing."""
+        late, duplicate, stale and unknown acks are counted, logged and change nothing.
+
+        As in Flink, an ack of the current epoch counts for any pending checkpoint, also before
+        its trigger went out: the pipeline's driver starts its Spark tasks as soon as the offset
+        ranges are fixed, and their acks may arrive while the trigger still waits for the
+        checkpoint's location or an operator coordinator (on an object store, hundreds of ms);
+        the checkpoint completes once the trigger is out (``_maybe_send_trigger`` finalizes)."""
         if ack.job_id != self.job_id:
             return AckResult.UNKNOWN
         pending = self.pending.get(ack.checkpoint_id)
         if pending is None:
             result = AckResult.LATE if ack.checkpoint_id < self.state.next_checkpoint_id else AckResult.UNKNOWN
-        elif ack.epoch != self.state.epoch or not pending.trigger_sent:
+        elif ack.epoch != self.state.epoch:
             # answers a trigger of another coordinator epoch (possibly the same ID): not ours
             result = AckResult.STALE
         else:
@@ -77,7 +83,7 @@ class CheckpointCompletion(CoordinatorCore):
             log.info("%s decline for checkpoint %d: ignored", result.value, decline.checkpoint_id)
             return result
         subtask = (decline.operator_id, decline.subtask_index)
-        if decline.epoch != self.state.epoch or not pending.trigger_sent:
+        if decline.epoch != self.state.epoch:
             log.info("decline for checkpoint %d from epoch %d (current %d): ignored", decline.checkpoint_id,
                      decline.epoch, self.state.epoch)
             return AckResult.STALE

@@ -30,7 +30,9 @@ documented name                 fsspec (s3fs / adlfs / gcsfs)  pyiceberg FileIO
 ``GOOGLE_SERVICE_ACCOUNT``      ``token`` (a key file)        (not read)
 =============================== ============================= ===========================
 
-delta-rs reads every documented name as it is (plus its own, such as ``AWS_ALLOW_HTTP``,
+delta-rs reads every documented name as it is, but for ``AZURE_STORAGE_CONNECTION_STRING``, which
+it gets as its parts (account name and key, SAS token, ``BlobEndpoint`` as ``AZURE_STORAGE_ENDPOINT``)
+(plus its own, such as ``AWS_ALLOW_HTTP``,
 ``AWS_S3_ALLOW_UNSAFE_RENAME`` or ``AZURE_STORAGE_USE_EMULATOR``). Other names go to the one part
 that spells them so: upper case or ``aws_``/``azure_``/``google_`` to delta-rs, names with a dot
 (``s3.connect-timeout``) to pyiceberg, the rest (``anon``, ``requester_pays``) to fsspec.
@@ -174,9 +176,27 @@ def delta_options(url: str, storage_options: Mapping[str, Any] | None = None,
     """delta-rs's ``storage_options`` for ``url``: the documented settings of its family and every
     delta-rs name given (upper case or cloud-prefixed), as strings; None when there are none."""
     family = _family(url)
-    options = {name: str(value) for name, value in resolve_settings(storage_options, environ).items()
+    settings = resolve_settings(storage_options, environ)
+    options = {name: str(value) for name, value in settings.items()
                if (name in SETTINGS and SETTINGS[name].family == family) or (name not in SETTINGS and _is_delta_name(name))}
+    connection = options.pop("AZURE_STORAGE_CONNECTION_STRING", None)
+    if connection:  # delta-rs reads no connection string: its parts, under delta-rs's names
+        for name, value in _connection_string_settings(connection).items():
+            options.setdefault(name, value)
     return options or None
+
+
+def _connection_string_settings(connection: str) -> dict[str, str]:
+    """delta-rs's settings from an Azure Storage connection string (``Key=Value;...``): account
+    name and key, SAS token, and a ``BlobEndpoint`` (Azurite's ``http://127.0.0.1:10000/<account>``)
+    as ``AZURE_STORAGE_ENDPOINT``, with ``AZURE_ALLOW_HTTP`` for an ``http`` one."""
+    parts = dict(piece.split("=", 1) for piece in connection.split(";") if "=" in piece)
+    mapped = {"AccountName": "AZURE_STORAGE_ACCOUNT_NAME", "AccountKey": "AZURE_STORAGE_ACCOUNT_KEY",
+              "SharedAccessSignature": "AZURE_STORAGE_SAS_TOKEN", "BlobEndpoint": "AZURE_STORAGE_ENDPOINT"}
+    settings = {mapped[key]: value for key, value in parts.items() if key in mapped and value}
+    if settings.get("AZURE_STORAGE_ENDPOINT", "").startswith("http://"):
+        settings["AZURE_ALLOW_HTTP"] = "true"
+    return settings
 
 
 def pyiceberg_properties(url: str | None, storage_options: Mapping[str, Any] | None = None,

@@ -537,20 +537,42 @@ def test_stats_json_is_shaped_like_flinks_checkpoints_endpoint(tmp_path: Path) -
 
 
 # -- found in review ------------------------------------------------------------------------------
-def test_acks_for_another_epoch_or_before_the_trigger_are_stale(tmp_path: Path) -> None:
-    hook = DictHook("slow")
-    slow: concurrent.futures.Future = concurrent.futures.Future()
-    hook.trigger_checkpoint = lambda checkpoint_id, timestamp, executor: slow
-    cc, env, _ = make(tmp_path, hooks=[hook])
+def test_acks_for_another_epoch_are_stale(tmp_path: Path) -> None:
+    cc, env, _ = make(tmp_path)
     trigger(cc)
-    # the trigger has not gone out (the hook is slow): an ack for "checkpoint 1" is not for ours
-    assert ack(cc, 1, "src", 0) is AckResult.STALE
-    slow.set_result({"x": 1})
-    env.run()
     stale = AcknowledgeCheckpoint(JOB, cc.epoch + 1, 1, "src", 1, 0)  # a newer coordinator's checkpoint 1
     assert cc.receive_acknowledge(stale) is AckResult.STALE
     assert cc.receive_decline(DeclineCheckpoint(JOB, cc.epoch + 1, 1, "src", 1, 0, "CHECKPOINT_DECLINED")) is AckResult.STALE
     assert 1 in cc.pending and cc.pending[1].num_acknowledged == 0
+
+
+def test_acks_that_arrive_before_the_trigger_goes_out_count_and_complete_it_then(tmp_path: Path) -> None:
+    """Flink's receiveAcknowledgeMessage takes an ack for any pending checkpoint. The pipeline's
+    Spark tasks ack as soon as their offset ranges are fixed, which may be before the trigger went
+    out (a slow location or operator coordinator: hundreds of ms on S3). Found by the standby test
+    on S3: the acks were dropped as stale and the checkpoint hung until its timeout."""
+    hook = DictHook("slow")
+    slow: concurrent.futures.Future = concurrent.futures.Future()
+    hook.trigger_checkpoint = lambda checkpoint_id, timestamp, executor: slow
+    cc, env, _ = make(tmp_path, hooks=[hook])
+    result = trigger(cc)
+    assert not cc.pending[1].trigger_sent  # the hook is slow
+    ack_all(cc, 1)
+    assert 1 in cc.pending and not result.done()
+    slow.set_result({"x": 1})
+    env.run()
+    assert 1 not in cc.pending and cc.state.checkpoints[1].status == "COMPLETED"
+    assert result.result(0).checkpoint_id == 1
+
+
+def test_a_decline_before_the_trigger_goes_out_aborts_the_checkpoint(tmp_path: Path) -> None:
+    hook = DictHook("slow")
+    hook.trigger_checkpoint = lambda checkpoint_id, timestamp, executor: concurrent.futures.Future()
+    cc, env, _ = make(tmp_path, hooks=[hook])
+    result = trigger(cc)
+    assert cc.receive_decline(DeclineCheckpoint(JOB, cc.epoch, 1, "src", 0, 0, "CHECKPOINT_DECLINED")) is AckResult.SUCCESS
+    env.run()
+    assert 1 not in cc.pending and result.done() and result.exception(0) is not None
 
 
 def test_a_snapshot_the_job_was_restored_from_is_never_deleted(tmp_path: Path) -> None:

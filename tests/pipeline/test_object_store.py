@@ -26,13 +26,20 @@ from confluent_kafka.admin import NewTopic
 
 from chandy.coordinator.kafka import config as kafka_config
 from tests.fixtures import REPO_ROOT
-from tests.fixtures.object_store import S3Server, start_moto
+from tests.fixtures.object_store import AzuriteServer, S3Server, start_moto, stop_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 SCHEMA = "id BIGINT, name STRING, amount DECIMAL(12,2)"
 PARTITIONS = 2
 Produced = dict[tuple[int, int], dict]  # (partition, offset) → the record's fields
+Store = S3Server | AzuriteServer
+
+
+@pytest.fixture(params=["s3", "azure"])
+def store(request: pytest.FixtureRequest) -> Store:
+    """The object store under test: a local S3 API server (moto) or Azurite."""
+    return request.getfixturevalue("s3_server" if request.param == "s3" else "azurite_server")
 
 
 def produce(servers: str, topic: str, count: int, produced: Produced) -> None:
@@ -59,26 +66,27 @@ def produce(servers: str, topic: str, count: int, produced: Produced) -> None:
 class Job:
     """One pipeline job on S3: its table arguments and how to read the table back."""
 
-    def __init__(self, fmt: str, s3: S3Server, servers: str, tmp_path: Path, *, checkpoints_outside: bool) -> None:
-        self.fmt, self.s3, self.servers = fmt, s3, servers
-        self.bucket = s3.new_bucket()
+    def __init__(self, fmt: str, store: Store, servers: str, tmp_path: Path, *, checkpoints_outside: bool) -> None:
+        self.fmt, self.store, self.servers = fmt, store, servers
+        self.bucket = store.new_bucket()
         self.topic = f"s3-{uuid.uuid4().hex[:8]}"
         self.prefix = f"s3{uuid.uuid4().hex[:6]}"
         self.produced: Produced = {}
         self.catalog_db = tmp_path / "catalog.db"
         if fmt == "delta":
-            self.table = f"s3://{self.bucket}/lake/orders"
+            self.table = f"{store.table_scheme}://{self.bucket}/lake/orders"
             self.table_args = ["--table", self.table]
         else:
             self.table = "iceberg://s3cat/lake.orders"
             self.table_args = ["--table", self.table, "--catalog-property", "type=sql",
                                "--catalog-property", f"uri=sqlite:///{self.catalog_db}",
-                               "--catalog-property", f"warehouse=s3://{self.bucket}/warehouse"]
+                               "--catalog-property", f"warehouse={store.warehouse_scheme}://{self.bucket}/warehouse"]
+        self.checkpoint_dir = f"{store.table_scheme}://{self.bucket}/checkpoints"
         if checkpoints_outside:
-            self.table_args += ["--checkpoint-dir", f"s3://{self.bucket}/checkpoints"]
+            self.table_args += ["--checkpoint-dir", self.checkpoint_dir]
 
     def env(self) -> dict[str, str]:
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **self.s3.environment()}
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **self.store.environment()}
         env.pop("CHANDY_CRASH_AT", None)
         return env
 
@@ -99,16 +107,15 @@ class Job:
     def rows(self, table: str | None = None) -> list[dict]:
         """The table's rows, read by deltalake or pyiceberg in a process of their own."""
         table = table or self.table
+        delta_options, iceberg_props = self.store.reader_options()
         if table.startswith("iceberg://"):
             name = table.removeprefix("iceberg://s3cat/")
             script = ("import sys, json\nfrom pyiceberg.catalog import load_catalog\n"
-                      f"c = load_catalog('s3cat', type='sql', uri='sqlite:///{self.catalog_db}', "
-                      f"**{{'s3.endpoint': '{self.s3.endpoint}', 's3.access-key-id': 'testing', "
-                      "'s3.secret-access-key': 'testing', 's3.region': 'us-east-1'})\n"
+                      f"c = load_catalog('s3cat', type='sql', uri='sqlite:///{self.catalog_db}', **{iceberg_props!r})\n"
                       f"t = c.load_table('{name}').scan().to_arrow()\n")
         else:
             script = ("import sys, json\nfrom deltalake import DeltaTable\n"
-                      f"t = DeltaTable('{table}').to_pyarrow_dataset().to_table()\n")
+                      f"t = DeltaTable('{table}', storage_options={delta_options!r}).to_pyarrow_dataset().to_table()\n")
         script += ("cols = ['partition', 'offset', 'id', 'name', 'amount']\n"
                    "print(json.dumps([{c: (str(r[c]) if c == 'amount' else r[c]) for c in cols} "
                    "for r in t.select(cols).to_pylist()]), flush=True)\n"
@@ -143,11 +150,17 @@ def _ok(run: subprocess.CompletedProcess) -> None:
     assert run.returncode == 0, run.stderr[-4000:]
 
 
-@pytest.mark.parametrize(("fmt", "outside"), [("delta", True), ("iceberg", True), ("delta", False)],
-                         ids=["delta-checkpoints-outside", "iceberg-checkpoints-outside", "delta-checkpoints-inside"])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(("fmt", "outside"), [
+    ("delta", True), ("iceberg", True), pytest.param("delta", False, marks=SLOW),
+    pytest.param("iceberg", False, marks=SLOW)],
+    ids=["delta-checkpoints-outside", "iceberg-checkpoints-outside", "delta-checkpoints-inside",
+         "iceberg-checkpoints-inside"])
 def test_a_drained_job_started_again_lands_the_new_records_exactly_once(
-        s3_server, kafka_bootstrap_servers, tmp_path, fmt, outside) -> None:
-    job = Job(fmt, s3_server, kafka_bootstrap_servers, tmp_path, checkpoints_outside=outside)
+        store, kafka_bootstrap_servers, tmp_path, fmt, outside) -> None:
+    job = Job(fmt, store, kafka_bootstrap_servers, tmp_path, checkpoints_outside=outside)
     produce(job.servers, job.topic, 1000, job.produced)
     _ok(job.run())
     job.assert_exactly_once()
@@ -156,10 +169,10 @@ def test_a_drained_job_started_again_lands_the_new_records_exactly_once(
     job.assert_exactly_once()
 
 
-@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+@pytest.mark.parametrize("fmt", ["delta", pytest.param("iceberg", marks=SLOW)])
 def test_a_sigkill_between_the_lake_commit_and_the_offset_commit_then_a_restart(
-        s3_server, kafka_bootstrap_servers, tmp_path, fmt) -> None:
-    job = Job(fmt, s3_server, kafka_bootstrap_servers, tmp_path, checkpoints_outside=True)
+        store, kafka_bootstrap_servers, tmp_path, fmt) -> None:
+    job = Job(fmt, store, kafka_bootstrap_servers, tmp_path, checkpoints_outside=True)
     produce(job.servers, job.topic, 2000, job.produced)
     crashed = job.run(crash_at="before-offset-commit@2")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
@@ -167,10 +180,11 @@ def test_a_sigkill_between_the_lake_commit_and_the_offset_commit_then_a_restart(
     job.assert_exactly_once()
 
 
-@pytest.mark.parametrize("fmt", ["delta", pytest.param("iceberg", marks=pytest.mark.slow)])
+@SLOW
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
 def test_stop_with_savepoint_then_resume_into_the_same_and_a_new_table(
-        s3_server, kafka_bootstrap_servers, tmp_path, fmt) -> None:
-    job = Job(fmt, s3_server, kafka_bootstrap_servers, tmp_path, checkpoints_outside=True)
+        store, kafka_bootstrap_servers, tmp_path, fmt) -> None:
+    job = Job(fmt, store, kafka_bootstrap_servers, tmp_path, checkpoints_outside=True)
     produce(job.servers, job.topic, 3000, job.produced)
     job_id = None
     running = subprocess.Popen(job.args("--max-records-per-checkpoint", "100", "--checkpoint-interval", "500"),
@@ -180,7 +194,10 @@ def test_stop_with_savepoint_then_resume_into_the_same_and_a_new_table(
         from chandy.connectors.spark.options import default_job_id
 
         job_id = default_job_id(job.table, [job.topic])
-        time.sleep(25)  # a few checkpoints land
+        deadline = time.monotonic() + 180
+        while not job.has_rows():  # the first checkpoint landed
+            assert time.monotonic() < deadline and running.poll() is None, "no first commit"
+            time.sleep(2)
         stop = subprocess.run([sys.executable, "-m", "chandy.cli", "job", "stop", "--job", job_id, "-b", job.servers,
                                "--prefix", job.prefix, "--timeout", "180"], cwd=REPO_ROOT, env=job.env(),
                               capture_output=True, text=True, timeout=240)
@@ -191,12 +208,13 @@ def test_stop_with_savepoint_then_resume_into_the_same_and_a_new_table(
             os.killpg(running.pid, signal.SIGKILL)
     assert running.returncode == 0
     pointer = stop.stdout.strip().splitlines()[-1].split()[-1]
-    assert pointer.startswith(f"s3://{job.bucket}/checkpoints/"), stop.stdout
+    assert pointer.startswith(f"{job.checkpoint_dir}/"), stop.stdout
     landed = {(r["partition"], r["offset"]) for r in job.rows()}
     assert 0 < len(landed) < len(job.produced)
     # into a new table: the savepoint's offsets, so only what the first table lacks
     if fmt == "delta":
-        new_table, new_args = f"s3://{job.bucket}/lake/orders_restored", ["--table", f"s3://{job.bucket}/lake/orders_restored"]
+        new_table = f"{job.table}_restored"
+        new_args = ["--table", new_table]
     else:
         new_table = "iceberg://s3cat/lake.orders_restored"
         new_args = ["--table", new_table, *job.table_args[2:]]
@@ -207,11 +225,12 @@ def test_stop_with_savepoint_then_resume_into_the_same_and_a_new_table(
     job.assert_exactly_once()
 
 
-@pytest.mark.parametrize("fmt", ["delta", pytest.param("iceberg", marks=pytest.mark.slow)])
-def test_a_standby_takes_over_after_a_sigkill(s3_server, kafka_bootstrap_servers, tmp_path, fmt) -> None:
-    job = Job(fmt, s3_server, kafka_bootstrap_servers, tmp_path, checkpoints_outside=True)
+@SLOW
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_standby_takes_over_after_a_sigkill(store, kafka_bootstrap_servers, tmp_path, fmt) -> None:
+    job = Job(fmt, store, kafka_bootstrap_servers, tmp_path, checkpoints_outside=True)
     produce(job.servers, job.topic, 3000, job.produced)
-    args = job.args("--until-drained", "--max-records-per-checkpoint", "50")
+    args = job.args("--until-drained", "--max-records-per-checkpoint", "150")
     active = subprocess.Popen(args, cwd=REPO_ROOT, env=job.env(), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     standby = None
@@ -236,9 +255,9 @@ def test_a_standby_takes_over_after_a_sigkill(s3_server, kafka_bootstrap_servers
 
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
-def test_a_missing_bucket_is_one_clear_line_and_nothing_lands(s3_server, kafka_bootstrap_servers, tmp_path,
+def test_a_missing_bucket_is_one_clear_line_and_nothing_lands(store, kafka_bootstrap_servers, tmp_path,
                                                                 fmt) -> None:
-    job = Job(fmt, s3_server, kafka_bootstrap_servers, tmp_path, checkpoints_outside=False)
+    job = Job(fmt, store, kafka_bootstrap_servers, tmp_path, checkpoints_outside=False)
     produce(job.servers, job.topic, 10, job.produced)
     missing = f"no-such-{uuid.uuid4().hex[:8]}"
     table_args = [a.replace(job.bucket, missing) for a in job.table_args]
@@ -255,14 +274,13 @@ def test_wrong_credentials_are_one_clear_line(kafka_bootstrap_servers, tmp_path)
     try:
         server = S3Server(endpoint, access_key="AKIAWRONGWRONGWRONG1", secret_key="wrong")
         job = Job.__new__(Job)
-        job.fmt, job.s3, job.servers, job.topic = "delta", server, kafka_bootstrap_servers, f"s3-{uuid.uuid4().hex[:8]}"
+        job.fmt, job.store, job.servers, job.topic = "delta", server, kafka_bootstrap_servers, f"s3-{uuid.uuid4().hex[:8]}"
         job.prefix, job.produced = f"s3{uuid.uuid4().hex[:6]}", {}
         job.table_args = ["--table", "s3://some-bucket/lake/orders"]
         produce(job.servers, job.topic, 10, job.produced)
         run = job.run(timeout_s=180)
     finally:
-        process.terminate()
-        process.wait(30)
+        stop_server(process)
     assert run.returncode != 0
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]

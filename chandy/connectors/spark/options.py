@@ -157,7 +157,10 @@ class PipelineOptions:
         "(sasl.username, sasl.password, ...) replace the driver's -X ones, so the tasks act as the worker principal "
         "of `chandy topics acls --worker`  [default: the tasks use the driver's]"))
     storage_options: Mapping[str, str] = _opt({}, "--storage-option", kind="settings",
-                                              help="fsspec / delta-rs storage option (repeatable).")
+                                              help=("storage setting under delta-rs's name (AWS_REGION, "
+                                                    "AWS_ENDPOINT_URL, AZURE_STORAGE_ACCOUNT_NAME, ...), mapped for "
+                                                    "fsspec and pyiceberg; the environment's are read too "
+                                                    "(repeatable)"))
     prefix: str = _opt("chandy", "--prefix", help="Chandy topic prefix.")
     stop_when_drained: bool = _opt(False, "--until-drained", kind="flag", help="Stop once every partition is read to its end.")
     max_checkpoints: int | None = _opt(None, "--max-checkpoints", minimum=1, help="Stop after this many checkpoints.")
