@@ -41,6 +41,7 @@ that spells them so: upper case or ``aws_``/``azure_``/``google_`` to delta-rs, 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -270,6 +271,7 @@ _CAUSES = (
     (("nosuchbucket", "bucket does not exist", "containernotfound", "container does not exist"),
      "the bucket or container does not exist"),
     (("invalidaccesskeyid", "signaturedoesnotmatch", "invalidclienttokenid", "authenticationfailed",
+      "failed to authenticate",
       "access key id you provided does not exist", "request signature we calculated does not match",
       "security token included in the request is invalid", "credentials"),
      "the credentials are missing or were refused"),
@@ -280,6 +282,10 @@ _CAUSES = (
       "error sending request"),
      "the endpoint is unreachable"),
 )
+
+
+#: the store's own error code: S3's and Azure's XML ``<Code>``, azure-core's ``ErrorCode:``
+_ERROR_CODE = re.compile(r"<Code>(\w+)</Code>|ErrorCode:(\w+)")
 
 
 def describe_storage_error(url: str, exc: BaseException) -> str:
@@ -299,4 +305,7 @@ def describe_storage_error(url: str, exc: BaseException) -> str:
     else:
         reason = next((cause for needles, cause in _CAUSES if any(n in text for n in needles)), None)
     detail = str(chain[-1]).strip().splitlines()[0] if str(chain[-1]).strip() else type(chain[-1]).__name__
+    code = _ERROR_CODE.search(" ".join(str(e) for e in chain))
+    if code is not None and (code.group(1) or code.group(2)) not in detail:
+        detail = f"{detail}: {code.group(1) or code.group(2)}"
     return f"{url}: {reason} ({detail})" if reason else f"{url}: {detail}"

@@ -85,6 +85,14 @@ def test_storage_errors_name_their_cause_and_the_uri(error: BaseException, cause
     assert line.startswith(f"s3://b/t: {cause} (") and "\n" not in line
 
 
+def test_a_delta_rs_azure_error_names_the_cause_and_the_store_code() -> None:
+    error = OSError("Generic MicrosoftAzure error\n  Error performing list request\n   403 Forbidden\n"
+                    "<Error><Code>AuthorizationFailure</Code><Message>Server failed to authenticate the request."
+                    "</Message></Error>")
+    assert describe_storage_error("az://c/t", error) == (
+        "az://c/t: the credentials are missing or were refused (Generic MicrosoftAzure error: AuthorizationFailure)")
+
+
 def test_the_cause_is_found_down_the_exception_chain() -> None:
     try:
         try:

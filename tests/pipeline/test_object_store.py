@@ -285,3 +285,19 @@ def test_wrong_credentials_are_one_clear_line(kafka_bootstrap_servers, tmp_path)
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert "s3://some-bucket/lake/orders" in errors[0] and "credentials" in errors[0], errors[0]
+
+
+def test_a_wrong_azure_account_key_is_one_clear_line(azurite_server, kafka_bootstrap_servers, tmp_path) -> None:
+    """Azurite checks the shared-key signature: a connection string with another key is refused."""
+    wrong = AzuriteServer(azurite_server.blob_endpoint)
+    container = azurite_server.new_bucket()
+    job = Job("delta", azurite_server, kafka_bootstrap_servers, tmp_path, checkpoints_outside=False)
+    produce(job.servers, job.topic, 10, job.produced)
+    env = {**job.env(), "AZURE_STORAGE_CONNECTION_STRING": wrong.connection_string().replace(
+        "AccountKey=Eby8", "AccountKey=AAAA")}
+    run = subprocess.run(job.args("--until-drained", table_args=["--table", f"az://{container}/lake/orders"]),
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180, start_new_session=True)
+    assert run.returncode != 0
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert f"az://{container}/lake/orders" in errors[0] and "credentials" in errors[0], errors[0]
