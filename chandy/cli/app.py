@@ -19,15 +19,27 @@ from rich.console import Console
 
 from chandy.coordinator.errors import ChandyError
 
-console = Console()
-#: ``chandy pipeline run``'s exit code for a job canceled with ``chandy job cancel`` (0 would read as success)
+#: rich's consoles of the CLI. On a terminal they fit its width; into a pipe or a file they never
+#: hard-wrap (rich would assume 80 columns and break every longer line, so logs and ``| less`` got
+#: broken records): one record per line, tables as wide as their content
+PIPE_WIDTH = 1_000_000
+
+
+def _console(*, stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr, soft_wrap=stderr)
+    return Console(stderr=stderr, soft_wrap=True, width=PIPE_WIDTH)
+
+
+console = _console(stderr=False)
 
 
 #: ``chandy pipeline run``'s exit code for a job canceled with ``chandy job cancel`` (0 would read as success)
 EXIT_CANCELED = 4
 
 
-err_console = Console(stderr=True, soft_wrap=True)
+err_console = _console(stderr=True)
 
 
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -5,6 +5,8 @@ Endpoints (JSON bodies in Flink's REST shapes, see :mod:`chandy.coordinator.chec
 =============================================== ==================================================
 ``GET /health``                                 ``{"status": "UP"|"STARTING", "topic", "events_read",
                                                 "skipped", "error"}``; 503 until the topic is read
+``GET /ui/status``                              the same body, always 200 (what the dashboard polls)
+``GET /favicon.ico``                            the dashboard's icon (SVG)
 ``GET /jobs``                                   ``{"jobs": [{"id", "status", "epoch",
                                                 "last_event_timestamp", "counts"}]}``
 ``GET /jobs/{job_id}/checkpoints``              Flink's ``CheckpointingStatistics``
@@ -37,7 +39,10 @@ log = logging.getLogger(__name__)
 _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
            "/index.html": ("index.html", "text/html; charset=utf-8"),
            "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
-           "/static/style.css": ("style.css", "text/css; charset=utf-8")}
+           "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+           # a browser asks for /favicon.ico by itself: answered, so its console shows no 404
+           "/favicon.ico": ("favicon.svg", "image/svg+xml"),
+           "/static/favicon.svg": ("favicon.svg", "image/svg+xml")}
 _CHECKPOINTS = re.compile(r"^/jobs/([^/]+)/checkpoints/?$")
 _DETAILS = re.compile(r"^/jobs/([^/]+)/checkpoints/details/([^/]+)/?$")
 
@@ -58,11 +63,13 @@ def route(reader: JobsViewReader, path: str) -> tuple[HTTPStatus, dict[str, Any]
     Raises:
         _ApiError: 404 (unknown job, checkpoint or path) or 400 (a checkpoint ID that is not an integer).
     """
-    if path == "/health":
+    if path in ("/health", "/ui/status"):
         up = reader.reading
-        return (HTTPStatus.OK if up else HTTPStatus.SERVICE_UNAVAILABLE,
-                {"status": "UP" if up else "STARTING", "topic": reader.topic, "events_read": reader.events_read,
-                 "skipped": reader.skipped, "error": reader.error})
+        body = {"status": "UP" if up else "STARTING", "topic": reader.topic, "events_read": reader.events_read,
+                "skipped": reader.skipped, "error": reader.error}
+        # /health answers 503 until the topic is read (for probes); the dashboard polls /ui/status,
+        # the same body always with 200, so a starting server logs no error in the browser console
+        return (HTTPStatus.OK if up or path == "/ui/status" else HTTPStatus.SERVICE_UNAVAILABLE), body
     if path in ("/jobs", "/jobs/"):
         return HTTPStatus.OK, {"jobs": reader.jobs()}
     match = _CHECKPOINTS.match(path)

@@ -35,6 +35,8 @@ def test_a_checkpoint_completed_after_load_appears_without_reload(browser, kafka
         page = browser.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        # issue 33: no console error from start to stop (a 404 favicon, a 503 health poll, ...)
+        page.on("console", lambda message: errors.append(f"console: {message.text}") if message.type == "error" else None)
         page.goto(url, wait_until="load")
         page.evaluate("window.__loadedOnce = true")  # gone if the page reloads
         row = f'#history tr[data-checkpoint-id="{first.checkpoint_id}"][data-status="COMPLETED"]'

@@ -44,6 +44,16 @@ def test_health_is_503_until_the_events_topic_is_read(server):
     assert health["events_read"] == 0
 
 
+def test_the_dashboard_polls_a_status_that_is_200_while_starting_and_has_an_icon(server):
+    """Issue 33: a starting server logs no error in the browser console (a 503 would), and the
+    browser's own request for /favicon.ico is answered."""
+    status, content_type, body = request(server + "ui/status")
+    assert status == 200 and json.loads(body)["status"] == "STARTING"
+    status, content_type, body = request(server + "favicon.ico")
+    assert status == 200 and content_type == "image/svg+xml" and body.startswith(b"<svg")
+    assert b'/static/favicon.svg' in request(server)[2]
+
+
 def test_no_jobs_yet_and_read_only(server):
     assert json.loads(request(server + "jobs")[2]) == {"jobs": []}
     status, _, body = request(server + "jobs", method="POST")

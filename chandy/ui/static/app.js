@@ -168,7 +168,7 @@ async function refresh() {
 async function draw() {
   const health = document.getElementById("health");
   try {
-    const h = await fetch("/health", { cache: "no-store" }).then((r) => r.json());
+    const h = await fetch("/ui/status", { cache: "no-store" }).then((r) => r.json());
     health.textContent = h.status === "UP" ? `reading ${h.topic}` : h.error || h.status;
     health.className = "badge " + (h.status === "UP" ? "up" : "down");
     const { jobs } = await getJson("/jobs");
