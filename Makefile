@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CHANDY := $(VENV)/bin/chandy
 
-.PHONY: setup kafka-jars azurite check demo test bench clean
+.PHONY: setup kafka-jars azurite test-tools check demo test bench clean
 
 setup: $(VENV)/.installed
 
@@ -38,7 +38,12 @@ check: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: kafka-jars azurite check
+# what the tests need besides Python packages: stop at once, in one line, naming what to install
+test-tools:
+	@command -v java >/dev/null 2>&1 || { echo "make test needs Java 17+: apt-get install openjdk-17-jre-headless"; exit 1; }
+	@command -v chromium >/dev/null 2>&1 || { echo "make test needs Chromium (the dashboard's browser test): apt-get install chromium"; exit 1; }
+
+test: test-tools kafka-jars azurite check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: kafka-jars
