@@ -65,11 +65,11 @@ def route(reader: JobsViewReader, path: str) -> tuple[HTTPStatus, dict[str, Any]
     """
     if path in ("/health", "/ui/status"):
         up = reader.reading
-        body = {"status": "UP" if up else "STARTING", "topic": reader.topic, "events_read": reader.events_read,
-                "skipped": reader.skipped, "error": reader.error}
+        health = {"status": "UP" if up else "STARTING", "topic": reader.topic, "events_read": reader.events_read,
+                  "skipped": reader.skipped, "error": reader.error}
         # /health answers 503 until the topic is read (for probes); the dashboard polls /ui/status,
         # the same body always with 200, so a starting server logs no error in the browser console
-        return (HTTPStatus.OK if up or path == "/ui/status" else HTTPStatus.SERVICE_UNAVAILABLE), body
+        return (HTTPStatus.OK if up or path == "/ui/status" else HTTPStatus.SERVICE_UNAVAILABLE), health
     if path in ("/jobs", "/jobs/"):
         return HTTPStatus.OK, {"jobs": reader.jobs()}
     match = _CHECKPOINTS.match(path)

@@ -3,6 +3,7 @@ broker, real Spark and a real Delta table (run under ``flock /tmp/chandy-spark.l
 
 from __future__ import annotations
 
+import socket
 import uuid
 from pathlib import Path
 
@@ -34,14 +35,23 @@ def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, k
     summary = pipeline.run(on_progress=scrape)
     assert summary.records_landed == 300 and summary.checkpoints_completed == 2
     job = pipeline.job_id
-    sink = (("job_id", job), ("operator", "lake-sink"))
+    scope = (("host", socket.gethostname()), ("job_id", job), ("job_name", f"{topic} -> {pipeline.options.table_uri}"))
+    task = ("task_name", "Source: kafka-source -> lake-sink")
+
+    def operator(name: str, subtask: int = 0, *extra: tuple[str, str]) -> tuple:
+        return tuple(sorted((*scope, task, ("operator_name", name), ("subtask_index", str(subtask)), *extra)))
+
+    sink, source = operator("lake-sink"), operator("kafka-source")
+    op = "flink_taskmanager_job_task_operator_"
     first, last = scrapes[0][1], scrapes[-1][1]
-    assert first[("numRecordsOut", sink)] == scrapes[0][0].records_landed == 200  # 100 per partition
-    assert first[("pendingRecords", (("job_id", job), ("operator", "kafka-source"), ("partition", "0"), ("topic", topic)))] == 50
-    assert last[("numRecordsOut", sink)] == 300
-    assert last[("pendingRecords", (("job_id", job), ("operator", "kafka-source"), ("partition", "1"), ("topic", topic)))] == 0
-    assert last[("lastMicroBatchDuration", sink)] == pytest.approx(scrapes[-1][0].checkpoint_duration_ms)
-    assert last[("numRecordsOutPerSecond", sink)] > 0
-    assert 0 < last[("lastLakeCommitDuration", sink)] < last[("lastMicroBatchDuration", sink)]
-    assert last[("numberOfCompletedCheckpoints", (("job_id", job),))] == 2
-    assert last[("lastCompletedCheckpointId", (("job_id", job),))] == scrapes[-1][0].checkpoint_id
+    assert first[(op + "numRecordsOut", sink)] == scrapes[0][0].records_landed == 200  # 100 per partition
+    assert first[(op + "numRecordsIn", source)] == 200
+    assert first[(op + "pendingRecords", operator("kafka-source", 0, ("partition", "0"), ("topic", topic)))] == 50
+    assert last[(op + "numRecordsOut", sink)] == 300
+    assert last[(op + "pendingRecords", operator("kafka-source", 1, ("partition", "1"), ("topic", topic)))] == 0
+    assert last[(op + "lastMicroBatchDuration", sink)] == pytest.approx(scrapes[-1][0].checkpoint_duration_ms)
+    assert last[(op + "numRecordsOutPerSecond", sink)] > 0 and last[(op + "numRecordsInPerSecond", source)] > 0
+    assert 0 < last[(op + "lastLakeCommitDuration", sink)] < last[(op + "lastMicroBatchDuration", sink)]
+    assert last[("flink_jobmanager_job_numberOfCompletedCheckpoints", scope)] == 2
+    assert last[("flink_jobmanager_job_lastCompletedCheckpointId", scope)] == scrapes[-1][0].checkpoint_id
+    assert not any(name in ("numRecordsOut", "pendingRecords") for name, _ in last)  # 0.1's names only on request

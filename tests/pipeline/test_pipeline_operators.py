@@ -107,12 +107,26 @@ BAD = [b'{"flight": 1, "carrier": "UA"}', b"{not json", b'{"flight": "seven", "c
 
 
 def test_a_bad_record_fails_the_micro_batch_naming_where_it_is(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    """A deterministic error fails the job: FAILED in the log and on the events topic, with the
+    reason (issue 33: it read SUSPENDED, which Flink keeps for a JobManager that lost leadership)."""
+    from chandy.coordinator.kafka.log import load_state
+    from chandy.coordinator.kafka.topics import ChandyTopics
+    from chandy.coordinator.records import JobStatus
+    from tests.fixtures.workers import read_events, wait_for
+
     topic = make_topic(kafka_bootstrap_servers, BAD, partitions=1)
-    table = str(tmp_path / "t")
+    table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
+    pipeline = Pipeline(options(kafka_bootstrap_servers, topic, table, prefix, value_format="json",
+                                value_schema="flight INT, carrier STRING"), spark=spark)
     with pytest.raises(PipelineError, match=rf"BadRecordError: topic {topic} partition 0 offset 1: JsonParseError"):
-        Pipeline(options(kafka_bootstrap_servers, topic, table, f"op{uuid.uuid4().hex[:6]}", value_format="json",
-                         value_schema="flight INT, carrier STRING"), spark=spark).run()
+        pipeline.run()
     assert not DeltaTable.is_deltatable(table)
+    state, _ = load_state(kafka_bootstrap_servers, ChandyTopics(prefix).coordinator_log, pipeline.job_id)
+    assert state.job_status is JobStatus.FAILED and "BadRecordError" in (state.job_status_reason or "")
+    changes = wait_for(lambda: [(e.job_status, e.failure_message) for e in read_events(
+        kafka_bootstrap_servers, ChandyTopics(prefix).checkpoint_events, pipeline.job_id, expected=100, timeout_s=2)
+        if e.event_type == "JOB_STATUS_CHANGED"], what="the JOB_STATUS_CHANGED event")
+    assert [status for status, _ in changes] == ["FAILED"] and "BadRecordError" in (changes[0][1] or ""), changes
 
 
 def test_bad_records_go_to_the_dead_letter_topic_exactly_once(spark, kafka_bootstrap_servers, tmp_path) -> None:

@@ -25,10 +25,12 @@ from chandy.connectors.spark.cluster import (
 )
 from chandy.connectors.spark.decode import ValueDecoder
 from chandy.connectors.spark.options import (
+    SINK_OPERATOR,
     SOURCE_OPERATOR,
     PipelineOptions,
 )
 from chandy.coordinator.kafka.election import LeaderElection
+from chandy.coordinator.kafka.metrics import MetricScope
 from chandy.coordinator.kafka.requests import ControlRequest
 from chandy.coordinator.kafka.runtime import CoordinatorService
 
@@ -41,6 +43,10 @@ class PipelineCore:
     def __init__(self, options: PipelineOptions, *, spark: Any = None) -> None:
         self.options = options
         self.job_id = options.resolved_job_id
+        #: the metrics' Flink scope: job name, host, and the task that chains the source and the sink
+        self.metric_scope = MetricScope(self.job_id, options.resolved_job_name,
+                                        task_name=f"Source: {SOURCE_OPERATOR} -> {SINK_OPERATOR}",
+                                        legacy_names=options.metrics_legacy_names)
         self._spark = spark
         self._stop = threading.Event()
         self._wake = threading.Event()

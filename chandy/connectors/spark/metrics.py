@@ -1,22 +1,35 @@
 """The pipeline's own Prometheus metrics, next to the coordinator's checkpoint gauges.
 
 Registered on the coordinator's metrics server (``--metrics-port``) by the pipeline, updated after
-every micro-batch (one checkpoint), read at scrape time. Names follow Flink's operator metrics
-where Flink has one; labels ``job_id`` and ``operator`` (the source ``kafka-source``, the sink
-``lake-sink``), plus ``topic`` and ``partition`` for the lag:
+every micro-batch (one checkpoint), read at scrape time. Names and labels are Flink's as its
+Prometheus reporter exposes an operator's metrics: ``flink_taskmanager_job_task_operator_<name>``
+labelled ``job_id``, ``job_name``, ``host``, ``task_name`` (``Source: kafka-source -> lake-sink``:
+the source and the sink run chained in one Spark task), ``subtask_index`` and ``operator_name``
+(``kafka-source`` or ``lake-sink``); see :class:`~chandy.coordinator.kafka.metrics.MetricScope`.
 
 =================================  =============================================================
+``numRecordsIn``                   records read by this run: landed and bad (source)
+``numRecordsInPerSecond``          of those, per second since the run started (source)
+``numRecordsInErrors``             bad records of this run, in completed checkpoints (source)
+``pendingRecords``                 consumer lag after the micro-batch, in records (Flink's
+                                   KafkaSource metric; source): one series per partition, with
+                                   ``topic`` and ``partition`` labels and ``subtask_index`` the
+                                   partition's index among the job's partitions; ``sum`` them
 ``numRecordsOut``                  records landed in the table by this run (sink)
 ``numRecordsOutPerSecond``         of those, per second since the run started (sink)
-``pendingRecords``                 consumer lag per partition after the micro-batch, in records
-                                   (Flink's KafkaSource metric; source)
-``numRecordsInErrors``             bad records of this run, in completed checkpoints (source)
 ``lastMicroBatchDuration``         the latest micro-batch, trigger to completion in ms: read,
-                                   write, acknowledgements, the lake commit (sink)
-``lastSparkJobDuration``           of that, the Spark job in ms (read, transform, write, ack; sink)
-``lastLakeCommitDuration``          the latest lake commit (Delta/Iceberg commit of a completed
-                                   checkpoint) in ms, read from the lake committer (sink)
+                                   write, acknowledgements, the lake commit (sink; Chandy's own)
+``lastSparkJobDuration``           of that, the Spark job in ms (read, transform, write, ack;
+                                   sink; Chandy's own)
+``lastLakeCommitDuration``         the latest lake commit (Delta/Iceberg commit of a completed
+                                   checkpoint) in ms, read from the lake committer (sink;
+                                   Chandy's own)
 =================================  =============================================================
+
+Not served: Flink's ``currentFetchEventTimeLag`` and ``currentEmitEventTimeLag`` (the pipeline
+does not track record timestamps per micro-batch). With ``--metrics-legacy-names`` the bare names
+of Chandy 0.1 (labels ``job_id``, ``operator``, and ``topic``/``partition`` for the lag) are
+served too.
 """
 
 from __future__ import annotations
@@ -28,6 +41,8 @@ from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from chandy.coordinator.kafka.metrics import MetricScope
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +69,10 @@ class PipelineMetricsCollector(Collector):
     nothing is exposed before the first micro-batch ends. ``read_commit_ms`` returns the latest
     lake commit's duration in ms (None before the first), read at scrape time."""
 
-    def __init__(self, job_id: str, source_operator: str, sink_operator: str,
+    def __init__(self, scope: MetricScope | str, source_operator: str, sink_operator: str,
                  read_commit_ms: Callable[[], float | None] | None = None) -> None:
-        self.job_id = job_id
+        self.scope = scope if isinstance(scope, MetricScope) else MetricScope(scope)
+        self.job_id = self.scope.job_id
         self.read_commit_ms = read_commit_ms
         self.source = source_operator
         self.sink = sink_operator
@@ -73,30 +89,50 @@ class PipelineMetricsCollector(Collector):
             p = self._progress
         if p is None:
             return
-        sink, source = [self.job_id, self.sink], [self.job_id, self.source]
-        rate = p.records_landed / p.elapsed_s if p.elapsed_s > 0 else 0.0
-        for name, help_text, labels, value in (
-            ("numRecordsOut", "Records landed in the table by this run.", sink, p.records_landed),
-            ("numRecordsOutPerSecond", "Records landed per second since the run started.", sink, rate),
-            ("numRecordsInErrors", "Bad records of this run, in completed checkpoints.", source, p.bad_records),
-            ("lastMicroBatchDuration", "Latest micro-batch, trigger to completion (lake commit included), in ms.",
-             sink, p.checkpoint_duration_ms),
-            ("lastSparkJobDuration", "Spark job of the latest micro-batch in ms.", sink, p.spark_job_ms),
-        ):
-            family = GaugeMetricFamily(name, help_text, labels=["job_id", "operator"])
-            family.add_metric(labels, value)
-            yield family
         commit_ms = None
         if self.read_commit_ms is not None:
             try:
                 commit_ms = self.read_commit_ms()
             except Exception as exc:  # noqa: BLE001 - a stopped coordinator: the gauge is left out of this scrape
                 log.debug("lake commit duration unavailable: %s", exc)
+        read = p.records_landed + p.bad_records
+        seconds = p.elapsed_s if p.elapsed_s > 0 else float("inf")
+        gauges: list[tuple[str, str, str, float]] = [
+            ("numRecordsIn", "Records read by this run (landed and bad).", self.source, read),
+            ("numRecordsInPerSecond", "Records read per second since the run started.", self.source, read / seconds),
+            ("numRecordsInErrors", "Bad records of this run, in completed checkpoints.", self.source, p.bad_records),
+            ("numRecordsOut", "Records landed in the table by this run.", self.sink, p.records_landed),
+            ("numRecordsOutPerSecond", "Records landed per second since the run started.", self.sink,
+             p.records_landed / seconds),
+            ("lastMicroBatchDuration", "Latest micro-batch, trigger to completion (lake commit included), in ms.",
+             self.sink, p.checkpoint_duration_ms),
+            ("lastSparkJobDuration", "Spark job of the latest micro-batch in ms.", self.sink, p.spark_job_ms),
+        ]
         if commit_ms is not None:
-            family = GaugeMetricFamily("lastLakeCommitDuration", "Latest lake commit of a completed checkpoint, in ms.",
-                                       labels=["job_id", "operator"])
-            family.add_metric(sink, commit_ms)
+            gauges.append(("lastLakeCommitDuration", "Latest lake commit of a completed checkpoint, in ms.", self.sink,
+                           commit_ms))
+        scope = self.scope
+        for name, help_text, operator, value in gauges:
+            family = scope.operator_gauge(name, help_text)
+            family.add_metric(scope.operator_labels(operator), value)
             yield family
+        lag = scope.operator_gauge("pendingRecords", "Consumer lag per partition after the latest micro-batch, in records.",
+                                   ("topic", "partition"))
+        for index, ((topic, partition), records) in enumerate(sorted(p.lag.items())):
+            lag.add_metric([*scope.operator_labels(self.source, index), topic, str(partition)], records)
+        yield lag
+        if scope.legacy_names:
+            yield from self._legacy(p, gauges)
+
+    def _legacy(self, p: MicroBatchProgress, gauges: list[tuple[str, str, str, float]]) -> Iterator[GaugeMetricFamily]:
+        """Chandy 0.1's bare names, labelled ``job_id`` and ``operator``."""
+        legacy = {"numRecordsOut", "numRecordsOutPerSecond", "numRecordsInErrors", "lastMicroBatchDuration",
+                  "lastSparkJobDuration", "lastLakeCommitDuration"}
+        for name, help_text, operator, value in gauges:
+            if name in legacy:
+                family = GaugeMetricFamily(name, help_text, labels=["job_id", "operator"])
+                family.add_metric([self.job_id, operator], value)
+                yield family
         lag = GaugeMetricFamily("pendingRecords", "Consumer lag per partition after the latest micro-batch, in records.",
                                 labels=["job_id", "operator", "topic", "partition"])
         for (topic, partition), records in sorted(p.lag.items()):

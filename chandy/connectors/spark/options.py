@@ -121,6 +121,9 @@ class PipelineOptions:
     topics: tuple[str, ...] = _opt((), "--topic", kind="multiple", help="Topic to read (repeatable).")
     topic_pattern: str | None = _opt(None, "--topic-pattern", help="Regex of topics to read (instead of --topic).")
     job_id: str | None = _opt(None, "--job-id", help="Job ID (default: derived from the table URL, so a restart resumes).")
+    job_name: str | None = _opt(None, "--job-name", help=(
+        "Job name, as Flink's: the metrics' job_name label and what the dashboard shows beside the ID "
+        "(default: <topics> -> <table>)."))
     group_id: str | None = _opt(None, "--group-id", help="Consumer group for offset commits (default chandy-<job id>).")
     starting_offsets: str = _opt("earliest", "--starting-offsets", choices=("earliest", "latest", "committed"))
     max_records_per_checkpoint: int | None = _opt(None, "--max-records-per-checkpoint", minimum=1,
@@ -191,6 +194,9 @@ class PipelineOptions:
     metrics_port: int | None = _opt(None, "--metrics-port", minimum=0, maximum=65535, metavar="PORT", help=(
         "Serve Prometheus metrics (Flink's checkpoint metric names) at http://0.0.0.0:PORT/metrics while the "
         "coordinator runs (0: a free port)."))  # coordinator/kafka/metrics.py
+    metrics_legacy_names: bool = _opt(False, "--metrics-legacy-names", kind="flag", help=(
+        "Also serve Chandy 0.1's bare metric names (lastCheckpointDuration{job_id=...}) beside Flink's "
+        "(flink_jobmanager_job_lastCheckpointDuration{job_id=...,job_name=...,host=...})."))
     from_savepoint: str | None = _opt(None, "--from-savepoint", metavar="URL", help=(
         "Start the job from this savepoint (Flink's `flink run -s`) when its coordinator log has none: offsets come "
         "from it, checkpoint IDs continue above it."))
@@ -284,6 +290,12 @@ class PipelineOptions:
     def task_producer_overrides(self) -> dict[str, Any]:
         """The Spark tasks' producers (acks, declines): the driver's, as ``worker_overrides``' principal."""
         return kafka_config.as_principal(self.driver_producer_overrides, self.worker_overrides)
+
+    @property
+    def resolved_job_name(self) -> str:
+        """``job_name``, else ``<topics or pattern> -> <table>``."""
+        source = ",".join(self.topics) if self.topics else (self.topic_pattern or "")
+        return self.job_name or f"{source} -> {self.table_uri}"
 
     @property
     def resolved_group_id(self) -> str:

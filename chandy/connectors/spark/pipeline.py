@@ -163,7 +163,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
             completion_outputs=self.completion_outputs, checkpoint_id_floor=self._checkpoint_id_floor,
             restore_from=opts.from_savepoint, request_executor=self._execute_request, election=self.election,
-            metrics_port=opts.metrics_port, standby=opts.standby, retry_timeout_s=opts.kafka_retry_timeout_ms / 1000,
+            metrics_port=opts.metrics_port, metrics_scope=self.metric_scope, standby=opts.standby,
+            retry_timeout_s=opts.kafka_retry_timeout_ms / 1000,
         )
         try:
             return service.start(periodic=False)
@@ -260,7 +261,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             from chandy.connectors.spark.metrics import PipelineMetricsCollector
 
             service = self.service
-            metrics = PipelineMetricsCollector(self.job_id, SOURCE_OPERATOR, SINK_OPERATOR, read_commit_ms=lambda: (
+            metrics = PipelineMetricsCollector(self.metric_scope, SOURCE_OPERATOR, SINK_OPERATOR, read_commit_ms=lambda: (
                 service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.last_commit_ms, timeout_s=5.0)))
             self.service.metrics_server.register(metrics)
         completed = failed = consecutive = 0
@@ -356,6 +357,9 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     first_failure = first_failure or f"checkpoint {checkpoint_id}: {message}"
                     log.warning("checkpoint %d failed: %s", checkpoint_id, message)
                 if fatal is not None:
+                    # deterministic: a restart would fail the same way, so the job FAILED (Flink's
+                    # state once its restart strategy gives up), not SUSPENDED (lost leadership)
+                    self._record_failure(f"checkpoint {checkpoint_id} failed: {fatal}")
                     raise PipelineError(f"checkpoint {checkpoint_id} failed: {fatal}")
                 if on_progress is not None or metrics is not None:
                     landed = self._committed_records() - landed_before

@@ -4,9 +4,13 @@ The coordinator serves them itself (``CoordinatorService(..., metrics_port=9249)
 ``chandy pipeline run --metrics-port``, ``chandy checkpoint demo --metrics-port``) at
 ``http://host:port/metrics`` in Prometheus' text format, with prometheus-client.
 
-Job-scoped gauges, labelled ``job_id``, as Flink's ``JobManager`` job metrics (see Flink's
-"Metrics" page, section "Checkpointing"); times in ms since the Unix epoch, durations in ms,
-sizes in bytes, and -1 where Flink reports -1 (nothing completed or restored yet):
+**Names and labels are those of Flink's Prometheus reporter** (``PrometheusReporter``: the
+metric's logical scope joined with ``_`` after ``flink_``, the scope variables as labels), so the
+published Grafana dashboards for Flink and the alerts written for them find Chandy's series.
+Job-scoped gauges are ``flink_jobmanager_job_<metric>`` labelled ``job_id``, ``job_name`` and
+``host``, as Flink's ``JobManager`` job metrics (Flink's "Metrics" page, sections
+"Checkpointing" and "Availability"); times in ms since the Unix epoch, durations in ms, sizes in
+bytes, and -1 where Flink reports -1 (nothing completed or restored yet):
 
 ==================================  =========================================================
 ``lastCheckpointDuration``          end-to-end duration of the latest completed checkpoint (ms)
@@ -19,10 +23,19 @@ sizes in bytes, and -1 where Flink reports -1 (nothing completed or restored yet
 ``numberOfFailedCheckpoints``       failed (aborted, declined, expired) since then
 ``numberOfInProgressCheckpoints``   pending now
 ``totalNumberOfCheckpoints``        triggered since then (savepoints included)
+``uptime``                          ms since this coordinator started leading the job
+``numRestarts``                     times the job was started again after its first start
+                                    (coordinator epochs after the first: restarts, take-overs)
 ==================================  =========================================================
 
-Operator-scoped gauges carry ``job_id`` and ``operator``: ``numberOfSubtasks`` (the parallelism
-whose acknowledgements a checkpoint waits for).
+The operators' metrics (a connector's, such as the pipeline's Kafka source and lake sink) are
+``flink_taskmanager_job_task_operator_<metric>`` labelled ``job_id``, ``job_name``, ``host``,
+``task_name``, ``subtask_index`` and ``operator_name`` (:class:`MetricScope`). ``numberOfSubtasks``
+of each operator (the parallelism whose acknowledgements a checkpoint waits for) is one of them.
+
+``legacy_names=True`` (``--metrics-legacy-names``) also serves the bare names of Chandy 0.1
+(``lastCheckpointDuration{job_id=...}``, ``numberOfSubtasks{job_id=..., operator=...}``), for
+dashboards written against them.
 
 The values are read when Prometheus scrapes (as Flink's gauges are), from
 ``CoordinatorService.stats()`` on the coordinator's mailbox, so checkpoints pay nothing between
@@ -35,8 +48,11 @@ that connectors and the application can register their own collectors on the sam
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -60,6 +76,56 @@ CHECKPOINT_GAUGES: tuple[tuple[str, str], ...] = (
     ("numberOfInProgressCheckpoints", "Checkpoints in progress."),
     ("totalNumberOfCheckpoints", "Checkpoints triggered since the coordinator started (savepoints included)."),
 )
+
+
+#: Flink's PrometheusReporter prefix of the job-scoped metrics (logical scope ``jobmanager.job``)
+JOB_PREFIX = "flink_jobmanager_job_"
+#: ... and of an operator's metrics (logical scope ``taskmanager.job.task.operator``)
+OPERATOR_PREFIX = "flink_taskmanager_job_task_operator_"
+JOB_LABELS = ("job_id", "job_name", "host")
+OPERATOR_LABELS = (*JOB_LABELS, "task_name", "subtask_index", "operator_name")
+
+
+@dataclass(frozen=True)
+class MetricScope:
+    """The scope variables of a job's metrics, as Flink's reporter labels them.
+
+    Attributes:
+        job_id: ``job_id``.
+        job_name: ``job_name`` (Flink's job name; Chandy's default is the job ID).
+        host: ``host``, the coordinator's host name.
+        task_name: ``task_name`` of operator metrics: the chained operators of the task, as
+            Flink names a task (``Source: kafka-source -> lake-sink``).
+        legacy_names: also expose Chandy 0.1's bare names.
+    """
+
+    job_id: str
+    job_name: str = ""
+    host: str = ""
+    task_name: str = ""
+    legacy_names: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.job_name:
+            object.__setattr__(self, "job_name", self.job_id)
+        if not self.host:
+            object.__setattr__(self, "host", socket.gethostname())
+
+    @property
+    def job_labels(self) -> list[str]:
+        return [self.job_id, self.job_name, self.host]
+
+    def operator_labels(self, operator_name: str, subtask_index: int | str = 0) -> list[str]:
+        return [*self.job_labels, self.task_name or operator_name, str(subtask_index), operator_name]
+
+    def job_gauge(self, name: str, help_text: str) -> GaugeMetricFamily:
+        """An empty ``flink_jobmanager_job_<name>`` gauge with the job labels."""
+        return GaugeMetricFamily(JOB_PREFIX + name, help_text, labels=list(JOB_LABELS))
+
+    def operator_gauge(self, name: str, help_text: str, extra_labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+        """An empty ``flink_taskmanager_job_task_operator_<name>`` gauge with the operator labels
+        (and ``extra_labels`` after them)."""
+        return GaugeMetricFamily(OPERATOR_PREFIX + name, help_text, labels=[*OPERATOR_LABELS, *extra_labels])
 
 
 class MetricsError(ChandyError):
@@ -93,17 +159,21 @@ class CheckpointMetricsCollector(Collector):
     """A prometheus-client collector of one job's checkpoint gauges, read at scrape time.
 
     Args:
-        job_id: the ``job_id`` label.
+        job_id: the ``job_id`` label (or a :class:`MetricScope` with the job's name and host).
         read_stats: returns the ``/jobs/:jobid/checkpoints``-shaped stats (may raise once the
             coordinator stopped: the last values read are exposed then).
         operators: operator ID -> parallelism, for ``numberOfSubtasks``.
+        read_epoch: the coordinator's epoch (1 for the job's first start), for ``numRestarts``.
     """
 
-    def __init__(self, job_id: str, read_stats: Callable[[], Mapping[str, Any]],
-                 operators: Mapping[str, int] | None = None) -> None:
-        self.job_id = job_id
+    def __init__(self, job_id: str | MetricScope, read_stats: Callable[[], Mapping[str, Any]],
+                 operators: Mapping[str, int] | None = None, read_epoch: Callable[[], int] | None = None) -> None:
+        self.scope = job_id if isinstance(job_id, MetricScope) else MetricScope(job_id)
+        self.job_id = self.scope.job_id
         self.read_stats = read_stats
+        self.read_epoch = read_epoch
         self.operators = dict(operators or {})
+        self.started = time.monotonic()
         self._last: dict[str, float] | None = None
         self._lock = threading.Lock()
 
@@ -116,6 +186,34 @@ class CheckpointMetricsCollector(Collector):
             log.debug("job %s: stats unavailable for metrics (%s)", self.job_id, exc)
             with self._lock:
                 values = self._last or {}
+        scope = self.scope
+        for name, help_text in CHECKPOINT_GAUGES:
+            if name in values:
+                family = scope.job_gauge(name, help_text)
+                family.add_metric(scope.job_labels, values[name])
+                yield family
+        uptime = scope.job_gauge("uptime", "Time since this coordinator started leading the job, in ms.")
+        uptime.add_metric(scope.job_labels, (time.monotonic() - self.started) * 1000)
+        yield uptime
+        if self.read_epoch is not None:
+            try:
+                epoch = self.read_epoch()
+            except Exception as exc:  # noqa: BLE001 - not known yet or stopped: left out of this scrape
+                log.debug("job %s: epoch unavailable for metrics (%s)", self.job_id, exc)
+            else:
+                restarts = scope.job_gauge("numRestarts", "Times the job was started again (restarts, take-overs).")
+                restarts.add_metric(scope.job_labels, max(0, epoch - 1))
+                yield restarts
+        if self.operators:
+            family = scope.operator_gauge("numberOfSubtasks", "Subtasks whose acknowledgements a checkpoint waits for.")
+            for operator, parallelism in sorted(self.operators.items()):
+                family.add_metric(scope.operator_labels(operator), parallelism)
+            yield family
+        if scope.legacy_names:
+            yield from self._legacy(values)
+
+    def _legacy(self, values: Mapping[str, float]) -> Iterator[GaugeMetricFamily]:
+        """Chandy 0.1's bare names, labelled ``job_id`` (and ``operator``)."""
         for name, help_text in CHECKPOINT_GAUGES:
             if name in values:
                 family = GaugeMetricFamily(name, help_text, labels=["job_id"])

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator
+from chandy.coordinator.completed_checkpoint_store import CompletedCheckpointStore
 from chandy.coordinator.environment import Batch, Mailbox
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
@@ -36,7 +37,7 @@ from chandy.coordinator.kafka.ack_reader import AckReader
 from chandy.coordinator.kafka.election import LeaderElection, election_group, group_has_members
 from chandy.coordinator.kafka.log import LoadStats, load_state
 from chandy.coordinator.kafka.log_writer import CoordinatorFencedError, LogWriter, transactional_id_for
-from chandy.coordinator.kafka.metrics import CheckpointMetricsCollector, MetricsServer
+from chandy.coordinator.kafka.metrics import CheckpointMetricsCollector, MetricScope, MetricsServer
 from chandy.coordinator.kafka.requests import RequestExecutor, RequestHandler
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 from chandy.coordinator.messages import (
@@ -102,6 +103,8 @@ class CoordinatorService:
             :mod:`chandy.coordinator.kafka.metrics`) on this port from :meth:`start` to :meth:`stop`;
             0 picks a free port (read :attr:`metrics_server`), None (default) serves none.
         metrics_address: the address the metrics server binds (default all interfaces).
+        metrics_scope: the metrics' job name, task name and whether Chandy 0.1's bare names are
+            served too (default: the job ID as its name, Flink's names only).
         standby: :meth:`start` first waits until this process leads the job's election group
             (a standby that takes over when the active coordinator dies; see
             :mod:`chandy.coordinator.kafka.requests`).
@@ -138,6 +141,7 @@ class CoordinatorService:
         checkpoint_id_floor: int | None = None,
         metrics_port: int | None = None,
         metrics_address: str = "0.0.0.0",
+        metrics_scope: MetricScope | None = None,
         standby: bool = False,
         accept_requests: bool = True,
         request_executor: RequestExecutor | None = None,
@@ -180,6 +184,7 @@ class CoordinatorService:
         self._metrics_port = metrics_port
         self._retry_timeout_s = retry_timeout_s
         self._metrics_address = metrics_address
+        self._metrics_scope = metrics_scope or MetricScope(job_id)
         self.metrics_server: MetricsServer | None = None
         self._standby = standby
         self._accept_requests = accept_requests
@@ -216,7 +221,8 @@ class CoordinatorService:
         if self._metrics_port is not None and self.metrics_server is None:
             self.metrics_server = MetricsServer(self._metrics_port, self._metrics_address)
             self.metrics_server.register(CheckpointMetricsCollector(
-                self.job_id, lambda: self._call(lambda cc: cc.stats.to_json(), timeout_s=5.0), self.operators))
+                self._metrics_scope, lambda: self._call(lambda cc: cc.stats.to_json(), timeout_s=5.0), self.operators,
+                read_epoch=lambda: self.epoch))
         try:
             return self._start(periodic=periodic, timeout_s=timeout_s)
         except BaseException:
@@ -255,9 +261,12 @@ class CoordinatorService:
             # the job was canceled, stopped with a savepoint or failed: it does not run again (Flink's
             # HA does not restart a globally terminated job; a new submission restores a savepoint)
             ended = f"job {self.job_id} ended ({state.job_status.value}: {state.job_status_reason or 'no reason given'})"
+            latest = CompletedCheckpointStore.latest(state)
+            pointer = (f"PATH (a savepoint or retained checkpoint; the latest: {latest.external_pointer})"
+                       if latest is not None and latest.external_pointer else "PATH (a savepoint or retained checkpoint)")
             why = (f"{ended}; the standby does not restart it" if self._standby else
                    f"{ended}; a finished, canceled or failed job does not run again: restore it with "
-                   "--from-savepoint PATH (a savepoint or retained checkpoint) or start a new job with --job-id")
+                   f"--from-savepoint {pointer} or start a new job with --job-id")
             self.stop()
             raise JobTerminatedError(why, state.job_status.value)
         coordinator = self.coordinator = CheckpointCoordinator(

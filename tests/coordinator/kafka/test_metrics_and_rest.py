@@ -26,33 +26,47 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_metrics_endpoint_shows_flinks_checkpoint_gauges_with_the_job_label(kafka_bootstrap_servers, topic_prefix, tmp_path):
+    """Flink's Prometheus reporter's names and labels (issue 33): flink_jobmanager_job_<metric>
+    with job_id, job_name and host; an operator's numberOfSubtasks under the operator scope."""
     with running_job(kafka_bootstrap_servers, topic_prefix, tmp_path, metrics_port=0) as service:
         assert service.metrics_server is not None
         port = service.metrics_server.port
-        job = (("job_id", service.job_id),)
+        job = (("host", socket.gethostname()), ("job_id", service.job_id), ("job_name", f"job of {topic_prefix}"))
         before = scrape(port)
-        assert before[("numberOfCompletedCheckpoints", job)] == 0
-        assert before[("lastCompletedCheckpointId", job)] == -1 and before[("lastCheckpointDuration", job)] == -1
+        assert before[("flink_jobmanager_job_numberOfCompletedCheckpoints", job)] == 0
+        assert before[("flink_jobmanager_job_lastCompletedCheckpointId", job)] == -1
+        assert before[("flink_jobmanager_job_lastCheckpointDuration", job)] == -1
         record = service.trigger_checkpoint().result(30)
         after = scrape(port)
         stats = service.stats()
-        assert after[("numberOfCompletedCheckpoints", job)] >= 1
-        assert after[("lastCompletedCheckpointId", job)] == record.checkpoint_id
-        assert after[("lastCheckpointDuration", job)] == stats["latest"]["completed"]["end_to_end_duration"]
-        assert after[("lastCheckpointSize", job)] == 14  # two subtasks, 7 bytes each
-        assert after[("totalNumberOfCheckpoints", job)] == 1 and after[("numberOfInProgressCheckpoints", job)] == 0
-        assert after[("numberOfSubtasks", (("job_id", service.job_id), ("operator", "src")))] == 2
+        assert after[("flink_jobmanager_job_numberOfCompletedCheckpoints", job)] >= 1
+        assert after[("flink_jobmanager_job_lastCompletedCheckpointId", job)] == record.checkpoint_id
+        assert after[("flink_jobmanager_job_lastCheckpointDuration", job)] == stats["latest"]["completed"]["end_to_end_duration"]
+        assert after[("flink_jobmanager_job_lastCheckpointSize", job)] == 14  # two subtasks, 7 bytes each
+        assert after[("flink_jobmanager_job_totalNumberOfCheckpoints", job)] == 1
+        assert after[("flink_jobmanager_job_numberOfInProgressCheckpoints", job)] == 0
+        assert after[("flink_jobmanager_job_numRestarts", job)] == 0  # the job's first coordinator
+        assert after[("flink_jobmanager_job_uptime", job)] > before[("flink_jobmanager_job_uptime", job)] > 0
+        operator = (*job, ("operator_name", "src"), ("subtask_index", "0"), ("task_name", "src"))
+        assert after[("flink_taskmanager_job_task_operator_numberOfSubtasks", tuple(sorted(operator)))] == 2
+        assert not any(name == "lastCheckpointDuration" for name, _ in after)  # Chandy 0.1's names: only on request
     with pytest.raises(OSError):  # stopping the coordinator stops its metrics server
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-def test_failed_checkpoints_are_counted(kafka_bootstrap_servers, topic_prefix, tmp_path):
-    with running_job(kafka_bootstrap_servers, topic_prefix, tmp_path, metrics_port=0, decline={1}) as service:
+def test_failed_checkpoints_are_counted_under_flinks_and_on_request_chandy_0_1s_names(
+        kafka_bootstrap_servers, topic_prefix, tmp_path):
+    with running_job(kafka_bootstrap_servers, topic_prefix, tmp_path, metrics_port=0, decline={1},
+                     metrics_legacy_names=True) as service:
         with pytest.raises(CheckpointException):
             service.trigger_checkpoint().result(30)
         values = scrape(service.metrics_server.port)
+        job = (("host", socket.gethostname()), ("job_id", service.job_id), ("job_name", f"job of {topic_prefix}"))
+        assert values[("flink_jobmanager_job_numberOfFailedCheckpoints", job)] == 1
+        assert values[("flink_jobmanager_job_numberOfCompletedCheckpoints", job)] == 0
         assert values[("numberOfFailedCheckpoints", (("job_id", service.job_id),))] == 1
         assert values[("numberOfCompletedCheckpoints", (("job_id", service.job_id),))] == 0
+        assert values[("numberOfSubtasks", (("job_id", service.job_id), ("operator", "src")))] == 2
 
 
 def test_a_taken_metrics_port_fails_the_start_with_a_typed_error(kafka_bootstrap_servers, topic_prefix, tmp_path):
