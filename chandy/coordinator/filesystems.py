@@ -67,6 +67,7 @@ __all__ = [
     "pyiceberg_properties",
     "require_backend",
     "resolve_settings",
+    "to_url",
 ]
 
 
@@ -249,6 +250,18 @@ def require_backend(url: str) -> None:
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether ``fs`` is a local disk (directories exist there; on object stores they do not)."""
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def to_url(fs: fsspec.AbstractFileSystem, path: str, like: str | None = None) -> str:
+    """``path`` of ``fs`` as a URL in the scheme of ``like`` (the URL the user gave) when that
+    scheme is another name of the same backend: fsspec spells a backend's URLs with its first
+    protocol (adlfs: ``abfs://`` for a directory given as ``az://``), and a pointer should read
+    as the directory it is in."""
+    url = fs.unstrip_protocol(path)
+    scheme = like.split("://", 1)[0] if like and "://" in like else None
+    if scheme and "://" in url and not is_local(fs) and url.split("://", 1)[0] != scheme:
+        url = f"{scheme}://{url.split('://', 1)[1]}"
+    return url
 
 
 def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:

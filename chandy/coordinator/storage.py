@@ -37,7 +37,7 @@ import fsspec
 
 from chandy.coordinator import serde
 from chandy.coordinator.errors import ChandyError
-from chandy.coordinator.filesystems import is_local, open_filesystem
+from chandy.coordinator.filesystems import is_local, open_filesystem, to_url
 from chandy.coordinator.messages import StateHandle
 from chandy.schemas.codec import SingleObjectCodec, WireFormatError
 
@@ -234,14 +234,11 @@ class CheckpointStorage:
         self.job_id = job_id
         self.storage_options = dict(storage_options or {})
         self.fs, base = open_filesystem(checkpoint_dir, self.storage_options)
-        self.base_url = self._url(base)
+        self.base_url = to_url(self.fs, base, like=checkpoint_dir)
         self.job_dir = _join(self.base_url, job_id)
         self.shared_dir = _join(self.job_dir, CHECKPOINT_SHARED_STATE_DIR)
         self.task_owned_dir = _join(self.job_dir, CHECKPOINT_TASK_OWNED_STATE_DIR)
         self.default_savepoint_dir = savepoint_dir
-
-    def _url(self, path: str) -> str:
-        return self.fs.unstrip_protocol(path)
 
     def _fs_for(self, url: str) -> tuple[fsspec.AbstractFileSystem, str]:
         return open_filesystem(url, self.storage_options)
@@ -280,7 +277,7 @@ class CheckpointStorage:
             path = _join(base_path, name)
             if not fs.exists(path):
                 fs.makedirs(path, exist_ok=False)
-                directory = fs.unstrip_protocol(path)
+                directory = to_url(fs, path, like=base)
                 return CheckpointStorageLocation(checkpoint_id, directory, _join(directory, METADATA_FILE_NAME), True)
         raise CheckpointStorageError(f"could not create a unique savepoint directory under {base}")
 
@@ -355,5 +352,5 @@ def resolve_checkpoint_pointer(pointer: str, storage_options: dict[str, Any] | N
         directory = path.rsplit("/", 1)[0]
         if not path.endswith("/" + METADATA_FILE_NAME) and path != METADATA_FILE_NAME:
             raise CheckpointPointerError(f"{pointer} is a file, but not a {METADATA_FILE_NAME} file")
-    where = fs.unstrip_protocol(metadata_path)
-    return fs.unstrip_protocol(directory), deserialize_metadata(fs.cat_file(metadata_path), where)
+    where = to_url(fs, metadata_path, like=pointer)
+    return to_url(fs, directory, like=pointer), deserialize_metadata(fs.cat_file(metadata_path), where)

@@ -102,3 +102,19 @@ def test_the_cause_is_found_down_the_exception_chain() -> None:
     except RuntimeError as outer:
         assert describe_storage_error("s3://x/t", outer) == (
             "s3://x/t: the bucket or container does not exist (Generic S3 error: NoSuchBucket)")
+
+
+def test_a_url_keeps_the_scheme_the_user_gave_for_the_same_backend() -> None:
+    """adlfs spells its URLs abfs://; a savepoint under a directory given as az:// reads az://."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from chandy.coordinator.filesystems import to_url
+
+    class Adl(MemoryFileSystem):
+        protocol = ("abfs", "az", "abfss")
+        root_marker = ""
+
+    fs = Adl()
+    assert to_url(fs, "c/checkpoints/savepoint-1", like="az://c/checkpoints") == "az://c/checkpoints/savepoint-1"
+    assert to_url(fs, "c/checkpoints/savepoint-1", like="abfs://c/checkpoints") == "abfs://c/checkpoints/savepoint-1"
+    assert to_url(fs, "c/checkpoints/savepoint-1") == "abfs://c/checkpoints/savepoint-1"

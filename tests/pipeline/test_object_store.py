@@ -229,8 +229,8 @@ def test_stop_with_savepoint_then_resume_into_the_same_and_a_new_table(
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
 def test_a_standby_takes_over_after_a_sigkill(store, kafka_bootstrap_servers, tmp_path, fmt) -> None:
     job = Job(fmt, store, kafka_bootstrap_servers, tmp_path, checkpoints_outside=True)
-    produce(job.servers, job.topic, 3000, job.produced)
-    args = job.args("--until-drained", "--max-records-per-checkpoint", "150")
+    produce(job.servers, job.topic, 6000, job.produced)  # 30 checkpoints: the active is still running at the kill
+    args = job.args("--until-drained", "--max-records-per-checkpoint", "100")
     active = subprocess.Popen(args, cwd=REPO_ROOT, env=job.env(), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     standby = None
