@@ -54,6 +54,15 @@ def test_a_checkpoint_completed_after_load_appears_without_reload(browser, kafka
         assert page.text_content(f"{row} td.size") == "14 B"
         assert page.text_content('#counts [data-count="completed"] b') == "2"
         assert page.locator(f'#chart circle.point[data-checkpoint-id="{second.checkpoint_id}"]').count() == 1
+        # issue 33: labelled axes with units and wall-clock dates; p95 and p99.9 of the duration
+        assert page.text_content("#chart text.axis-title.duration") == "end-to-end duration (ms)"
+        assert page.text_content("#chart text.axis-title.size") == "state size (bytes)"
+        labels = [t.text_content() for t in page.locator("#chart text.x-label").all()]
+        year = str(__import__("datetime").date.today().year)
+        assert len(labels) == 2 and labels[0].startswith(f"#{first.checkpoint_id} · ") and year in labels[0], labels
+        headers = [h.text_content() for h in page.locator("#summary thead th").all()]
+        assert {"p95", "p99.9"} <= set(headers), headers
+        assert page.locator('#summary tr[data-summary="end_to_end_duration"] td').count() == 8
         assert page.evaluate("window.__loadedOnce") is True
 
         with pytest.raises(CheckpointException, match="declined|simulated"):

@@ -86,15 +86,30 @@ function renderChart(history) {
   const yDur = (v) => H - B - (v / maxDur) * (H - T - B);
   const ySize = (v) => H - B - (v / maxSize) * (H - T - B);
   chart.append(svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#999" }));
+  chart.append(svg("line", { class: "axis-duration", x1: L, y1: T, x2: L, y2: H - B, stroke: "#1565c0" }));
+  chart.append(svg("line", { class: "axis-size", x1: W - R, y1: T, x2: W - R, y2: H - B, stroke: "#2e7d32" }));
+  // axis titles with their units: duration (left, ms), state size (right, bytes), checkpoints (bottom)
+  for (const [cls, label, xPos, yPos, rotate, color] of [
+    ["axis-title duration", "end-to-end duration (ms)", 12, (T + H - B) / 2, -90, "#1565c0"],
+    ["axis-title size", "state size (bytes)", W - 10, (T + H - B) / 2, 90, "#2e7d32"],
+  ]) {
+    const t = svg("text", { class: cls, x: xPos, y: yPos, "font-size": 11, "text-anchor": "middle", fill: color,
+                            transform: `rotate(${rotate} ${xPos} ${yPos})` });
+    t.textContent = label;
+    chart.append(t);
+  }
   for (const [label, xPos, anchor] of [[fmtMs(maxDur), L - 4, "end"], [fmtBytes(maxSize), W - R + 4, "start"]]) {
     const t = svg("text", { x: xPos, y: T + 8, "font-size": 11, "text-anchor": anchor, fill: "#555" });
     t.textContent = label;
     chart.append(t);
   }
-  for (const [label, xPos] of [[String(minId), x(minId)], [String(maxId), x(maxId)]]) {
-    const t = svg("text", { x: xPos, y: H - 8, "font-size": 11, "text-anchor": "middle", fill: "#555" });
-    t.textContent = "#" + label;
+  // the first and last checkpoint: ID and wall-clock trigger time (the browser's time zone)
+  const when = (c) => new Date(c.trigger_timestamp).toLocaleString();
+  for (const [c, anchor] of [[points[0], "start"], [points[points.length - 1], "end"]]) {
+    const t = svg("text", { class: "x-label", x: x(c.id), y: H - 8, "font-size": 11, "text-anchor": anchor, fill: "#555" });
+    t.textContent = `#${c.id} · ${when(c)}`;
     chart.append(t);
+    if (points.length === 1) break;
   }
   const line = (series, y, color, cls) => {
     if (series.length > 1) {
@@ -126,7 +141,7 @@ function renderSummary(summary) {
     const s = summary[key];
     const tr = el("tr", { "data-summary": key });
     tr.append(el("th", {}, label));
-    for (const f of ["min", "avg", "p50", "p90", "p99", "max"]) tr.append(el("td", { class: "num" }, fmt(s[f])));
+    for (const f of ["min", "avg", "p50", "p90", "p95", "p99", "p999", "max"]) tr.append(el("td", { class: "num" }, fmt(s[f])));
     body.append(tr);
   }
 }
