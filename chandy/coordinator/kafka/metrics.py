@@ -26,6 +26,11 @@ bytes, and -1 where Flink reports -1 (nothing completed or restored yet):
 ``uptime``                          ms since this coordinator started leading the job
 ``numRestarts``                     times the job was started again after its first start
                                     (coordinator epochs after the first: restarts, take-overs)
+``<status>State``                   1 for the job's status, 0 for the others (Flink's job
+                                    status metrics, ``metrics.job.status.enable: STATE``):
+                                    ``createdState``, ``runningState``, ``failingState``,
+                                    ``failedState``, ``finishedState``, ``suspendedState``,
+                                    ``canceledState``; a failed job is ``failedState`` 1
 ==================================  =========================================================
 
 The operators' metrics (a connector's, such as the pipeline's Kafka source and lake sink) are
@@ -83,6 +88,8 @@ JOB_PREFIX = "flink_jobmanager_job_"
 #: ... and of an operator's metrics (logical scope ``taskmanager.job.task.operator``)
 OPERATOR_PREFIX = "flink_taskmanager_job_task_operator_"
 JOB_LABELS = ("job_id", "job_name", "host")
+#: the statuses of Flink's ``<status>State`` gauges that a Chandy job takes
+JOB_STATUSES = ("CREATED", "RUNNING", "FAILING", "FAILED", "FINISHED", "SUSPENDED", "CANCELED")
 OPERATOR_LABELS = (*JOB_LABELS, "task_name", "subtask_index", "operator_name")
 
 
@@ -164,14 +171,17 @@ class CheckpointMetricsCollector(Collector):
             coordinator stopped: the last values read are exposed then).
         operators: operator ID -> parallelism, for ``numberOfSubtasks``.
         read_epoch: the coordinator's epoch (1 for the job's first start), for ``numRestarts``.
+        read_status: the job's status (``JobStatus`` value), for the ``<status>State`` gauges.
     """
 
     def __init__(self, job_id: str | MetricScope, read_stats: Callable[[], Mapping[str, Any]],
-                 operators: Mapping[str, int] | None = None, read_epoch: Callable[[], int] | None = None) -> None:
+                 operators: Mapping[str, int] | None = None, read_epoch: Callable[[], int] | None = None,
+                 read_status: Callable[[], str] | None = None) -> None:
         self.scope = job_id if isinstance(job_id, MetricScope) else MetricScope(job_id)
         self.job_id = self.scope.job_id
         self.read_stats = read_stats
         self.read_epoch = read_epoch
+        self.read_status = read_status
         self.operators = dict(operators or {})
         self.started = time.monotonic()
         self._last: dict[str, float] | None = None
@@ -204,6 +214,12 @@ class CheckpointMetricsCollector(Collector):
                 restarts = scope.job_gauge("numRestarts", "Times the job was started again (restarts, take-overs).")
                 restarts.add_metric(scope.job_labels, max(0, epoch - 1))
                 yield restarts
+        if self.read_status is not None:
+            status = self.read_status()
+            for name in JOB_STATUSES:
+                state = scope.job_gauge(f"{name.lower()}State", f"1 while the job is {name}, else 0.")
+                state.add_metric(scope.job_labels, 1 if status == name else 0)
+                yield state
         if self.operators:
             family = scope.operator_gauge("numberOfSubtasks", "Subtasks whose acknowledgements a checkpoint waits for.")
             for operator, parallelism in sorted(self.operators.items()):

@@ -222,7 +222,7 @@ class CoordinatorService:
             self.metrics_server = MetricsServer(self._metrics_port, self._metrics_address)
             self.metrics_server.register(CheckpointMetricsCollector(
                 self._metrics_scope, lambda: self._call(lambda cc: cc.stats.to_json(), timeout_s=5.0), self.operators,
-                read_epoch=lambda: self.epoch))
+                read_epoch=lambda: self.epoch, read_status=self._status_for_metrics))
         try:
             return self._start(periodic=periodic, timeout_s=timeout_s)
         except BaseException:
@@ -359,6 +359,12 @@ class CoordinatorService:
         (waiting up to 10 s for it: a broker's restart moves the group and its partition for a
         moment), or it runs without an election (then only a new start of the job fences it)."""
         return self.election is None or self.election.wait_until_leader(timeout_s=10.0)
+
+    def _status_for_metrics(self) -> str:
+        """The job's status: the last change this coordinator made, else RUNNING once it leads."""
+        if self.job_status is not None:
+            return self.job_status
+        return "RUNNING" if self.coordinator is not None else "CREATED"
 
     def _on_job_status(self, status: str, reason: str | None) -> None:
         self.job_status = status

@@ -50,6 +50,11 @@ def test_metrics_endpoint_shows_flinks_checkpoint_gauges_with_the_job_label(kafk
         operator = (*job, ("operator_name", "src"), ("subtask_index", "0"), ("task_name", "src"))
         assert after[("flink_taskmanager_job_task_operator_numberOfSubtasks", tuple(sorted(operator)))] == 2
         assert not any(name == "lastCheckpointDuration" for name, _ in after)  # Chandy 0.1's names: only on request
+        assert after[("flink_jobmanager_job_runningState", job)] == 1 and after[("flink_jobmanager_job_failedState", job)] == 0
+        service.fail_job("a test fails it").result(10)  # FAILED is FAILED (issue 33), not SUSPENDED
+        failed = scrape(port)
+        assert failed[("flink_jobmanager_job_failedState", job)] == 1
+        assert failed[("flink_jobmanager_job_runningState", job)] == failed[("flink_jobmanager_job_suspendedState", job)] == 0
     with pytest.raises(OSError):  # stopping the coordinator stops its metrics server
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
