@@ -42,6 +42,7 @@ check: setup
 test-tools:
 	@command -v java >/dev/null 2>&1 || { echo "make test needs Java 17+: apt-get install openjdk-17-jre-headless"; exit 1; }
 	@command -v chromium >/dev/null 2>&1 || { echo "make test needs Chromium (the dashboard's browser test): apt-get install chromium"; exit 1; }
+	@command -v prometheus >/dev/null 2>&1 || { echo "make test needs Prometheus (the Grafana dashboard's PromQL test): apt-get install prometheus"; exit 1; }
 
 test: test-tools kafka-jars azurite check
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,123 @@
+"""Issue 33: a real Prometheus (Debian's ``prometheus`` package; ``.ci/run`` installs it) scrapes a
+running pipeline, and every PromQL expression of the shipped Grafana dashboard
+(``docker/grafana/dashboards/chandy.json``) answers with a series through Prometheus' HTTP API, as
+do the checkpoint, job and Kafka-source expressions Flink's dashboards are written with (Flink's
+metric names and labels, as its Prometheus reporter exposes them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from chandy.broker import free_port
+from tests.fixtures import REPO_ROOT
+from tests.fixtures.lake_pipeline import make_topic
+from tests.fixtures.object_store import stop_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+DASHBOARD = REPO_ROOT / "docker" / "grafana" / "dashboards" / "chandy.json"
+
+#: The expressions of Flink dashboards' checkpoint, job and Kafka-source panels, as they are
+#: written against Flink's Prometheus reporter (written here from Flink's metric names, labels and
+#: the usual panel queries; not copied from one dashboard).
+FLINK_PANEL_EXPRESSIONS = (
+    "flink_jobmanager_job_lastCheckpointDuration",
+    "max by (job_name) (flink_jobmanager_job_lastCheckpointDuration)",
+    "flink_jobmanager_job_lastCheckpointSize",
+    "flink_jobmanager_job_lastCheckpointFullSize",
+    "flink_jobmanager_job_numberOfCompletedCheckpoints",
+    "increase(flink_jobmanager_job_numberOfCompletedCheckpoints[1m])",
+    "flink_jobmanager_job_numberOfFailedCheckpoints",
+    "increase(flink_jobmanager_job_numberOfFailedCheckpoints[5m])",
+    "flink_jobmanager_job_numberOfInProgressCheckpoints",
+    "flink_jobmanager_job_totalNumberOfCheckpoints",
+    "flink_jobmanager_job_lastCheckpointRestoreTimestamp",
+    "flink_jobmanager_job_lastCompletedCheckpointId",
+    "flink_jobmanager_job_uptime",
+    "flink_jobmanager_job_numRestarts",
+    "flink_jobmanager_job_runningState == 1",
+    'sum by (job_name) (flink_taskmanager_job_task_operator_pendingRecords)',
+    'max by (job_name, topic, partition) (flink_taskmanager_job_task_operator_pendingRecords)',
+    'sum by (job_name, operator_name) (flink_taskmanager_job_task_operator_numRecordsInPerSecond)',
+    'sum by (job_name, operator_name) (flink_taskmanager_job_task_operator_numRecordsOutPerSecond)',
+    'sum by (job_name) (flink_taskmanager_job_task_operator_numRecordsIn)',
+    'sum by (job_name) (flink_taskmanager_job_task_operator_numRecordsOut)',
+    'sum by (job_name) (flink_taskmanager_job_task_operator_numRecordsInErrors)',
+)
+
+
+def dashboard_expressions() -> list[str]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [target["expr"] for panel in panels for target in panel["targets"]]
+
+
+def query(prometheus: str, expression: str) -> list:
+    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        body = json.loads(answer.read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def start_prometheus(tmp_path: Path, target: str) -> tuple[subprocess.Popen, str]:
+    executable = shutil.which("prometheus")
+    if executable is None:
+        pytest.skip("Prometheus is missing: apt-get install prometheus (.ci/run installs it)")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: chandy\n"
+                      f"    static_configs:\n      - targets: ['{target}']\n")
+    port = free_port()
+    process = subprocess.Popen([executable, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                               stderr=(tmp_path / "prometheus.log").open("wb"), start_new_session=True)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def test_every_dashboard_expression_answers_from_a_real_prometheus(kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [b"v%d" % i for i in range(4000)], partitions=2)
+    metrics_port = free_port()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    pipeline = subprocess.Popen(
+        [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", str(tmp_path / "table"), "--topic", topic,
+         "-b", kafka_bootstrap_servers, "--prefix", f"pr{os.getpid()}", "--max-records-per-checkpoint", "200",
+         "--checkpoint-interval", "500", "--metrics-port", str(metrics_port), "--job-name", "orders to lake",
+         "--master", "local[1]", "--conf", "spark.ui.enabled=false"],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "pipeline.log").open("wb"),
+        start_new_session=True)
+    prometheus, url = start_prometheus(tmp_path, f"127.0.0.1:{metrics_port}")
+    try:
+        deadline = time.monotonic() + 240
+        while True:  # two scrapes at least after the first micro-batch (rate() and increase() need two)
+            try:
+                ready = query(url, "count_over_time(flink_taskmanager_job_task_operator_lastLakeCommitDuration[1m])")
+            except OSError:
+                ready = []
+            if ready and float(ready[0]["value"][1]) >= 3:
+                break
+            assert pipeline.poll() is None, (tmp_path / "pipeline.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no lake commit scraped within 240 s"
+            time.sleep(1)
+        empty = [e for e in (*dashboard_expressions(), *FLINK_PANEL_EXPRESSIONS) if not query(url, e)]
+        assert empty == [], f"no series for: {empty}"
+        (series,) = query(url, 'flink_jobmanager_job_lastCheckpointDuration{job_name="orders to lake"}')
+        assert set(series["metric"]) >= {"job_id", "job_name", "host"} and float(series["value"][1]) > 0
+        lag = query(url, "flink_taskmanager_job_task_operator_pendingRecords")
+        assert {s["metric"]["topic"] for s in lag} == {topic} and len(lag) == 2
+    finally:
+        os.killpg(pipeline.pid, signal.SIGTERM)
+        try:
+            pipeline.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(pipeline.pid, signal.SIGKILL)
+        stop_server(prometheus)
