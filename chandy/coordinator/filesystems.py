@@ -7,8 +7,9 @@ gcsfs) cache directory listings and answer ``exists``/``info`` from them; a list
 another process (a Spark task) wrote a file says that file does not exist. Every check that
 decides what to commit, skip or delete (missing data files, unreferenced files, ``_metadata``,
 savepoint pointers) goes through :func:`open_filesystem`, which turns the listings cache off
-(``use_listings_cache=False``, fsspec's ``DirCache`` option) and does not share instances with
-other callers (``skip_instance_cache=True``), so each answer comes from the store itself.
+(``use_listings_cache=False``, fsspec's ``DirCache`` option), so each answer comes from the store
+itself. fsspec still reuses one instance per set of options (its instance cache keys on them), so
+the clients and their connection pools are not made again for every call.
 
 **Settings** (``--storage-option NAME=VALUE``, or the environment variable of the same name; an
 option wins over the environment). The documented names are those of delta-rs (the Rust
@@ -266,7 +267,7 @@ def to_url(fs: fsspec.AbstractFileSystem, path: str, like: str | None = None) ->
 
 def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """``(file system, path)`` for ``url``, whose every answer comes from the store (no listings
-    cache, no instance shared with other callers). ``storage_options`` as
+    cache). ``storage_options`` as
     :func:`fsspec_options` reads them.
 
     Raises:
@@ -276,7 +277,6 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) 
     options = fsspec_options(url, storage_options)
     if _protocol(url) not in ("file", "local"):
         options.setdefault("use_listings_cache", False)
-        options.setdefault("skip_instance_cache", True)
     return url_to_fs(url, **options)
 
 

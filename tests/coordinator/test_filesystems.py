@@ -70,7 +70,7 @@ def test_an_object_store_is_opened_without_a_listings_cache() -> None:
     with mock.patch.object(filesystems, "url_to_fs", return_value=(fs, "b/t")) as opened:
         open_filesystem("s3://b/t", {"AWS_ACCESS_KEY_ID": "AK"})
     kwargs = opened.call_args.kwargs
-    assert kwargs["use_listings_cache"] is False and kwargs["skip_instance_cache"] is True and kwargs["key"] == "AK"
+    assert kwargs["use_listings_cache"] is False and kwargs["key"] == "AK"
 
 
 @pytest.mark.parametrize(("error", "cause"), [
