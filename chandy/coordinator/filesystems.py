@@ -62,6 +62,7 @@ __all__ = [
     "StorageBackendError",
     "delta_options",
     "describe_storage_error",
+    "storage_error_cause",
     "fsspec_options",
     "is_local",
     "open_filesystem",
@@ -301,10 +302,11 @@ _CAUSES = (
 _ERROR_CODE = re.compile(r"<Code>(\w+)</Code>|ErrorCode:(\w+)")
 
 
-def describe_storage_error(url: str, exc: BaseException) -> str:
-    """One line for a storage failure at ``url``: the URI, the cause when it is recognised (missing
-    bucket or container, refused credentials, no permission, unreachable endpoint) and the
-    underlying message (the first line of the innermost exception)."""
+def storage_error_cause(exc: BaseException) -> str:
+    """What went wrong in a storage failure, in one line: the cause when it is recognised (missing
+    bucket or container, refused credentials, no permission, unreachable endpoint) followed by the
+    underlying message in parentheses (the first line of the innermost exception, and the
+    store's own error code), else that message alone."""
     chain: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and current not in chain:
@@ -321,4 +323,9 @@ def describe_storage_error(url: str, exc: BaseException) -> str:
     code = _ERROR_CODE.search(" ".join(str(e) for e in chain))
     if code is not None and (code.group(1) or code.group(2)) not in detail:
         detail = f"{detail}: {code.group(1) or code.group(2)}"
-    return f"{url}: {reason} ({detail})" if reason else f"{url}: {detail}"
+    return f"{reason} ({detail})" if reason else detail
+
+
+def describe_storage_error(url: str, exc: BaseException) -> str:
+    """One line for a storage failure at ``url``: ``<url>: <cause>`` (see :func:`storage_error_cause`)."""
+    return f"{url}: {storage_error_cause(exc)}"

@@ -21,7 +21,7 @@ from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
 )
-from chandy.coordinator.filesystems import StorageBackendError, describe_storage_error, is_local, open_filesystem
+from chandy.coordinator.filesystems import StorageBackendError, is_local, open_filesystem, storage_error_cause
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 
@@ -148,14 +148,14 @@ class PipelinePreflight(PipelineCore):
         try:
             self.table_fields = self.sink.table_fields()
         except Exception as exc:  # delta-rs, pyiceberg and fsspec raise many types
-            raise PipelineError(f"cannot read table {describe_storage_error(self.sink.table_uri, exc)}") from exc
+            raise PipelineError(f"cannot read table {self.sink.table_uri}: {storage_error_cause(exc)}") from exc
         location = self.sink.fs.unstrip_protocol(self.sink.root)
         where = self.sink.table_uri if location.rstrip("/") == self.sink.table_uri.rstrip("/") else \
             f"{self.sink.table_uri} (at {location})"
         try:
             _probe_write(self.sink.fs, self.sink.root)
         except Exception as exc:  # every storage error means "not writable"
-            raise PipelineError(f"table location not writable: {describe_storage_error(where, exc)}") from exc
+            raise PipelineError(f"table location {where} is not writable: {storage_error_cause(exc)}") from exc
 
     def _check_checkpoint_directory(self) -> None:
         """The checkpoint directory (``--checkpoint-dir``, Flink's ``state.checkpoints.dir``) is
@@ -168,7 +168,8 @@ class PipelinePreflight(PipelineCore):
         except StorageBackendError as exc:
             raise PipelineError(str(exc)) from exc
         except Exception as exc:  # every storage error means "not writable"
-            raise PipelineError(f"checkpoint directory not writable: {describe_storage_error(checkpoint_dir, exc)}") from exc
+            raise PipelineError(f"checkpoint directory {checkpoint_dir} is not writable: "
+                                f"{storage_error_cause(exc)}") from exc
 
     def _warn_local_paths_on_a_cluster(self) -> None:
         """Tasks write the table's files (and bad records) where the driver then commits them

@@ -42,7 +42,11 @@ def transactional_id_for(prefix: str, job_id: str) -> str:
 def is_fencing(error: KafkaError) -> bool:
     """Whether ``error`` means a newer producer of the same ``transactional.id`` took over (or the
     producer failed fatally, which librdkafka reports for fencing too)."""
-    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+    # produce() on a producer already in its fatal state raises "Unable to produce message: Local:
+    # Fatal error" (code _FATAL) with fatal() False: the fencing is behind it (CI saw a fenced
+    # coordinator stop as a mere write failure)
+    return error.code() in (KafkaError._FENCED, KafkaError._FATAL, KafkaError.PRODUCER_FENCED,
+                            KafkaError.INVALID_PRODUCER_EPOCH,
                             KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED) or error.fatal()
 
 
