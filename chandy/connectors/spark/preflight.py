@@ -162,6 +162,9 @@ class PipelinePreflight(PipelineCore):
         a store of its own when it is not inside the table: its backend, bucket and credentials
         are checked as the table's are."""
         checkpoint_dir = self.options.resolved_checkpoint_dir
+        location = self.sink.fs.unstrip_protocol(self.sink.root).rstrip("/")
+        if any(checkpoint_dir.startswith(f"{root.rstrip('/')}/") for root in (self.sink.table_uri, location)):
+            return  # inside the table (the default): its location was just probed
         try:
             fs, path = open_filesystem(checkpoint_dir, self.options.storage_options)
             _probe_write(fs, path)

@@ -170,7 +170,8 @@ class CheckpointMetricsCollector(Collector):
         read_stats: returns the ``/jobs/:jobid/checkpoints``-shaped stats (may raise once the
             coordinator stopped: the last values read are exposed then).
         operators: operator ID -> parallelism, for ``numberOfSubtasks``.
-        read_epoch: the coordinator's epoch (1 for the job's first start), for ``numRestarts``.
+        read_epoch: the coordinator's epoch (1 for the job's first start, 0 before it leads; must
+            not raise), for ``numRestarts``.
         read_status: the job's status (``JobStatus`` value), for the ``<status>State`` gauges.
     """
 
@@ -205,15 +206,10 @@ class CheckpointMetricsCollector(Collector):
         uptime = scope.job_gauge("uptime", "Time since this coordinator started leading the job, in ms.")
         uptime.add_metric(scope.job_labels, (time.monotonic() - self.started) * 1000)
         yield uptime
-        if self.read_epoch is not None:
-            try:
-                epoch = self.read_epoch()
-            except Exception as exc:  # noqa: BLE001 - not known yet or stopped: left out of this scrape
-                log.debug("job %s: epoch unavailable for metrics (%s)", self.job_id, exc)
-            else:
-                restarts = scope.job_gauge("numRestarts", "Times the job was started again (restarts, take-overs).")
-                restarts.add_metric(scope.job_labels, max(0, epoch - 1))
-                yield restarts
+        if self.read_epoch is not None:  # 0 before the coordinator leads: no restart yet
+            restarts = scope.job_gauge("numRestarts", "Times the job was started again (restarts, take-overs).")
+            restarts.add_metric(scope.job_labels, max(0, self.read_epoch() - 1))
+            yield restarts
         if self.read_status is not None:
             status = self.read_status()
             for name in JOB_STATUSES:
