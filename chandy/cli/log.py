@@ -122,6 +122,7 @@ def _register_connector_log_kinds() -> None:
     import importlib
 
     importlib.import_module("chandy.connectors.kafka.source")
+    importlib.import_module("chandy.connectors.lake")
 
 
 @log_group.command("export")

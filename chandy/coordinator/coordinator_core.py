@@ -101,7 +101,7 @@ class CoordinatorCore:
             self.holders[provider.operator_id] = OperatorCoordinatorHolder(
                 provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job,
                 lambda record: self._commit(Batch(records=[record])), self.checkpoint_pointer,
-                append_batch=self._commit,
+                append_batch=self._commit, state_of=lambda: self.state, event_of=self._checkpoint_event,
             )
         self.decider = CheckpointRequestDecider(options.max_concurrent, options.min_pause_ms)
         self.failure_manager = CheckpointFailureManager(options.tolerable_failed)
@@ -154,6 +154,18 @@ class CoordinatorCore:
             status_timestamp=now, num_subtasks=len(pending.expected), num_acknowledged=pending.num_acknowledged,
             **extra,
         )
+
+    def _checkpoint_event(self, checkpoint_id: int, event_type: str, **fields: Any) -> CheckpointEvent:
+        """An event of ``event_type`` about checkpoint ``checkpoint_id`` now, for an operator
+        coordinator (:meth:`OperatorCoordinatorHolder.publish_event`): type, trigger time and
+        subtask counts from the checkpoint's record in the log (if it is still there)."""
+        record = self.state.checkpoints.get(checkpoint_id)
+        if record is not None:
+            return self._event(record, event_type, self.env.now_ms(), **fields)
+        now = self.env.now_ms()
+        return CheckpointEvent(job_id=self.job_id, checkpoint_id=checkpoint_id, event_type=event_type,
+                               checkpoint_type=CheckpointType.CHECKPOINT.value, epoch=self.state.epoch, timestamp=now,
+                               trigger_timestamp=now, **fields)
 
     def _event(self, pending_or_record: Any, event_type: str, now: int, **extra: Any) -> CheckpointEvent:
         p = pending_or_record

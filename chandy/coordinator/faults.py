@@ -4,8 +4,10 @@ checkpoint. Unset (always, outside tests), a crash point costs one dictionary lo
 
 Points, in protocol order: ``task-read`` (a task is reading its ranges), ``task-written`` (a
 task wrote its files, before its ack), ``before-complete`` (all acks in, before the checkpoint
-is completed), ``before-lake-commit`` (completed, before the lake commit), ``before-offset-commit``
-(lake committed, before the consumer-group offsets are committed).
+is completed), ``before-lake-commit`` (completed, before the lake commit), ``before-lake-event``
+(lake committed, before its ``LAKE_COMMITTED`` event is published), ``before-offset-commit``
+(lake committed and its event handed to the log writer, before the consumer-group offsets are
+committed).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ ENV = "CHANDY_CRASH_AT"
 #: The process group to kill; the pipeline driver sets it, since Spark's Python workers run in
 #: a process group of their own (pyspark's daemon calls setpgid).
 PGID_ENV = "CHANDY_CRASH_PGID"
-POINTS = ("task-read", "task-written", "before-complete", "before-lake-commit", "before-offset-commit")
+POINTS = ("task-read", "task-written", "before-complete", "before-lake-commit", "before-lake-event",
+          "before-offset-commit")
 
 
 def crash_point(point: str, checkpoint_id: int) -> None:

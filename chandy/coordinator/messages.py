@@ -163,11 +163,27 @@ class SubtaskAttemptFailed(_Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class OffsetRange:
+    """Kafka offsets ``[start_offset, end_offset)`` of one topic partition (records)."""
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckpointEvent(_Message):
     """The public event of a trigger, completion, abort or savepoint, with its statistics; also
     the answer to a control request (``REQUEST_ACCEPTED`` / ``REQUEST_COMPLETED`` /
-    ``REQUEST_FAILED``, with ``request_id``) and a job status change (``JOB_STATUS_CHANGED``,
-    with ``job_status``). Readers ignore event types they do not know."""
+    ``REQUEST_FAILED``, with ``request_id``), a job status change (``JOB_STATUS_CHANGED``, with
+    ``job_status``) and a lake commit (``LAKE_COMMITTED``: checkpoint ``checkpoint_id`` is
+    visible in ``table_uri`` at ``table_version``, Delta's version or Iceberg's snapshot ID; the
+    commit added ``records_added`` records in ``files_added`` files, read from ``offset_ranges``).
+
+    ``COMPLETED`` is Flink's checkpoint completion: durable, but the sinks commit after it (on
+    ``notifyCheckpointComplete``); ``LAKE_COMMITTED`` follows it once the records are readable.
+    Readers ignore event types they do not know."""
 
     SCHEMA: ClassVar[str] = "chandy.v1.CheckpointEvent"
     job_id: str
@@ -187,6 +203,14 @@ class CheckpointEvent(_Message):
     request_id: str | None = None
     request_type: str | None = None
     job_status: str | None = None
+    table_uri: str | None = None
+    table_format: str | None = None
+    table_version: int | None = None
+    previous_table_version: int | None = None
+    records_added: int | None = None
+    files_added: int | None = None
+    offset_ranges: tuple[OffsetRange, ...] | None = None
+    job_name: str | None = None
 
 
 #: Avro schema name -> message class, for decoding.

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from chandy.coordinator.environment import SourceOffsets
@@ -114,6 +114,22 @@ class OperatorCoordinatorContext(Protocol):
     def checkpoint_pointer(self, checkpoint_id: int) -> str | None:
         """The directory URL of checkpoint or savepoint ``checkpoint_id`` (completed, pending, or
         being restored), or None when unknown: where its ``_metadata`` is."""
+        ...
+
+    def log_records(self, kind: str) -> Mapping[str, Any]:
+        """The entities of a connector's log-record ``kind`` as replayed from the coordinator log
+        and appended since (entity ID -> the kind's folded value, by default its latest record)."""
+        ...
+
+    def publish_event(self, checkpoint_id: int, event_type: str, *, records: Sequence[Any] = (),
+                      **fields: Any) -> None:
+        """Publish a ``CheckpointEvent`` of ``event_type`` about checkpoint ``checkpoint_id`` on
+        the public events topic (epoch, checkpoint type and trigger time filled in by the
+        runtime; ``fields`` the event's other fields) in one transaction with ``records``
+        appended to the coordinator log: a record saying the event was published is durable
+        exactly when the event is, so a successor publishes what is missing and nothing twice.
+        Transactions commit in the order they are asked for, after every earlier one (so after
+        the checkpoint's COMPLETED event)."""
         ...
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from chandy.coordinator.environment import Batch, CoordinatorEnvironment, SourceOffsets
 from chandy.coordinator.errors import ChandyError
-from chandy.coordinator.messages import OperatorEventMessage
+from chandy.coordinator.messages import CheckpointEvent, OperatorEventMessage
 from chandy.coordinator.operator_coordinator import OperatorCoordinator, OperatorCoordinatorProvider, OperatorEvent
+from chandy.coordinator.state import CoordinatorState
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class OperatorCoordinatorHolder:
         append_record: Callable[[Any], None] | None = None,
         pointer_of: Callable[[int], str | None] | None = None,
         append_batch: Callable[[Batch], None] | None = None,
+        state_of: Callable[[], CoordinatorState] | None = None,
+        event_of: Callable[..., CheckpointEvent] | None = None,
     ) -> None:
         self.operator_id = provider.operator_id
         self._parallelism = parallelism
@@ -81,6 +84,8 @@ class OperatorCoordinatorHolder:
         self._append_record = append_record or (lambda record: None)
         self._pointer_of = pointer_of or (lambda checkpoint_id: None)
         self._append_batch = append_batch
+        self._state_of = state_of
+        self._event_of = event_of
         self._closed = False
         self.current_attempts: dict[int, int] = {}
         self._valve_closed = False
@@ -151,6 +156,21 @@ class OperatorCoordinatorHolder:
     def checkpoint_pointer(self, checkpoint_id: int) -> str | None:
         """The directory URL of checkpoint or savepoint ``checkpoint_id`` (see the Context)."""
         return self._pointer_of(checkpoint_id)
+
+    def log_records(self, kind: str) -> Mapping[str, Any]:
+        """See :meth:`OperatorCoordinatorContext.log_records` (empty without a coordinator state)."""
+        return {} if self._state_of is None else self._state_of().records_of(kind)
+
+    def publish_event(self, checkpoint_id: int, event_type: str, *, records: Sequence[Any] = (),
+                      **fields: Any) -> None:
+        """See :meth:`OperatorCoordinatorContext.publish_event`.
+
+        Raises:
+            RuntimeError: the holder was made without a way to append batches or build events.
+        """
+        if self._append_batch is None or self._event_of is None:
+            raise RuntimeError(f"operator coordinator {self.operator_id} cannot publish events here")
+        self._append_batch(Batch(records=list(records), events=[self._event_of(checkpoint_id, event_type, **fields)]))
 
     # -- events ----------------------------------------------------------------------------------
     def _send(self, subtask: int, attempt: int, event: OperatorEvent, future: concurrent.futures.Future[None]) -> None:

@@ -85,7 +85,12 @@ def _element(tp: Any) -> type | None:
 
 
 def _converter(tp: Any) -> Callable[[Any], Any] | None:
-    """How to turn the Avro value of a field of type ``tp`` into the field's value (None: as is)."""
+    """How to turn the Avro value of a field of type ``tp`` into the field's value (None: as is).
+    A null Avro value stays None (``from_avro`` never converts it)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None: convert as X
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            tp = args[0]
     inner = _element(tp)
     sequence = typing.get_origin(tp) in (tuple, list)
     if inner is not None:

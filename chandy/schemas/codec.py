@@ -174,6 +174,36 @@ def load_schemas(directory: Traversable | None = None) -> dict[str, Schema]:
     return loaded
 
 
+#: The sub-package of earlier versions of the schemas, ``<full name>.<fingerprint hex>.avsc``, each
+#: self-contained: records written by an earlier Chandy stay readable after a schema changes
+#: (Avro's single-object encoding finds the writer schema by fingerprint, so a reader must know
+#: every version ever written). A changed schema's previous version is added here.
+HISTORY_DIRECTORY = "history"
+
+
+def load_history(directory: Traversable | None = None) -> list[Schema]:
+    """The earlier versions of the schemas shipped in ``directory/history`` (default: the
+    ``schemas`` package's), as writer versions to register next to the current ones.
+
+    Raises:
+        SchemaNotFoundError: a file's name does not match the fingerprint of its schema (a
+            hand-edited history file would otherwise decode records with the wrong schema).
+    """
+    directory = directory if directory is not None else resources.files("chandy.schemas")
+    history = directory.joinpath(HISTORY_DIRECTORY)
+    if not history.is_dir():
+        return []
+    versions = []
+    for entry in sorted((e for e in history.iterdir() if e.name.endswith(".avsc")), key=lambda e: e.name):
+        schema = Schema.from_definition(entry.read_text(encoding="utf-8"))
+        if entry.name != f"{schema.name}.{schema.fingerprint.hex()}.avsc":
+            raise SchemaNotFoundError(f"schema history file {entry.name} holds {schema.name} with fingerprint "
+                                      f"{schema.fingerprint.hex()}: its name must be "
+                                      f"{schema.name}.{schema.fingerprint.hex()}.avsc")
+        versions.append(schema)
+    return versions
+
+
 class SchemaRepository:
     """The schemas a process knows: the current version of each name, and every writer version.
 
@@ -182,11 +212,16 @@ class SchemaRepository:
     """
 
     def __init__(self, schemas: Iterable[Schema] | None = None) -> None:
+        """``schemas``: the current versions (default: the shipped ones, with every earlier
+        version from :func:`load_history` known as a writer version)."""
         self._lock = threading.Lock()
         self._current: dict[str, Schema] = {}
         self._by_fingerprint: dict[bytes, Schema] = {}
         for schema in schemas if schemas is not None else load_schemas().values():
             self.register(schema, current=True)
+        if schemas is None:
+            for schema in load_history():
+                self._by_fingerprint.setdefault(schema.fingerprint, schema)
 
     def register(self, schema: Schema, *, current: bool = False) -> None:
         """Know ``schema`` as a writer version; with ``current``, also read its name with it."""

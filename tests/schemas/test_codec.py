@@ -25,6 +25,7 @@ from chandy.schemas.codec import (
     WireFormatError,
     codec_for,
     fingerprint,
+    load_history,
     load_schemas,
 )
 from tests.fixtures.avro_values import example_value, values
@@ -122,6 +123,56 @@ def test_unknown_enum_symbol_reads_as_the_enum_default() -> None:
     value = {**example_value(old.definition), "reason": "SOME_FUTURE_REASON"}
     decoded = reader.decode(SingleObjectCodec(SchemaRepository([new])).encode(old.name, value))
     assert decoded.value["reason"] == "TASK_CHECKPOINT_FAILURE"
+
+
+HISTORY = load_history()
+
+
+def test_the_shipped_history_holds_every_earlier_version_of_a_changed_schema() -> None:
+    # CheckpointEvent changed twice (control requests, then lake commits), JobStatusRecord once
+    names = sorted(s.name for s in HISTORY)
+    assert names.count("chandy.v1.CheckpointEvent") >= 2 and "chandy.v1.JobStatusRecord" in names
+    current = {s.fingerprint for s in SCHEMAS.values()}
+    assert not current & {s.fingerprint for s in HISTORY}, "a current version is not history"
+
+
+@pytest.mark.parametrize("old", HISTORY, ids=lambda s: f"{s.name}-{s.fingerprint.hex()}")
+def test_records_of_every_earlier_version_decode_with_the_default_repository(old: Schema) -> None:
+    # what an earlier Chandy left on a topic: written with its version, read by this one
+    value = example_value(old.definition)
+    data = SingleObjectCodec(SchemaRepository([old])).encode(old.name, value)
+    decoded = SingleObjectCodec().decode(data, WHERE)
+    assert decoded.writer.fingerprint == old.fingerprint
+    current = SCHEMAS[old.name]
+    for field in current.definition["fields"]:
+        expected = value[field["name"]] if field["name"] in value else field["default"]
+        assert decoded.value[field["name"]] == expected, field["name"]
+
+
+@pytest.mark.parametrize("old", [s for s in HISTORY if s.name == "chandy.v1.CheckpointEvent"],
+                         ids=lambda s: s.fingerprint.hex())
+def test_an_earlier_reader_reads_a_lake_commit_event_as_unknown_and_keeps_the_fields_it_knows(old: Schema) -> None:
+    from chandy.coordinator.messages import CheckpointEvent, OffsetRange
+
+    event = CheckpointEvent("job", 7, "LAKE_COMMITTED", "CHECKPOINT", 2, 1000, 900, table_uri="delta:/t",
+                            table_format="delta", table_version=12, previous_table_version=11, records_added=5,
+                            files_added=1, offset_ranges=(OffsetRange("t", 0, 10, 15),), job_name="orders")
+    data = SingleObjectCodec().encode(event.SCHEMA, event.to_avro())
+    reader = SingleObjectCodec(SchemaRepository([old]))
+    reader.repository.register(SCHEMAS[old.name])  # the old reader is given the new writer schema
+    decoded = reader.decode(data, WHERE).value
+    assert decoded["event_type"] == "UNKNOWN"
+    assert (decoded["job_id"], decoded["checkpoint_id"], decoded["epoch"]) == ("job", 7, 2)
+    assert "table_version" not in decoded
+    assert CheckpointEvent.from_avro(SingleObjectCodec().decode(data, WHERE).value) == event
+
+
+def test_a_history_file_named_for_another_fingerprint_is_refused(tmp_path) -> None:
+    (tmp_path / "history").mkdir()
+    old = HISTORY[0]
+    (tmp_path / "history" / f"{old.name}.0000000000000000.avsc").write_text(old.json)
+    with pytest.raises(SchemaNotFoundError, match=f"must be {old.name}.{old.fingerprint.hex()}.avsc"):
+        load_history(tmp_path)
 
 
 def _valid() -> bytes:

@@ -12,7 +12,13 @@ Protocol, in order (docs/design.md, "The pipeline's commit protocol"):
    duplicate records, so nothing is committed and the job fails, naming the partition;
 4. commit N's files in one Delta commit with app transaction (job id, N) and ``commitInfo``
    recording the end offsets of every partition landed so far (cumulative);
-5. only then does the Kafka source, notified next, commit the consumer-group offsets: offsets
+5. announce it: a ``LAKE_COMMITTED`` event (the table, its version or snapshot ID, the records,
+   files and offset ranges added) on the checkpoint-events topic, in one Kafka transaction with a
+   :class:`~chandy.connectors.lake.log_records.LakeCommitRecord` in the coordinator log, so the
+   event is published exactly when the log says so; a restart, a restore or a standby's
+   take-over that finds the table holding checkpoints the log has not announced announces them
+   (read from the table's own history), in order, and never one twice;
+6. only then does the Kafka source, notified next, commit the consumer-group offsets: offsets
    are never committed past what the table holds.
 
 The commit runs on the mailbox thread, on purpose: it must finish before the source commits its
@@ -31,8 +37,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from chandy.connectors.lake.sink import FILE_KIND, TP, DataFile, LakeCommitError, LakeSchemaError, LakeSink
+from chandy.connectors.lake.log_records import LAKE_COMMITS_KIND, LakeCommitRecord
+from chandy.connectors.lake.sink import (
+    FILE_KIND,
+    TP,
+    DataFile,
+    LakeCommit,
+    LakeCommitError,
+    LakeSchemaError,
+    LakeSink,
+)
 from chandy.coordinator.faults import crash_point
+from chandy.coordinator.messages import OffsetRange
 from chandy.coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
 from chandy.coordinator.storage import (
     CheckpointMetadata,
@@ -184,10 +200,50 @@ class LakeCommitter:
             self.table_offsets = offsets
             self.committed_checkpoints.append(checkpoint_id)
             self.records_committed += sum(f.records for f in files)
-            log.info("checkpoint %d: %d file(s), %d record(s) committed to %s", checkpoint_id, len(files),
-                     sum(f.records for f in files), self.sink.table_uri)
+            log.info("checkpoint %d: %d file(s), %d record(s) committed to %s (version %s)", checkpoint_id,
+                     len(files), sum(f.records for f in files), self.sink.table_uri, committed.table_version)
             self._maybe_optimize(checkpoint_id)
+        crash_point("before-lake-event", checkpoint_id)
+        self._announce(checkpoint_id, committed, ranges)
         crash_point("before-offset-commit", checkpoint_id)
+
+    def _announced(self) -> int | None:
+        """The newest checkpoint whose LAKE_COMMITTED event for this table the log records."""
+        record = self.context.log_records(LAKE_COMMITS_KIND).get(self.sink.table_uri)
+        return None if record is None else int(record.checkpoint_id)
+
+    def _announce(self, checkpoint_id: int, committed: LakeCommit | None, ranges: OffsetRanges | None) -> None:
+        """Publish ``LAKE_COMMITTED`` for ``checkpoint_id`` (and for any earlier checkpoint the
+        table holds but the log has not announced, read from the table's history), unless the log
+        says it was published. ``committed``: the commit this committer just made (None when the
+        table held the checkpoint already, or it had nothing to record)."""
+        announced = self._announced()
+        if announced is not None and announced >= checkpoint_id:
+            return
+        landed: dict[int, LakeCommit] = {}
+        if committed is None or (announced is not None and announced < checkpoint_id - 1):
+            # a predecessor landed them and stopped before their events (or before this one's)
+            after = checkpoint_id - 1 if announced is None else announced
+            landed.update((c.checkpoint_id, c) for c in self.sink.commits_after(self.context.job_id, after)
+                          if c.checkpoint_id <= checkpoint_id)
+        if committed is not None:
+            landed[committed.checkpoint_id] = committed
+        for landed_id in sorted(landed):
+            self._publish(landed[landed_id], ranges if landed_id == checkpoint_id else None)
+
+    def _publish(self, commit: LakeCommit, ranges: OffsetRanges | None) -> None:
+        offset_ranges = None if ranges is None else tuple(
+            OffsetRange(topic, partition, start, end) for (topic, partition), (start, end) in sorted(ranges.items())
+            if end > start)
+        record = LakeCommitRecord(self.context.job_id, self.sink.table_uri, commit.checkpoint_id, commit.table_version,
+                                  int(time.time() * 1000))
+        self.context.publish_event(
+            commit.checkpoint_id, "LAKE_COMMITTED", records=[record], table_uri=self.sink.table_uri,
+            table_format=self.sink.FORMAT, table_version=commit.table_version,
+            previous_table_version=commit.previous_table_version, records_added=commit.records,
+            files_added=commit.files, offset_ranges=offset_ranges)
+        log.info("checkpoint %d: LAKE_COMMITTED published (%s version %s)", commit.checkpoint_id, self.sink.table_uri,
+                 commit.table_version)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Commit the checkpoint (steps 2 to 4). An exception fails the job and stops the
@@ -238,6 +294,7 @@ class LakeCommitter:
                         f"restored checkpoint {checkpoint_id} is not in table {self.sink.table_uri} and its _metadata "
                         f"is not readable ({exc}): its records cannot be committed") from exc
                 log.info("restored checkpoint %d is already in the table; its _metadata is gone (%s)", checkpoint_id, exc)
+                self._announce(checkpoint_id, None, None)
         self.sink.delete_unreferenced(self.context.job_id)
 
     def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:

@@ -39,8 +39,11 @@ from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
     DATA_FILE_NAME,
+    FILES_KEY,
+    RECORDS_KEY,
     TP,
     DataFile,
+    LakeCommit,
     LakeCommitError,
     SchemaChecked,
     TableProgress,
@@ -83,6 +86,8 @@ class DeltaLakeSink(SchemaChecked):
             the table (an ADD COLUMN commit before the checkpoint's, as Delta's schema merge
             would); a column of another type is still refused.
     """
+
+    FORMAT = "delta"
 
     def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
                  storage_options: Mapping[str, str] | None = None, add_columns: bool = False) -> None:
@@ -194,16 +199,65 @@ class DeltaLakeSink(SchemaChecked):
         written once, then deleted (for example by a cleanup of files no commit referenced)."""
         return [f.path for f in files if not self.fs.exists(f"{self.root}/{f.path}")]
 
-    def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> bool:
-        """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id)
-        and ``commitInfo`` recording the job, the checkpoint and the ``offsets`` (end offset per
-        (topic, partition), cumulative) it covers.
+    @staticmethod
+    def _lake_commit(entry: Mapping[str, Any]) -> LakeCommit:
+        """The :class:`LakeCommit` of one ``history()`` entry made by Chandy."""
+        version = int(entry["version"])
+        records, files = entry.get(RECORDS_KEY), entry.get(FILES_KEY)
+        return LakeCommit(int(entry["chandy.checkpoint_id"]), version, version - 1 if version > 0 else None,
+                          None if records is None else int(records), None if files is None else int(files),
+                          int(entry.get("timestamp") or 0))
 
-        Returns False (and commits nothing) when the table already holds this checkpoint or a
-        later one of the job, or when there are neither files nor offsets to record (a commit
-        with offsets but no files records progress: records that were all filtered out or
-        dead-lettered are landed too).
+    @classmethod
+    def _commit_in(cls, history: Iterable[Mapping[str, Any]], match: Mapping[str, str]) -> LakeCommit | None:
+        """The :class:`LakeCommit` of the first ``history`` entry (newest first) whose
+        ``commitInfo`` holds every item of ``match``, or None."""
+        for entry in history:
+            if all(entry.get(k) == v for k, v in match.items()):
+                return cls._lake_commit(entry)
+        return None
+
+    def commits_after(self, job_id: str, checkpoint_id: int) -> list[LakeCommit]:
+        """The table's commits of ``job_id``'s checkpoints after ``checkpoint_id``, oldest first,
+        from the ``commitInfo`` of its history (read newest first, 100 versions, then 10,000,
+        then all, until a commit of an earlier checkpoint of the job is met)."""
+        table = self._open()
+        if table is None:
+            return []
+        for limit in (100, 10_000, None):
+            history = table.history(limit)
+            found: list[LakeCommit] = []
+            for entry in history:
+                if entry.get("chandy.job_id") != job_id or "chandy.checkpoint_id" not in entry:
+                    continue
+                if int(entry["chandy.checkpoint_id"]) <= checkpoint_id:
+                    return found[::-1]
+                found.append(self._lake_commit(entry))
+            if limit is None or len(history) < limit:
+                return found[::-1]
+        return []  # not reached
+
+    def _landed(self, table: Any, token: str, checkpoint_id: int) -> LakeCommit:
+        """The commit carrying ``token`` that this sink just made, read from ``table`` brought up
+        to date (delta-rs leaves the table object at its old version after a commit)."""
+        table = self._open() if table is None else table
+        table.update_incremental()
+        found = self._commit_in(table.history(COMMIT_ATTEMPTS + 2), {COMMIT_TOKEN: token})
+        if found is None:
+            raise LakeCommitError(f"checkpoint {checkpoint_id} was committed to {self.table_uri} but its commit is "
+                                  "not among the table's newest versions")
+        return found
+
+    def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
+               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+        """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id)
+        and ``commitInfo`` recording the job, the checkpoint, the records and files added and the
+        ``offsets`` (end offset per (topic, partition), cumulative) it covers.
+
+        Returns the :class:`LakeCommit` made (its version), or None (committing nothing) when the
+        table already holds this checkpoint or a later one of the job, or when there are neither
+        files nor offsets to record (a commit with offsets but no files records progress: records
+        that were all filtered out or dead-lettered are landed too).
 
         Raises:
             LakeSchemaError: the files' schema does not fit the table's.
@@ -217,16 +271,17 @@ class DeltaLakeSink(SchemaChecked):
         if done is not None and done >= checkpoint_id:
             log.info("checkpoint %d of job %s is already in %s (version %d): skipped", checkpoint_id, job_id,
                      self.table_uri, done)
-            return False
+            return None
         if not files and (not offsets or table is None):
-            return False
+            return None
         actions = [
             AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True,
                       json.dumps({"numRecords": f.records}))
             for f in files
         ]
         token = uuid.uuid4().hex  # tells this commit apart from the same checkpoint's commit by another coordinator
-        metadata = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token}
+        metadata = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token,
+                    RECORDS_KEY: str(sum(f.records for f in files)), FILES_KEY: str(len(files))}
         if offsets:
             metadata["chandy.offsets"] = offsets_to_json(offsets)
         if cluster_id:
@@ -249,10 +304,10 @@ class DeltaLakeSink(SchemaChecked):
                         self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
                         partition_by=self.partition_by or None, storage_options=self._delta_options,
                         commit_properties=properties)
-                else:
-                    table.create_write_transaction(actions, mode="append", schema=table.schema(),
-                                                   partition_by=self.partition_by or None, commit_properties=properties)
-                return True
+                    return self._landed(None, token, checkpoint_id)
+                table.create_write_transaction(actions, mode="append", schema=table.schema(),
+                                               partition_by=self.partition_by or None, commit_properties=properties)
+                return self._landed(table, token, checkpoint_id)
             except Exception as exc:  # delta-rs raises several exception types
                 if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
                     raise LakeCommitError(f"committing checkpoint {checkpoint_id} to {self.table_uri} failed "
@@ -262,7 +317,7 @@ class DeltaLakeSink(SchemaChecked):
                 table = self._open()
                 done = None if table is None else table.transaction_version(job_id)
                 if done is not None and done >= checkpoint_id:
-                    ours = done == checkpoint_id and any(h.get(COMMIT_TOKEN) == token for h in table.history(50))
+                    ours = self._commit_in(table.history(50), {COMMIT_TOKEN: token}) if done == checkpoint_id else None
                     log.info("checkpoint %d: commit conflicted but is in %s (%s): done", checkpoint_id, self.table_uri,
                              "this commit landed" if ours else "another coordinator of the job committed it")
                     return ours
@@ -270,7 +325,7 @@ class DeltaLakeSink(SchemaChecked):
                 log.warning("checkpoint %d: concurrent commit to %s (%s): retrying (attempt %d of %d)", checkpoint_id,
                             self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))
-        return False  # not reached
+        return None  # not reached
 
     def _add_columns(self, table: Any, data: pa.Schema, checkpoint_id: int) -> Any:
         """Schema evolution: add ``data``'s columns the table lacks (one ADD COLUMN commit, made

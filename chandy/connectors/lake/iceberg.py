@@ -37,8 +37,11 @@ from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
     DATA_FILE_NAME,
+    FILES_KEY,
+    RECORDS_KEY,
     TP,
     DataFile,
+    LakeCommit,
     LakeCommitError,
     SchemaChecked,
     TableProgress,
@@ -101,6 +104,8 @@ class IcebergSink(SchemaChecked):
         TableUriError: a URI that names no table; LakeCommitError: partitioning, or a warehouse
             the default catalog cannot serve.
     """
+
+    FORMAT = "iceberg"
 
     def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
                  catalog_properties: Mapping[str, str] | None = None,
@@ -260,11 +265,62 @@ class IcebergSink(SchemaChecked):
         written once, then deleted (for example by a cleanup of files no commit referenced)."""
         return [f.path for f in files if not self.fs.exists(f"{self.root}/{f.path}")]
 
+    @staticmethod
+    def _commit_in(table: Any, match: Mapping[str, str], checkpoint_id: int) -> LakeCommit | None:
+        """The :class:`LakeCommit` of the newest snapshot of ``table`` whose summary holds every
+        item of ``match``, or None."""
+        for snapshot in reversed(table.snapshots()):
+            summary = snapshot.summary
+            if summary is not None and all(summary.get(k) == v for k, v in match.items()):
+                return IcebergSink._snapshot_commit(snapshot, checkpoint_id)
+        return None
+
+    @staticmethod
+    def _snapshot_commit(snapshot: Any, checkpoint_id: int) -> LakeCommit:
+        """The :class:`LakeCommit` of the snapshot that committed ``checkpoint_id``."""
+        summary = snapshot.summary
+        records = summary.get(RECORDS_KEY) or summary.get("added-records")
+        files = summary.get(FILES_KEY) or summary.get("added-data-files")
+        return LakeCommit(checkpoint_id, snapshot.snapshot_id, snapshot.parent_snapshot_id,
+                          None if records is None else int(records), None if files is None else int(files),
+                          snapshot.timestamp_ms)
+
+    @staticmethod
+    def _without_snapshot(table: Any, checkpoint_id: int) -> LakeCommit:
+        """A commit that added no data file: Iceberg makes no snapshot for it, so the table's
+        current snapshot (unchanged) is the version that holds the checkpoint."""
+        current = table.current_snapshot()
+        version = None if current is None else current.snapshot_id
+        return LakeCommit(checkpoint_id, version, version, 0, 0, int(time.time() * 1000))
+
+    def commits_after(self, job_id: str, checkpoint_id: int) -> list[LakeCommit]:
+        """The table's commits of ``job_id``'s checkpoints after ``checkpoint_id``, oldest first:
+        the snapshots whose summary names them, and the job's newest checkpoint when its commit
+        added no data file (no snapshot: the current one holds it)."""
+        table = self._load()
+        if table is None:
+            return []
+        found: dict[int, LakeCommit] = {}
+        for snapshot in reversed(table.snapshots()):
+            summary = snapshot.summary
+            if summary is None or summary.get("chandy.job_id") != job_id or summary.get("chandy.checkpoint_id") is None:
+                continue
+            landed = int(summary.get("chandy.checkpoint_id"))
+            if landed <= checkpoint_id:
+                break
+            if landed not in found:  # newest first: the first snapshot met is the checkpoint's commit
+                found[landed] = self._snapshot_commit(snapshot, landed)
+        newest = self._record_of(table, job_id)[0]
+        if newest is not None and newest > checkpoint_id and newest not in found:
+            found[newest] = self._without_snapshot(table, newest)
+        return [commit for _, commit in sorted(found.items())]
+
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> bool:
-        """Add ``files`` in one Iceberg commit recording (job id, checkpoint id, offsets) in the
-        snapshot summary and the table properties. Returns False (committing nothing) when the
-        table already holds this checkpoint or a later one, or there is nothing to record.
+               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+        """Add ``files`` in one Iceberg commit recording (job id, checkpoint id, offsets, records and
+        files added) in the snapshot summary and the table properties. Returns the
+        :class:`LakeCommit` made (its snapshot), or None (committing nothing) when the table already
+        holds this checkpoint or a later one, or there is nothing to record.
 
         Raises:
             LakeSchemaError: the files' schema does not fit the table's.
@@ -279,20 +335,24 @@ class IcebergSink(SchemaChecked):
             if done is not None and done >= checkpoint_id:
                 if attempt == 1:
                     log.info("checkpoint %d of job %s is already in %s: skipped", checkpoint_id, job_id, self.table_uri)
-                    return False
+                    return None
                 # found done after a conflict: ours only if the table holds this very commit
-                ours = done == checkpoint_id and table.properties.get(key + "commit_token") == token
+                ours = None
+                if done == checkpoint_id and table.properties.get(key + "commit_token") == token:
+                    ours = (self._commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id)
+                            or self._without_snapshot(table, checkpoint_id))
                 log.info("checkpoint %d: commit conflicted but is in %s (%s): done", checkpoint_id, self.table_uri,
                          "this commit landed" if ours else "another coordinator of the job committed it")
                 return ours
             if not files and (not offsets or table is None):
-                return False
+                return None
             fields = None if table is None else self._fields_of(table)
             schemas = [schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
             for schema in schemas:
                 self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
             merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
-            summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token}
+            summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token,
+                       RECORDS_KEY: str(sum(f.records for f in files)), FILES_KEY: str(len(files))}
             properties = {key + "checkpoint_id": str(checkpoint_id), key + "commit_token": token}
             if offsets:
                 summary["chandy.offsets"] = properties[key + "offsets"] = offsets_to_json(offsets)
@@ -310,15 +370,22 @@ class IcebergSink(SchemaChecked):
                     transaction.add_files([f"{self.root_url}/{f.path}" for f in files], snapshot_properties=summary,
                                           check_duplicate_files=False)
                 transaction.set_properties(properties)
-                transaction.commit_transaction()
-                return True
+                table = transaction.commit_transaction()
             except Exception as exc:  # pyiceberg and the catalogs raise many types
                 if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
                     raise LakeCommitError(f"committing checkpoint {checkpoint_id} to {self.table_uri} failed "
                                           f"(attempt {attempt}): {type(exc).__name__}: {exc}") from exc
                 log.warning("checkpoint %d: concurrent commit to %s (%s): retrying", checkpoint_id, self.table_uri, exc)
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))
-        return False  # not reached
+                continue
+            if not files:
+                return self._without_snapshot(table, checkpoint_id)
+            landed = self._commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id)
+            if landed is None:
+                raise LakeCommitError(f"checkpoint {checkpoint_id} was committed to {self.table_uri} but no "
+                                      "snapshot of the table carries its commit")
+            return landed
+        return None  # not reached
 
     def _all_referenced(self, table: Any) -> set[str]:
         """Paths (relative to the table root) of the data files any snapshot references."""

@@ -44,6 +44,9 @@ TP = tuple[str, int]
 #: commit carries: after a conflict, the table's commit of the checkpoint is this writer's only if it
 #: holds the token (a fenced coordinator then does not report a newer one's commit as its own)
 COMMIT_TOKEN = "chandy.commit_token"
+#: commitInfo (Delta) / snapshot summary (Iceberg) keys of the records and data files a commit added
+RECORDS_KEY = "chandy.records"
+FILES_KEY = "chandy.files"
 COMMIT_ATTEMPTS = 8
 
 
@@ -62,6 +65,26 @@ class TableProgress:
     offsets: Mapping[TP, int]
     cluster_id: str | None
     other_jobs: Mapping[str, Mapping[TP, int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class LakeCommit:
+    """One job's commit of one checkpoint to a table, as the table records it.
+
+    ``table_version`` is what a reader time-travels to: Delta's commit version, Iceberg's snapshot
+    ID (None: an Iceberg table with no snapshot yet); ``previous_table_version`` the version just
+    before it (Delta: ``table_version - 1``; Iceberg: the parent snapshot; None for a table's
+    first commit; equal to ``table_version`` for an Iceberg commit that added no data file and so
+    made no snapshot). ``records`` and ``files`` the commit added (None when an older Chandy
+    made the commit without recording them); ``timestamp`` in ms since the epoch.
+    """
+
+    checkpoint_id: int
+    table_version: int | None
+    previous_table_version: int | None
+    records: int | None
+    files: int | None
+    timestamp: int
 
 
 def offsets_to_json(offsets: Mapping[TP, int]) -> str:
@@ -209,6 +232,8 @@ class LakeSink(Protocol):
     """What the pipeline, the lake committer and the maintenance commands use of a table (the
     methods of :class:`DeltaLakeSink`, which documents them)."""
 
+    #: "delta" or "iceberg", as the LAKE_COMMITTED event names the table's format
+    FORMAT: str
     table_uri: str
     root: str
     fs: Any
@@ -227,7 +252,10 @@ class LakeSink(Protocol):
     def progress(self, job_id: str) -> TableProgress: ...
 
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-               offsets: Mapping[tuple[str, int], int] | None = None, cluster_id: str | None = None) -> bool: ...
+               offsets: Mapping[tuple[str, int], int] | None = None,
+               cluster_id: str | None = None) -> LakeCommit | None: ...
+
+    def commits_after(self, job_id: str, checkpoint_id: int) -> list[LakeCommit]: ...
 
     def missing_files(self, files: Iterable[DataFile]) -> list[str]: ...
 

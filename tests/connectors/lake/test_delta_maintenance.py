@@ -136,7 +136,7 @@ def race_commits(tmp_path: Path, checkpoint: int) -> list[bool]:
 
     def commit(k: int) -> None:
         barrier.wait()
-        results.append(sinks[k].commit(JOB, checkpoint, files[k], offsets={("t", 0): (checkpoint + 1) * 3}))
+        results.append(bool(sinks[k].commit(JOB, checkpoint, files[k], offsets={("t", 0): (checkpoint + 1) * 3})))
 
     threads = [threading.Thread(target=commit, args=(k,)) for k in range(2)]
     for thread in threads:
@@ -190,8 +190,8 @@ def test_the_committer_refuses_a_checkpoint_whose_files_were_cleaned_up(tmp_path
 def test_a_conflict_resolved_by_another_coordinators_commit_is_not_this_writers(tmp_path: Path) -> None:
     """Issue 36: a fenced coordinator whose commit of checkpoint N conflicts with the newer
     coordinator's commit of the same N finds N in the table, but the commit is not its own: it
-    reports False (the run summary does not count it). Its own commit that conflicted with a
-    compaction and then landed is reported True."""
+    reports None (the run summary does not count it). Its own commit that conflicted with a
+    compaction and then landed is reported, with its version."""
     uri = str(tmp_path / "t")
     old, new = DeltaLakeSink(uri), DeltaLakeSink(uri)
     commit_checkpoints(old, 1, 1)
@@ -200,12 +200,15 @@ def test_a_conflict_resolved_by_another_coordinators_commit_is_not_this_writers(
     reads = iter([stale])
     old._open = lambda: next(reads, None) or DeltaLakeSink._open(old)  # type: ignore[method-assign]
     late = old.write_files(rows(2), job_id=JOB, checkpoint_id=2, subtask=0, attempt=1)
-    assert old.commit(JOB, 2, late, offsets={("t", 0): 15}) is False
+    assert old.commit(JOB, 2, late, offsets={("t", 0): 15}) is None
     assert offsets(old) == list(range(5, 15))  # checkpoint 2 once, the newer coordinator's files
     # a conflict with a compaction: this writer's own commit lands on the retry, and it is its own
     stale = old._open()
     new.optimize()
     reads = iter([stale])
-    assert old.commit(JOB, 3, old.write_files(rows(3), job_id=JOB, checkpoint_id=3, subtask=0, attempt=0),
-                      offsets={("t", 0): 20}) is True
+    landed = old.commit(JOB, 3, old.write_files(rows(3), job_id=JOB, checkpoint_id=3, subtask=0, attempt=0),
+                        offsets={("t", 0): 20})
+    # its own commit, at the table's newest version (after the compaction's)
+    assert landed is not None and landed.checkpoint_id == 3 and landed.records == 5 and landed.files == 1
+    assert landed.table_version == DeltaLakeSink(uri)._open().version() == landed.previous_table_version + 1
     assert offsets(old) == list(range(5, 20))
