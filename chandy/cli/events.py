@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -24,8 +25,32 @@ def events() -> None:
     """The public checkpoint events."""
 
 
+def _event_types() -> list[str]:
+    from chandy.coordinator.kafka.subscriber import EVENT_TYPES
+
+    return list(EVENT_TYPES)
+
+
+def _describe(event: Any) -> str:
+    """One line for a terminal: job, checkpoint, type and what the type carries."""
+    if event.event_type == "LAKE_COMMITTED":
+        extra = (f" {event.table_uri} {'snapshot' if event.table_format == 'iceberg' else 'version'} "
+                 f"{event.table_version}, {event.records_added} records in {event.files_added} files")
+    elif event.end_to_end_duration_ms is not None:
+        extra = f" {event.end_to_end_duration_ms} ms, {event.num_acknowledged}/{event.num_subtasks} acks"
+    elif event.job_status:
+        extra = f" {event.job_status}"
+    else:
+        extra = ""
+    reason = f" ({event.failure_reason})" if event.failure_reason else ""
+    return f"{event.job_id[:8]} #{event.checkpoint_id} {event.event_type}{reason}{extra}"
+
+
 @events.command("tail")
 @click.option("--job", "job_id", default=None, help="Only this job's events.")
+@click.option("--type", "event_types", multiple=True, type=click.Choice(_event_types()),
+              help="Only events of this type (repeatable), e.g. --type LAKE_COMMITTED: the checkpoint's records are "
+                   "readable in the table; COMPLETED is Flink's checkpoint completion, before the lake commit.")
 @click.option("--from-beginning", is_flag=True, help="Start at the earliest event (default: new events only).")
 @click.option("--group-id", default=None, help="Resume this consumer group's position (overrides --from-beginning).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -34,8 +59,8 @@ def events() -> None:
 @bootstrap_option
 @data_dir_option
 @handle_errors
-def events_tail(job_id: str | None, from_beginning: bool, group_id: str | None, fmt: str, max_events: int | None,
-                prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
+def events_tail(job_id: str | None, event_types: tuple[str, ...], from_beginning: bool, group_id: str | None, fmt: str,
+                max_events: int | None, prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
     """Follow checkpoint events (Ctrl-C stops)."""
     import dataclasses
 
@@ -44,16 +69,10 @@ def events_tail(job_id: str | None, from_beginning: bool, group_id: str | None, 
     start = "committed" if group_id else ("earliest" if from_beginning else "latest")
     seen = 0
     with subscribe(resolve_bootstrap(bootstrap_servers, data_dir), job_id=job_id, start=start, group_id=group_id,
-                   prefix=prefix) as subscription:
+                   prefix=prefix, event_types=event_types or None) as subscription:
         try:
             for event in subscription:
-                if fmt == "json":
-                    click.echo(json.dumps(dataclasses.asdict(event)))
-                else:
-                    extra = (f" {event.end_to_end_duration_ms} ms, {event.num_acknowledged}/{event.num_subtasks} acks"
-                             if event.end_to_end_duration_ms is not None else "")
-                    reason = f" ({event.failure_reason})" if event.failure_reason else ""
-                    click.echo(f"{event.job_id[:8]} #{event.checkpoint_id} {event.event_type}{reason}{extra}")
+                click.echo(json.dumps(dataclasses.asdict(event)) if fmt == "json" else _describe(event))
                 seen += 1
                 if max_events is not None and seen >= max_events:
                     break
@@ -61,7 +80,37 @@ def events_tail(job_id: str | None, from_beginning: bool, group_id: str | None, 
             pass
 
 
-# -- chandy ui ------------------------------------------------------------------------------
+@events.command("wait")
+@click.option("--job", "job_id", required=True, help="The job's ID (chandy job list shows it).")
+@click.option("--checkpoint", "checkpoint_id", type=click.IntRange(1), required=True,
+              help="Wait until this checkpoint (or a later one, which holds it) is in the table.")
+@click.option("--table", "table_uri", default=None, help="Only commits to this table (a job may write several).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=60.0, show_default=True,
+              help="Seconds to wait.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--prefix", default="chandy", show_default=True)
+@bootstrap_option
+@data_dir_option
+@handle_errors
+def events_wait(job_id: str, checkpoint_id: int, table_uri: str | None, timeout_s: float, fmt: str, prefix: str,
+                bootstrap_servers: str | None, data_dir: Path | None) -> None:
+    """Wait until a checkpoint's records are in the lake (its LAKE_COMMITTED event), for shell
+    scripts and schedulers. Prints the table and its version; exits 0 when the checkpoint is in
+    the table, 124 on timeout (as GNU timeout), 3 when the job ended without landing it, 1 on
+    any other error."""
+    import dataclasses
+
+    from chandy.connectors.lake.uri import normalize_table_uri
+    from chandy.coordinator.kafka.subscriber import LakeCommitWaitError, wait_for_lake_commit
+
+    try:
+        event = wait_for_lake_commit(resolve_bootstrap(bootstrap_servers, data_dir), job_id, checkpoint_id,
+                                     table_uri=normalize_table_uri(table_uri) if table_uri else None,
+                                     timeout_s=timeout_s, prefix=prefix)
+    except LakeCommitWaitError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        raise SystemExit(124 if exc.reason == "timeout" else 3) from None
+    click.echo(json.dumps(dataclasses.asdict(event)) if fmt == "json" else _describe(event))
 
 
 # -- chandy ui ------------------------------------------------------------------------------

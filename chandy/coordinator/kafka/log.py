@@ -40,6 +40,25 @@ log = logging.getLogger(__name__)
 
 KEY_SCHEMA = "chandy.v1.CoordinatorLogKey"
 
+#: The record header carrying a log record's *key version*: how many records of the same key the
+#: job's coordinators wrote before it (0: the first of its key), in decimal ASCII. Compaction
+#: keeps or drops a record whole, headers included, so a replay that meets a key first at a
+#: version above 0 knows older records of that key were compacted away (:mod:`chandy.coordinator.kafka.replay`).
+KEY_VERSION_HEADER = "chandy.key_version"
+
+
+def key_version_of(message: Any) -> int | None:
+    """The :data:`KEY_VERSION_HEADER` of a log message, or None (written before Chandy set it,
+    or unreadable)."""
+    headers = message.headers() if hasattr(message, "headers") else None
+    for name, value in headers or ():
+        if name == KEY_VERSION_HEADER and value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
 
 class LogLoadError(ChandyError):
     """The coordinator log could not be read to its end."""
@@ -77,6 +96,8 @@ class LoadStats:
     skipped_bad: int = 0
     end_offset: int = 0
     seconds: float = 0.0
+    #: per key of the job: the key version its next record gets (:data:`KEY_VERSION_HEADER`)
+    next_key_versions: dict[LogKey, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +108,8 @@ class LoggedRecord:
     partition: int
     offset: int
     timestamp_ms: int
+    #: the record's :data:`KEY_VERSION_HEADER` (None: not set)
+    key_version: int | None = None
 
 
 def raw_messages(
@@ -260,7 +283,7 @@ def decode_message(codec: Codec, message: Any, job_id: str | None, stats: LoadSt
         if key.kind == "checkpoint" and not key.entity_id.lstrip("-").isdigit():
             bad(f"a checkpoint tombstone with a non-numeric id {key.entity_id!r}")
             return None
-        return LoggedRecord(Tombstone(key), message.partition(), message.offset(), timestamp)
+        return LoggedRecord(Tombstone(key), message.partition(), message.offset(), timestamp, key_version_of(message))
     try:
         decoded = codec.decode(message.value(), where)
     except WireFormatError as exc:
@@ -275,7 +298,7 @@ def decode_message(codec: Codec, message: Any, job_id: str | None, stats: LoadSt
     except (TypeError, ValueError, KeyError) as exc:
         bad(f"a value that does not fit {decoded.name}", exc)
         return None
-    return LoggedRecord(record, message.partition(), message.offset(), timestamp)
+    return LoggedRecord(record, message.partition(), message.offset(), timestamp, key_version_of(message))
 
 
 def load_state(
@@ -310,6 +333,7 @@ def load_state(
     state = CoordinatorState(job_id)
     started = time.monotonic()
     newest: dict[bytes | None, Any] = {}
+    next_versions: dict[bytes | None, int] = {}
     try:
         for batch in raw_batches(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides,
                                  stats=stats, timeout_s=timeout_s):
@@ -318,6 +342,16 @@ def load_state(
                 key = message.key()
                 newest.pop(key, None)  # re-inserted last: the dict keeps the newest records in offset order
                 newest[key] = message
+                version = key_version_of(message)
+                next_versions[key] = max(next_versions.get(key, 0) + (1 if version is None else 0),
+                                         0 if version is None else version + 1)
+        for key_bytes, following in next_versions.items():
+            try:
+                key = LogKey.from_avro(codec.decode(key_bytes).value)
+            except (WireFormatError, KeyError, TypeError, AttributeError):
+                continue  # another job's, or unreadable: the fold below reports this job's
+            if key.job_id == job_id:
+                stats.next_key_versions[key] = following
         for message in newest.values():
             if message.value() is None:
                 # the newest record of its key is a tombstone: nothing older of that key is

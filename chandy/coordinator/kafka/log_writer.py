@@ -17,8 +17,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from chandy.coordinator.environment import Batch, SourceOffsets
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
-from chandy.coordinator.kafka.log import encode_record, partition_for
+from chandy.coordinator.kafka.log import KEY_VERSION_HEADER, encode_record, partition_for
 from chandy.coordinator.kafka.topics import ChandyTopics
+from chandy.coordinator.records import LogKey, Tombstone
 from chandy.schemas.codec import Codec
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,9 @@ class LogWriter:
         self._security = kafka_config.security_settings(producer_overrides)
         self._group_consumers: dict[str, Any] = {}  # group id -> a consumer that never joins, for its metadata
         self._queue: list[tuple[Batch, Callable[[], None] | None]] = []
+        #: per key, the version of its next record (KEY_VERSION_HEADER); seeded from the log's load
+        self._key_versions: dict[LogKey, int] = {}
+        self._batch_versions: dict[int, list[int]] = {}  # id(batch) -> the versions of its records
         self._cond = threading.Condition()
         self._closed = False
         self.failed: BaseException | None = None
@@ -137,11 +141,33 @@ class LogWriter:
         self.producer.init_transactions(timeout_s)
         self._thread.start()
 
+    def seed_key_versions(self, next_versions: Mapping[LogKey, int]) -> None:
+        """The key versions the log already holds (``LoadStats.next_key_versions``), before the
+        first batch: each record is written with :data:`KEY_VERSION_HEADER`, the number of
+        records of its key written before it."""
+        with self._cond:
+            self._key_versions.update(next_versions)
+
+    def _versions_for(self, batch: Batch) -> list[int]:
+        """The key version of each of ``batch``'s records, assigned once, in submission order
+        (the order of the transactions), so a retried transaction writes the same ones."""
+        versions = []
+        for record in batch.records:
+            key = record.key()
+            version = self._key_versions.get(key, 0)
+            versions.append(version)
+            if isinstance(record, Tombstone) and key.kind == "checkpoint":
+                self._key_versions.pop(key, None)  # a checkpoint ID is never written again
+            else:
+                self._key_versions[key] = version + 1
+        return versions
+
     def submit(self, batch: Batch, on_committed: Callable[[], None] | None = None) -> None:
         with self._cond:
             if self._closed or self.failed is not None:
                 log.debug("log writer closed: dropping a batch of %d records", len(batch.records))
                 return
+            self._batch_versions[id(batch)] = self._versions_for(batch)
             self._queue.append((batch, on_committed))
             self._cond.notify()
 
@@ -158,9 +184,11 @@ class LogWriter:
 
     def _produce(self, batch: Batch) -> None:
         key = self.job_id.encode()
-        for record in batch.records:
+        versions = self._batch_versions.get(id(batch)) or [0] * len(batch.records)
+        for record, version in zip(batch.records, versions, strict=True):
             k, v = encode_record(self.codec, record, self.topics.coordinator_log)
-            self.producer.produce(self.topics.coordinator_log, v, k, partition=self.log_partition)
+            self.producer.produce(self.topics.coordinator_log, v, k, partition=self.log_partition,
+                                  headers=[(KEY_VERSION_HEADER, str(version).encode())])
         for message in batch.control:
             self.producer.produce(self.topics.control, self.codec.encode(message.SCHEMA, message.to_avro(),
                                                                          topic=self.topics.control), key)
@@ -228,6 +256,9 @@ class LogWriter:
                 self.on_fatal(exc)
                 return
             self.transactions += 1
+            with self._cond:
+                for batch, _ in group:
+                    self._batch_versions.pop(id(batch), None)
             for _, on_committed in group:
                 if on_committed is not None:
                     self.post(on_committed)

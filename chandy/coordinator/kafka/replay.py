@@ -7,6 +7,19 @@ assignments; committed offsets). It can stop at a checkpoint (``until_checkpoint
 before the next checkpoint was triggered) or at a time (``until_ms``: records written at or
 before it).
 
+**The history horizon.** Kafka's log cleaner keeps only the newest record of each key, so once it
+has run, the state *before* a point may be missing records that a later record of the same key
+replaced: the log cannot say what the coordinator knew then. Every record Chandy writes carries
+its key version (:data:`~chandy.coordinator.kafka.log.KEY_VERSION_HEADER`: how many records of
+its key came before it), so a replay that meets a key first at a version above 0 knows older
+records of that key were compacted away, and that a replay stopping before that record would be
+made up. :func:`history_horizon` finds the last such record of a job (for logs written before the
+header, a checkpoint first seen completed, aborted or deleted, an epoch or job status of an
+epoch above 1, and a checkpoint ID counter past 2 say the same;
+a checkpoint ID missing below a present one means its deletion marker was purged too); replays
+that stop before it are refused (:class:`HistoryCompactedError`), replays after it are exact, and
+the live state (no ``until``) is always exact, since the fold keeps what compaction keeps.
+
 The log comes from Kafka (:func:`chandy.coordinator.kafka.log.read_log`, a consumer with no group that never
 commits and never writes, so replaying never fences a running coordinator) or from a file made
 by :func:`export_log`: one JSON object per record with its key and value bytes in base64, so an
@@ -23,7 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from chandy.coordinator.errors import ChandyError
-from chandy.coordinator.kafka.log import LoadStats, LoggedRecord, decode_message, raw_messages, read_log
+from chandy.coordinator.kafka.log import (
+    KEY_VERSION_HEADER,
+    LoadStats,
+    LoggedRecord,
+    decode_message,
+    key_version_of,
+    raw_messages,
+    read_log,
+)
 from chandy.coordinator.records import (
     CheckpointIdCounterRecord,
     CheckpointRecord,
@@ -41,6 +62,95 @@ EXPORT_FORMAT = "chandy-coordinator-log/1"
 
 class ExportFileError(ChandyError):
     """A log export file is not readable (wrong format, truncated line)."""
+
+
+class HistoryCompactedError(ChandyError):
+    """A replay ``until`` a point before the history horizon: compaction removed records the state
+    at that point depends on, so it cannot be replayed exactly."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryHorizon:
+    """Where a job's compacted log becomes exact again.
+
+    ``offset``: the last record that replaced records compaction removed (a replay must include
+    it); ``timestamp_ms``: its write time, the earliest ``until`` time whose replay is exact;
+    ``checkpoint_id``: the earliest checkpoint N whose ``until_checkpoint`` replay is exact;
+    ``reason``: what was found compacted (for the message).
+    """
+
+    job_id: str
+    offset: int
+    timestamp_ms: int
+    checkpoint_id: int
+    reason: str
+
+    def describe(self) -> str:
+        """One line: from which checkpoint and time on the job's replays are exact, and why."""
+        import datetime
+
+        when = datetime.datetime.fromtimestamp(self.timestamp_ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
+        return (f"the coordinator log of job {self.job_id} was compacted ({self.reason}): a replay is exact from "
+                f"checkpoint {self.checkpoint_id} (--until-checkpoint {self.checkpoint_id}) or from {when} "
+                f"(--until {when.replace('+00:00', 'Z')}) on, and live")
+
+
+def _replaced_older(logged: LoggedRecord) -> bool:
+    """Whether a job's first record of its key shows that older records of the key were compacted
+    away: its key version is above 0 (or, without the header, by what the record is)."""
+    r = logged.record
+    if logged.key_version is not None:
+        return logged.key_version > 0
+    if isinstance(r, Tombstone):
+        return r.key().kind == "checkpoint"
+    if isinstance(r, CheckpointRecord):
+        return r.status != "PENDING" and "restored_from" not in r.properties
+    if isinstance(r, (CoordinatorEpochRecord, JobStatusRecord)):
+        return r.epoch > 1  # every coordinator writes both when it starts: epoch 1's are gone
+    if isinstance(r, CheckpointIdCounterRecord):
+        return r.next_checkpoint_id > 2  # the first checkpoint's trigger wrote 2
+    return False
+
+
+def history_horizon(logged: Iterable[LoggedRecord]) -> dict[str, HistoryHorizon]:
+    """Per job whose log was compacted, its :class:`HistoryHorizon` (see the module docstring);
+    jobs whose log is whole are not in the result."""
+    by_job: dict[str, list[LoggedRecord]] = {}
+    for item in logged:
+        by_job.setdefault(item.record.key().job_id, []).append(item)
+    horizons = {}
+    for job, records in by_job.items():
+        seen: set[LogKey] = set()
+        last: tuple[int, str] | None = None  # (index, reason)
+        checkpoints: dict[int, int] = {}  # checkpoint id -> index of its first record
+        for index, item in enumerate(records):
+            key = item.record.key()
+            if key.kind == "checkpoint":
+                checkpoints.setdefault(int(key.entity_id), index)
+            if key in seen:
+                continue
+            seen.add(key)
+            if _replaced_older(item):
+                version = f"version {item.key_version}" if item.key_version is not None else "no earlier record"
+                last = (index, f"{key.kind} {key.entity_id or ''} starts at {version}".replace("  ", " "))
+        present = sorted(c for c in checkpoints if c > 0)
+        missing = [c for c in range(present[0] if present else 1, present[-1] if present else 1) if c not in checkpoints]
+        if missing:
+            # a deleted checkpoint whose deletion marker (tombstone) was purged too: the marker
+            # came no later than a checkpoint that started after it
+            after = [checkpoints[c] for c in present if c > missing[-1]
+                     and records[checkpoints[c]].key_version in (0, None)
+                     and not _replaced_older(records[checkpoints[c]])]
+            index = min(after) if after else len(records) - 1
+            if last is None or index > last[0]:
+                last = (index, f"checkpoints {missing[0]}..{missing[-1]} deleted and purged")
+        if last is None:
+            continue
+        index, reason = last
+        reached = [c for c in (_checkpoint_of(r.record) for r in records[:index + 1]) if c is not None]
+        horizons[job] = HistoryHorizon(job, records[index].offset, records[index].timestamp_ms,
+                                       max(reached, default=0), reason)
+    return horizons
 
 
 def timeline_entry(logged: LoggedRecord, previous: CoordinatorState) -> dict[str, Any] | None:
@@ -96,11 +206,13 @@ def _checkpoint_of(record: Any) -> int | None:
 
 @dataclasses.dataclass
 class Replay:
-    """The result of a replay: the state(s) per job and the timeline, in log order."""
+    """The result of a replay: the state(s) per job, the timeline in log order, and the history
+    horizon of each job whose log was compacted."""
 
     states: dict[str, CoordinatorState]
     timeline: list[dict[str, Any]]
     records: int
+    horizons: dict[str, HistoryHorizon] = dataclasses.field(default_factory=dict)
 
 
 def replay(logged: Iterable[LoggedRecord], *, job_id: str | None = None, until_checkpoint: int | None = None,
@@ -110,8 +222,15 @@ def replay(logged: Iterable[LoggedRecord], *, job_id: str | None = None, until_c
     ``until_checkpoint``: stop before the first record of a later checkpoint (the state the
     coordinator had once checkpoint N was completed or aborted). ``until_ms``: ignore records
     written after this time (ms since the Unix epoch).
+
+    Raises:
+        HistoryCompactedError: ``until_checkpoint`` or ``until_ms`` stops a job's replay before its
+            history horizon (:func:`history_horizon`): the message names the horizon.
     """
+    logged = [item for item in logged if job_id is None or item.record.key().job_id == job_id]
+    horizons = history_horizon(logged)
     states: dict[str, CoordinatorState] = {}
+    included: dict[str, int] = {}  # job -> offset of the last record replayed
     timeline: list[dict[str, Any]] = []
     stopped: set[str] = set()
     count = 0
@@ -130,17 +249,24 @@ def replay(logged: Iterable[LoggedRecord], *, job_id: str | None = None, until_c
         previous = CoordinatorState(job, epoch=state.epoch, job_status=state.job_status)
         apply(state, item.record)
         count += 1
+        included[job] = item.offset
         entry = timeline_entry(item, previous)
         if entry is not None:
             timeline.append(entry)
-    return Replay(states, timeline, count)
+    if until_checkpoint is not None or until_ms is not None:
+        early = [h for job, h in sorted(horizons.items()) if included.get(job, -1) < h.offset]
+        if early:
+            until = f"--until-checkpoint {until_checkpoint}" if until_checkpoint is not None else "--until"
+            raise HistoryCompactedError(f"{until} is before the history horizon: {early[0].describe()}")
+    return Replay(states, timeline, count, horizons)
 
 
 # -- export / import ---------------------------------------------------------------------------------
 def export_log(bootstrap_servers: str, topic: str, path: Path, *, job_id: str | None = None,
                consumer_overrides: dict | None = None) -> int:
     """Write the log (of ``job_id`` or all jobs) to ``path``: a header line, then one JSON line per
-    record with partition, offset, timestamp (ms) and base64 key and value. Returns the records written."""
+    record with partition, offset, timestamp (ms), base64 key and value and key version. Returns the records
+    written."""
     codec = SingleObjectCodec()
     written = 0
     with open(path, "w", encoding="utf-8") as out:
@@ -157,6 +283,7 @@ def export_log(bootstrap_servers: str, topic: str, path: Path, *, job_id: str | 
                 "partition": message.partition(), "offset": message.offset(), "timestamp": message.timestamp()[1],
                 "key": base64.b64encode(message.key() or b"").decode(),
                 "value": None if value is None else base64.b64encode(value).decode(),
+                "key_version": key_version_of(message),
             }) + "\n")
             written += 1
     return written
@@ -185,6 +312,10 @@ class _FileMessage:
 
     def value(self) -> bytes | None:
         return None if self._line["value"] is None else base64.b64decode(self._line["value"])
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        version = self._line.get("key_version")  # absent in exports made before the header existed
+        return None if version is None else [(KEY_VERSION_HEADER, str(version).encode())]
 
 
 def read_export(path: Path, *, job_id: str | None = None, codec: Codec | None = None,
@@ -223,4 +354,5 @@ def read_logged(bootstrap_servers: str | None, topic: str, *, from_file: Path | 
     return read_log(bootstrap_servers, topic, job_id=job_id, stats=stats)
 
 
-__all__ = ["Replay", "export_log", "read_export", "read_logged", "replay", "timeline_entry"]
+__all__ = ["HistoryCompactedError", "HistoryHorizon", "Replay", "export_log", "history_horizon", "read_export",
+           "read_logged", "replay", "timeline_entry"]

@@ -255,6 +255,7 @@ class CoordinatorService:
                                        codec=self.codec, consumer_overrides=self._consumer_overrides,
                                        timeout_s=timeout_s)
         self.load_stats = load_stats
+        self._writer.seed_key_versions(load_stats.next_key_versions)
         log.info("job %s: replayed %d log records in %.2f s (epoch %d, next checkpoint %d)", self.job_id,
                  load_stats.applied, load_stats.seconds, state.epoch, state.next_checkpoint_id)
         if state.job_status.is_terminal and (self._standby or self._restore_from is None):

@@ -127,6 +127,7 @@ def _offsets_writer(first: _OffsetsProducer, second: _OffsetsProducer, *, leadin
     writer._group_metadata = lambda group_id: object()
     writer._new_producer = lambda: second
     writer._stuck_producers = []
+    writer._batch_versions = {}
     writer.still_leading = lambda: leading
     return writer
 
