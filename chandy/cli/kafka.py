@@ -103,15 +103,23 @@ def status(data_dir: Path | None, fmt: str) -> None:
         else:
             err_console.print("not running")
         sys.exit(1)
-    metadata = kafka_config.admin_client(info.bootstrap_servers, dict(info.client_settings)).list_topics(timeout=10)
+    from chandy.coordinator.kafka.topics import log_history_settings
+
+    admin = kafka_config.admin_client(info.bootstrap_servers, dict(info.client_settings))
+    metadata = admin.list_topics(timeout=10)
     topics = {name: len(t.partitions) for name, t in sorted(metadata.topics.items()) if not name.startswith("__")}
+    # how far back each coordinator log's replays stay exact (issue 35)
+    histories = [log_history_settings(admin, name) for name in topics if name.endswith(".coordinator-log")]
     alive = set(EmbeddedKafkaBroker(data_dir).alive_nodes())
     nodes = [{"node_id": n.node_id, "pid": n.pid, "port": n.port, "alive": n.node_id in alive} for n in info.nodes]
     if fmt == "json":
         click.echo(json.dumps({"running": True, "kafka_version": info.kafka_version, "bootstrap_servers":
                                info.bootstrap_servers, "pid": info.pid, "data_dir": info.data_dir,
                                "log_file": info.log_file, "topics": topics, "nodes": nodes,
-                               "security": info.security, "tls": info.tls}))
+                               "security": info.security, "tls": info.tls,
+                               "coordinator_logs": {h.topic: {"min.compaction.lag.ms": h.min_compaction_lag_ms,
+                                                              "delete.retention.ms": h.delete_retention_ms,
+                                                              "segment.ms": h.segment_ms} for h in histories}}))
         return
     console.print(f"Apache Kafka {info.kafka_version} at [bold]{info.bootstrap_servers}[/] "
                   f"(pid {info.pid}, up {time.time() - info.started_at:.0f} s)")
@@ -123,6 +131,8 @@ def status(data_dir: Path | None, fmt: str) -> None:
     for name, partitions in topics.items():
         table.add_row(name, str(partitions))
     console.print(table)
+    for history in histories:
+        console.print(f"history of {history.describe()}")
 
 
 @kafka.command()

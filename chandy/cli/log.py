@@ -62,15 +62,25 @@ def log_replay(job_id: str | None, until_checkpoint: int | None, until: str | No
 
     servers = None if from_file else resolve_bootstrap(bootstrap_servers, data_dir)
     stats = LoadStats()
+    topic = ChandyTopics(prefix).coordinator_log
     with err_console.status("replaying the coordinator log"):
-        result = replay(read_logged(servers, ChandyTopics(prefix).coordinator_log, from_file=from_file, job_id=job_id,
-                                    stats=stats), job_id=job_id, until_checkpoint=until_checkpoint,
-                        until_ms=_parse_time(until))
+        result = replay(read_logged(servers, topic, from_file=from_file, job_id=job_id, stats=stats),
+                        job_id=job_id, until_checkpoint=until_checkpoint, until_ms=_parse_time(until))
+    history = _history_settings(servers, topic)
     if fmt == "json":
         for entry in result.timeline:
             click.echo(json.dumps(entry))
         for job, state in sorted(result.states.items()):
-            click.echo(json.dumps({"event": "state", "job_id": job, **_state_json(state)}))
+            horizon = result.horizons.get(job)
+            click.echo(json.dumps({"event": "state", "job_id": job, **_state_json(state),
+                                   "history_horizon": None if horizon is None else {
+                                       "checkpoint_id": horizon.checkpoint_id, "timestamp": horizon.timestamp_ms,
+                                       "offset": horizon.offset, "reason": horizon.reason}}))
+        if history is not None:
+            click.echo(json.dumps({"event": "history_settings", "topic": history.topic,
+                                   "min.compaction.lag.ms": history.min_compaction_lag_ms,
+                                   "delete.retention.ms": history.delete_retention_ms,
+                                   "segment.ms": history.segment_ms}))
         return
     table = Table("offset", "time", "job", "event", "checkpoint", "details", title="coordinator log timeline")
     import datetime
@@ -90,8 +100,28 @@ def log_replay(job_id: str | None, until_checkpoint: int | None, until: str | No
         for kind, entities in s["records"].items():
             for entity, fields in entities.items():
                 console.print(f"  {kind} {entity}: " + ", ".join(f"{k}={v}" for k, v in fields.items())[:160])
+    for horizon in result.horizons.values():
+        console.print(f"history: {horizon.describe()}")
+    if history is not None:
+        console.print(f"history: {history.describe()}")
     err_console.print(f"{result.records} records replayed; skipped: {stats.skipped_bad} bad, {stats.skipped_unknown} "
                       "of unknown kinds")
+
+
+def _history_settings(servers: str | None, topic: str) -> Any:
+    """The live log's :class:`~chandy.coordinator.kafka.topics.LogHistorySettings` (None when
+    replaying a file, or when the settings cannot be described: the replay is still shown)."""
+    if servers is None:
+        return None
+    from confluent_kafka import KafkaException
+
+    from chandy.coordinator.kafka import config as kafka_config
+    from chandy.coordinator.kafka.topics import log_history_settings
+
+    try:
+        return log_history_settings(kafka_config.admin_client(servers), topic, timeout_s=10)
+    except KafkaException:  # e.g. no DescribeConfigs grant: the replay itself was read
+        return None
 
 
 def _state_json(state: Any) -> dict[str, Any]:

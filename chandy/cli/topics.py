@@ -54,21 +54,34 @@ def _admin(bootstrap_servers: str | None, data_dir: Path | None, settings: tuple
               help="Partitions of a new coordinator log (each job replays only its own); fixed once created.")
 @click.option("--replication-factor", type=click.IntRange(1), default=None,
               help="Replicas (default: 3 on a cluster of three brokers or more, with min.insync.replicas 2; else 1).")
+@click.option("--log-min-compaction-lag-ms", "log_history_ms", type=click.IntRange(0), default=None,
+              help="min.compaction.lag.ms (and delete.retention.ms) of a new coordinator log: how far back "
+                   "`chandy log replay --until` stays exact; the log keeps every record that long  "
+                   "[default: 604800000, 7 days]")
 @admin_settings_option
 @handle_errors
 def topics_ensure(bootstrap_servers: str | None, data_dir: Path | None, prefix: str, partitions: int,
-                  log_partitions: int, replication_factor: int | None, settings: tuple[str, ...]) -> None:
+                  log_partitions: int, replication_factor: int | None, log_history_ms: int | None,
+                  settings: tuple[str, ...]) -> None:
     """Create the missing topics with explicit settings, then check them all.
 
     Size the coordinator log with --log-partitions (default 50, as Kafka's __consumer_offsets): each
     job's records live in the partition its job ID hashes to, and a coordinator replays only that
     one, so its start does not grow with other jobs' history. The count is fixed once created."""
-    from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+    from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics, log_history_settings
 
     _, admin = _admin(bootstrap_servers, data_dir, settings)
-    created = ensure_topics(admin, ChandyTopics(prefix), partitions=partitions, log_partitions=log_partitions,
-                            replication_factor=replication_factor)
+    topics = ChandyTopics(prefix)
+    history = {} if log_history_ms is None else {"min_compaction_lag_ms": log_history_ms}
+    created = ensure_topics(admin, topics, partitions=partitions, log_partitions=log_partitions,
+                            replication_factor=replication_factor, **history)
     err_console.print(f"created: {', '.join(created) or 'none'}; all five checked")
+    current = log_history_settings(admin, topics.coordinator_log)
+    err_console.print(f"history: {current.describe()}")
+    if log_history_ms is not None and current.min_compaction_lag_ms != log_history_ms:
+        err_console.print(f"[yellow]the coordinator log existed with another min.compaction.lag.ms; change it with "
+                          f"kafka-configs.sh --alter --entity-type topics --entity-name {topics.coordinator_log} "
+                          f"--add-config min.compaction.lag.ms={log_history_ms},delete.retention.ms={log_history_ms}[/]")
 
 
 @topics.command("acls")

@@ -35,6 +35,38 @@ DEFAULT_LOG_PARTITIONS = 50
 
 DEFAULT_PREFIX = "chandy"
 
+#: ``min.compaction.lag.ms`` (and ``delete.retention.ms``) of a new coordinator log: 7 days, the
+#: checkpoint-events topic's retention. Records younger than this are never compacted, so
+#: ``chandy log replay --until`` is exact for (at least) the last 7 days; the price is a log that
+#: keeps every record of that window, which a restarting coordinator reads (README, "Replaying").
+DEFAULT_LOG_HISTORY_MS = 7 * 24 * 3600 * 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class LogHistorySettings:
+    """The coordinator log's settings that decide how far back a replay is exact (ms):
+    ``min_compaction_lag_ms`` (records younger are never compacted), ``delete_retention_ms``
+    (deletion markers are kept at least this long after compaction), ``segment_ms`` (a segment
+    is compacted only once it rolled)."""
+
+    topic: str
+    min_compaction_lag_ms: int
+    delete_retention_ms: int
+    segment_ms: int
+
+    def describe(self) -> str:
+        """One line for a terminal."""
+        return (f"{self.topic}: min.compaction.lag.ms={self.min_compaction_lag_ms} ({_duration(self.min_compaction_lag_ms)}: "
+                f"records younger are never compacted), delete.retention.ms={self.delete_retention_ms} "
+                f"({_duration(self.delete_retention_ms)}), segment.ms={self.segment_ms} ({_duration(self.segment_ms)})")
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:g} {unit}"
+    return f"{ms} ms"
+
 
 class TopicError(ChandyError):
     """A Chandy topic is missing or has settings that break Chandy's guarantees."""
@@ -83,7 +115,7 @@ class ChandyTopics:
         partitions: int = 1,
         log_partitions: int | None = None,
         retention_ms: int = 7 * 24 * 3600 * 1000,
-        min_compaction_lag_ms: int = 60_000,
+        min_compaction_lag_ms: int = DEFAULT_LOG_HISTORY_MS,
         replication_factor: int = 1,
     ) -> list[TopicSpec]:
         """The five topics with their settings.
@@ -97,8 +129,9 @@ class ChandyTopics:
                 partition is ``crc32(job id) mod`` the count (:func:`chandy.coordinator.kafka.log.partition_for`),
                 so adding partitions would move jobs away from their history.
             retention_ms: retention of the delete-policy topics (default 7 days).
-            min_compaction_lag_ms: how long a log record stays uncompacted (default 60 s), so a
-                replay soon after a run still sees every step.
+            min_compaction_lag_ms: how long a log record stays uncompacted, and a deletion marker
+                after compaction (``delete.retention.ms``): the window in which ``chandy log
+                replay --until`` is exact (default :data:`DEFAULT_LOG_HISTORY_MS`, 7 days).
             replication_factor: used for ``min.insync.replicas`` on clusters larger than one node.
         """
         min_isr = str(min(2, replication_factor))
@@ -106,6 +139,7 @@ class ChandyTopics:
         log = {
             "cleanup.policy": "compact",
             "min.compaction.lag.ms": str(min_compaction_lag_ms),
+            "delete.retention.ms": str(min_compaction_lag_ms),
             "segment.ms": str(3600 * 1000),
             "min.insync.replicas": min_isr,
         }
@@ -319,6 +353,24 @@ def check_topics(admin: AdminClient, topics: ChandyTopics, *, timeout_s: float =
                 log.warning("topic %s has %d replica(s) and min.insync.replicas=%d on a cluster of %d brokers: one "
                             "broker's death can stop or lose the coordinator's decisions (Chandy creates it with 3 and 2)",
                             resource.name, replicas, min_isr, brokers)
+
+
+def log_history_settings(admin: AdminClient, topic: str, *, timeout_s: float = 30.0) -> LogHistorySettings:
+    """The history settings of coordinator log ``topic``, as the brokers report them (a topic
+    without its own value reports the broker's default).
+
+    Raises:
+        KafkaException: the topic's configuration cannot be described.
+    """
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = _describe_configs(admin, [resource], timeout_s)[resource]
+
+    def value(name: str, default: int) -> int:
+        entry = entries.get(name)
+        return default if entry is None or entry.value is None else int(entry.value)
+
+    return LogHistorySettings(topic, value("min.compaction.lag.ms", 0), value("delete.retention.ms", 86_400_000),
+                              value("segment.ms", 604_800_000))
 
 
 def _describe_configs(admin: AdminClient, resources: list[ConfigResource], timeout_s: float) -> dict:

@@ -25,7 +25,13 @@ def test_ensure_creates_the_five_topics_with_explicit_settings(kafka_bootstrap_s
                                       topics.requests])
     log = _configs(admin, topics.coordinator_log)
     assert log["cleanup.policy"] == "compact"
-    assert log["min.compaction.lag.ms"] == "60000"
+    # issue 35: the history a replay can show exactly is the events topic's 7 days
+    assert log["min.compaction.lag.ms"] == log["delete.retention.ms"] == str(7 * 24 * 3600 * 1000)
+    from chandy.coordinator.kafka.topics import log_history_settings
+
+    settings = log_history_settings(admin, topics.coordinator_log)
+    assert settings.min_compaction_lag_ms == 7 * 24 * 3600 * 1000 and settings.segment_ms == 3600 * 1000
+    assert "min.compaction.lag.ms=604800000 (7 d: records younger are never compacted)" in settings.describe()
     assert _configs(admin, topics.control)["cleanup.policy"] == "delete"
     assert len(admin.list_topics(timeout=10).topics[topics.acks].partitions) == 3
     # the requests topic has one partition whatever the others have: its owner leads the job
