@@ -64,32 +64,6 @@ def check_exactly_once(servers: str, warehouse: Path, table_name: str, content: 
     assert on_disk == referenced, f"unreferenced files left: {sorted(on_disk - referenced)}"
 
 
-def check_lake_events(servers: str, prefix: str, warehouse: Path, table_name: str, content: dict, topic: str) -> None:
-    """One LAKE_COMMITTED event per commit of the job in the table's metadata log (every
-    metadata file, read with pyiceberg: a commit without data files makes no snapshot, only new
-    properties), each naming exactly the rows between its snapshot and the previous one."""
-    from pyiceberg.serializers import FromInputFile
-
-    catalog = load_catalog("local", type="sql", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
-    table = catalog.load_table(table_name)
-    job = default_job_id(f"iceberg://local/{table_name}", [topic])
-    landed: dict[int, int | None] = {}
-    for entry in [*table.metadata.metadata_log, None]:
-        metadata = table.metadata if entry is None else FromInputFile.table_metadata(table.io.new_input(entry.metadata_file))
-        checkpoint = metadata.properties.get(f"chandy.job.{job}.checkpoint_id")
-        if checkpoint is not None:
-            landed.setdefault(int(checkpoint), metadata.current_snapshot_id)
-
-    def rows(snapshot: int | None) -> set:
-        if snapshot is None:
-            return set()
-        data = table.scan(snapshot_id=snapshot, selected_fields=("topic", "partition", "offset")).to_arrow()
-        return set(zip(*(data.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
-
-    exactly_once.assert_lake_events(exactly_once.read_events(servers, prefix, job), landed,
-                                    lambda before, after: rows(after) - rows(before), set(content))
-
-
 @pytest.mark.parametrize("point", POINTS)
 def test_killed_at_each_step_then_restarted_lands_every_record_exactly_once(
         kafka_bootstrap_servers, source_topic, tmp_path, point) -> None:
@@ -102,4 +76,4 @@ def test_killed_at_each_step_then_restarted_lands_every_record_exactly_once(
     finished = run_pipeline(kafka_bootstrap_servers, topic, warehouse, table, prefix)
     assert finished.returncode == 0, finished.stderr[-3000:]
     check_exactly_once(kafka_bootstrap_servers, warehouse, table, content, topic)
-    check_lake_events(kafka_bootstrap_servers, prefix, warehouse, table, content, topic)
+    exactly_once.check_iceberg_lake_events(kafka_bootstrap_servers, prefix, warehouse, table, topic, set(content))

@@ -76,22 +76,6 @@ def run_pipeline(servers: str, topic: str, table: Path, prefix: str, crash_at: s
                                      parallelism=PARTITIONS, crash_at=crash_at, timeout_s=timeout_s)
 
 
-def check_lake_events(servers: str, prefix: str, table: Path, content: dict, topic: str) -> None:
-    """One LAKE_COMMITTED event per commit in the Delta log, each naming exactly its rows."""
-    job = default_job_id(str(table), [topic])
-    landed = {int(h["chandy.checkpoint_id"]): h["version"] for h in DeltaTable(str(table)).history()
-              if h.get("chandy.job_id") == job}
-
-    def rows(version: int | None) -> set:
-        if version is None:
-            return set()
-        data = DeltaTable(str(table), version=version).to_pyarrow_table(columns=["topic", "partition", "offset"])
-        return set(zip(*(data.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
-
-    exactly_once.assert_lake_events(exactly_once.read_events(servers, prefix, job), landed,
-                                    lambda before, after: rows(after) - rows(before), set(content))
-
-
 def check_exactly_once(servers: str, table: Path, content: dict, topic: str) -> None:
     data = DeltaTable(str(table)).to_pyarrow_table(columns=list(exactly_once.COLUMNS))
     exactly_once.assert_rows_exactly_once(data, content)
@@ -119,7 +103,7 @@ def test_killed_at_each_step_then_restarted_lands_every_record_exactly_once(
     finished = run_pipeline(kafka_bootstrap_servers, topic, table, prefix)
     assert finished.returncode == 0, finished.stderr[-3000:]
     check_exactly_once(kafka_bootstrap_servers, table, content, topic)
-    check_lake_events(kafka_bootstrap_servers, prefix, table, content, topic)
+    exactly_once.check_delta_lake_events(kafka_bootstrap_servers, prefix, str(table), topic, set(content))
 
 
 @pytest.mark.slow

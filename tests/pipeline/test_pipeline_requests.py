@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from chandy.connectors.spark.options import PipelineError
 from chandy.connectors.spark.pipeline import Pipeline
 from chandy.coordinator.kafka.requests import ControlRequestType, RequestStatus, send_request
-from tests.fixtures import REPO_ROOT
+from tests.fixtures import REPO_ROOT, exactly_once
 from tests.fixtures.pipeline import all_offsets, group_offsets, landed, make_topic, options
 from tests.fixtures.workers import wait_for
 
@@ -109,12 +109,31 @@ def test_cancel_stops_the_pipeline_and_nothing_more_lands(spark, kafka_bootstrap
     assert pipeline.service is not None and pipeline.service.job_status == "CANCELED"
 
 
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
 def test_a_standby_pipeline_takes_over_after_a_sigkill_and_lands_every_record_once(kafka_bootstrap_servers,
-                                                                                   tmp_path) -> None:
+                                                                                   tmp_path, fmt) -> None:
     topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(3000)])
     table = str(tmp_path / "t")
+    warehouse, table_name = tmp_path / "warehouse", f"lake.t{uuid.uuid4().hex[:6]}"
+    table_args = (["--table", table] if fmt == "delta" else
+                  ["--table", f"iceberg://local/{table_name}", "--catalog-property", f"warehouse={warehouse}"])
+
+    def rows() -> list[tuple[str, int, int]]:
+        if fmt == "delta":
+            return landed(table) if DeltaTable.is_deltatable(table) else []
+        if not (warehouse / "catalog.db").exists():
+            return []
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            data = exactly_once.iceberg_table(warehouse, table_name).scan(
+                selected_fields=("topic", "partition", "offset")).to_arrow()
+        except NoSuchTableError:  # until the first commit creates it
+            return []
+        return list(zip(*(data.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
+
     prefix = f"rq{uuid.uuid4().hex[:6]}"
-    args = [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic,
+    args = [sys.executable, "-m", "chandy.cli", "pipeline", "run", *table_args, "--topic", topic,
             "-b", kafka_bootstrap_servers, "--prefix", prefix, "--max-records-per-checkpoint", "50",
             "--until-drained", "--master", "local[1]"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -122,15 +141,14 @@ def test_a_standby_pipeline_takes_over_after_a_sigkill_and_lands_every_record_on
                               start_new_session=True)
     standby = None
     try:
-        wait_for(lambda: DeltaTable.is_deltatable(table) and DeltaTable(table).version() >= 1, timeout_s=180,
-                 what="the active pipeline's first commit")
+        wait_for(lambda: len(rows()) > 100, timeout_s=180, what="the active pipeline's first commits")
         standby = subprocess.Popen([*args, "--standby"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         time.sleep(5)  # the standby joins the election group and waits
         assert standby.poll() is None and active.poll() is None
         killed = time.monotonic()
         os.killpg(active.pid, signal.SIGKILL)  # the driver and its Spark JVM, mid-run
-        before = len(landed(table))
+        before = len(rows())
         out, err = standby.communicate(timeout=300)
         assert standby.returncode == 0, err[-3000:]
         print(f"standby finished {time.monotonic() - killed:.1f} s after the SIGKILL; {err.count('leads')} take-over")
@@ -139,8 +157,14 @@ def test_a_standby_pipeline_takes_over_after_a_sigkill_and_lands_every_record_on
         for process in (active, standby):
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-    rows = landed(table)
-    assert before < 3000 and len(rows) == len(set(rows)) == 3000
+    landed_rows = rows()
+    assert before < 3000 and len(landed_rows) == len(set(landed_rows)) == 3000
+    # issue 35: one LAKE_COMMITTED per commit, in order, after its COMPLETED, through the take-over
+    source = all_offsets(kafka_bootstrap_servers, topic)
+    if fmt == "delta":
+        exactly_once.check_delta_lake_events(kafka_bootstrap_servers, prefix, table, topic, source)
+    else:
+        exactly_once.check_iceberg_lake_events(kafka_bootstrap_servers, prefix, warehouse, table_name, topic, source)
 
 
 def _run_into(pipeline: Pipeline, running: concurrent.futures.Future) -> None:
