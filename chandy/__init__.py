@@ -4,6 +4,7 @@ system and its memory, and an exactly-once Kafka-to-lake pipeline on Spark.
 The public API, in one namespace::
 
     from chandy import CoordinatorService, CheckpointParticipant, CheckpointingOptions, Pipeline, subscribe
+    from chandy import read_lake_commit, wait_for_lake_commit
 
 This package is the application layer (the ``chandy`` command line, the demo, the embedded
 broker tooling); the names below are re-exported from the layers beneath it (``schemas`` <-
@@ -33,11 +34,14 @@ _EXPORTS = {
     "Pipeline": "chandy.connectors.spark.pipeline",
     "PipelineOptions": "chandy.connectors.spark.options",
     "verify_table": "chandy.connectors.spark.verify",
+    "read_lake_commit": "chandy.connectors.lake.sinks",
+    "wait_for_lake_commit": "chandy.coordinator.kafka.subscriber",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:
+    from chandy.connectors.lake.sinks import read_lake_commit as read_lake_commit
     from chandy.connectors.spark.options import PipelineOptions as PipelineOptions
     from chandy.connectors.spark.pipeline import Pipeline as Pipeline
     from chandy.connectors.spark.verify import verify_table as verify_table
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
     from chandy.coordinator.kafka.runtime import CoordinatorService as CoordinatorService
     from chandy.coordinator.kafka.subscriber import subscribe as subscribe
     from chandy.coordinator.kafka.subscriber import subscribe_async as subscribe_async
+    from chandy.coordinator.kafka.subscriber import wait_for_lake_commit as wait_for_lake_commit
     from chandy.coordinator.messages import StateHandle as StateHandle
     from chandy.coordinator.options import CheckpointingOptions as CheckpointingOptions
 

@@ -463,6 +463,34 @@ class DeltaLakeSink(SchemaChecked):
         except Exception as exc:  # delta-rs raises several exception types
             raise LakeCommitError(f"vacuuming {self.table_uri} failed: {exc}") from exc
 
+    def read_commit(self, table_version: int, previous_table_version: int | None) -> pa.Table:
+        """The rows version ``table_version`` added to the table since ``previous_table_version``
+        (None: since the table's creation): the data files of the first that the second lacks,
+        read through deltalake's dataset of ``table_version`` (time travel; partition columns
+        from the files' partition values). For a ``LAKE_COMMITTED`` event: exactly its checkpoint's
+        rows, whatever compactions ran since.
+
+        Raises:
+            LakeCommitError: no table, or a version the log no longer has (vacuumed or checkpointed away).
+        """
+        import pyarrow.dataset as ds
+        from deltalake import DeltaTable
+
+        def files(version: int | None) -> set[str]:
+            if version is None:
+                return set()
+            return {uri.rsplit("/", 1)[-1] for uri in DeltaTable(self._delta_uri, version=version,
+                                                                 storage_options=self._delta_options).file_uris()}
+
+        try:
+            added = files(table_version) - files(previous_table_version)
+            dataset = DeltaTable(self._delta_uri, version=table_version,
+                                 storage_options=self._delta_options).to_pyarrow_dataset()
+        except Exception as exc:  # delta-rs raises several exception types
+            raise LakeCommitError(f"cannot read version {table_version} of {self.table_uri}: {exc}") from exc
+        fragments = [f for f in dataset.get_fragments() if f.path.rsplit("/", 1)[-1] in added]
+        return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem).to_table()
+
     def read_table(self) -> pa.Table:
         """The committed table, read with pyarrow through deltalake (a reader other than the writer)."""
         from deltalake import DeltaTable

@@ -556,6 +556,28 @@ class IcebergSink(SchemaChecked):
         for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
             yield task.file
 
+    def read_commit(self, table_version: int, previous_table_version: int | None) -> pa.Table:
+        """The rows snapshot ``table_version`` added since snapshot ``previous_table_version``
+        (None: since the table's creation): the data files the first's scan plans and the
+        second's does not, read as :meth:`read_table` reads them, in the table's current schema.
+
+        Raises:
+            LakeCommitError: no table, or no such snapshot (expired).
+        """
+        table = self._load()
+        if table is None:
+            raise LakeCommitError(f"no Iceberg table {self.table_uri}")
+
+        def files(snapshot_id: int | None) -> set[str]:
+            if snapshot_id is None:
+                return set()
+            if table.snapshot_by_id(snapshot_id) is None:
+                raise LakeCommitError(f"table {self.table_uri} has no snapshot {snapshot_id} (expired?)")
+            return {task.file.file_path for task in table.scan(snapshot_id=snapshot_id).plan_files()}
+
+        added = files(table_version) - files(previous_table_version)
+        return self._read_files(table, sorted(added))
+
     def read_table(self) -> pa.Table:
         """The current snapshot: its data files as pyiceberg's scan plans them, each read with
         pyarrow's Parquet reader (readers other than the writer), in the table's schema (columns
@@ -565,15 +587,19 @@ class IcebergSink(SchemaChecked):
         records as an empty map (the file holds NULL; found by the differential tests of values).
         Chandy writes no delete files, so the data files are the snapshot's rows.
         """
-        import pyarrow.parquet as pq
-
         table = self._load()
         if table is None:
             raise LakeCommitError(f"no Iceberg table {self.table_uri}")
+        return self._read_files(table, [task.file.file_path for task in table.scan().plan_files()])
+
+    def _read_files(self, table: Any, paths: Sequence[str]) -> pa.Table:
+        """Data files of ``table``, each read with pyarrow, in the table's schema."""
+        import pyarrow.parquet as pq
+
         schema = table.schema().as_arrow()
         parts = []
-        for task in table.scan().plan_files():
-            with self._open_file(task.file.file_path) as handle:
+        for path in paths:
+            with self._open_file(path) as handle:
                 data = pq.read_table(handle)
             parts.append(pa.Table.from_arrays(
                 [data.column(f.name).cast(f.type) if f.name in data.schema.names else pa.nulls(data.num_rows, f.type)

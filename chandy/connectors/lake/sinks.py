@@ -9,6 +9,7 @@ idempotent table commit per checkpoint that records (job ID, checkpoint ID, offs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from chandy.connectors.lake.delta import DeltaLakeSink
 from chandy.connectors.lake.sink import LakeSink
@@ -39,3 +40,25 @@ def open_sink(table_uri: str, *, partition_by: Sequence[str] = (), storage_optio
         return IcebergSink(table_uri, partition_by=partition_by, catalog_properties=catalog_properties,
                            storage_options=storage_options, add_columns=add_columns, location=location)
     return DeltaLakeSink(table_uri, partition_by=partition_by, storage_options=storage_options, add_columns=add_columns)
+
+
+def read_lake_commit(event: Any, *, storage_options: Mapping[str, str] | None = None,
+                     catalog_properties: Mapping[str, str] | None = None) -> Any:
+    """Exactly the rows a ``LAKE_COMMITTED`` event's checkpoint landed, as a ``pyarrow.Table``:
+    the data files its table version (Delta's version, Iceberg's snapshot ID) added since the
+    version before it, read by time travel (see the sinks' ``read_commit``).
+
+    Args:
+        event: a :class:`~chandy.coordinator.messages.CheckpointEvent` of type ``LAKE_COMMITTED``
+            (from :func:`chandy.subscribe` or ``chandy events wait``).
+        storage_options: the object store's settings, as for the pipeline (``--storage-option``).
+        catalog_properties: an Iceberg table's catalog properties (``--catalog-property``).
+
+    Raises:
+        ValueError: not a ``LAKE_COMMITTED`` event.
+        LakeCommitError: the table or that version is gone (vacuumed, expired).
+    """
+    if getattr(event, "event_type", None) != "LAKE_COMMITTED" or event.table_version is None:
+        raise ValueError(f"expected a LAKE_COMMITTED event with a table version, got {getattr(event, 'event_type', event)!r}")
+    sink = open_sink(event.table_uri, storage_options=storage_options, catalog_properties=catalog_properties)
+    return sink.read_commit(event.table_version, event.previous_table_version)

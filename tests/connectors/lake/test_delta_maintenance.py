@@ -212,3 +212,23 @@ def test_a_conflict_resolved_by_another_coordinators_commit_is_not_this_writers(
     assert landed is not None and landed.checkpoint_id == 3 and landed.records == 5 and landed.files == 1
     assert landed.table_version == DeltaLakeSink(uri)._open().version() == landed.previous_table_version + 1
     assert offsets(old) == list(range(5, 20))
+
+
+def test_each_commit_is_found_and_read_back_alone_after_compaction(tmp_path: Path) -> None:
+    """Issue 35: the commit of each checkpoint (its version, records, files) is found in the table's
+    history, and read_commit gives exactly its rows, also once OPTIMIZE rewrote its files."""
+    sink = DeltaLakeSink(str(tmp_path / "t"))
+    commit_checkpoints(sink, 1, 4)
+    found = sink.commits_after(JOB, 1)
+    assert [c.checkpoint_id for c in found] == [2, 3, 4]
+    assert [c.table_version for c in found] == [1, 2, 3] and [c.previous_table_version for c in found] == [0, 1, 2]
+    assert all(c.records == 5 and c.files == 1 for c in found)
+    sink.optimize()
+    assert DeltaTable(str(tmp_path / "t")).version() == 4  # the compaction's own version
+    for commit in found:
+        read = sink.read_commit(commit.table_version, commit.previous_table_version)
+        assert sorted(read.column("offset").to_pylist()) == list(range(commit.checkpoint_id * 5,
+                                                                       commit.checkpoint_id * 5 + 5))
+    first = sink.read_commit(0, None)  # the table's first commit: everything it added
+    assert sorted(first.column("offset").to_pylist()) == list(range(5, 10))
+    assert sink.commits_after(JOB, 4) == []

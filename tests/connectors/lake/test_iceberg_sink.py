@@ -15,7 +15,7 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.lake.iceberg import IcebergSink, parse_iceberg_uri
-from chandy.connectors.lake.sink import LakeSchemaError
+from chandy.connectors.lake.sink import LakeCommit, LakeSchemaError
 from chandy.connectors.lake.sinks import open_sink
 from chandy.connectors.lake.uri import TableUriError
 
@@ -35,7 +35,7 @@ def make_sink(tmp_path: Path) -> IcebergSink:
     return sink
 
 
-def commit(sink: IcebergSink, checkpoint: int, n: int = 4) -> bool:
+def commit(sink: IcebergSink, checkpoint: int, n: int = 4) -> LakeCommit | None:
     files = sink.write_files(rows(checkpoint, n), job_id=JOB, checkpoint_id=checkpoint, subtask=0, attempt=0)
     return sink.commit(JOB, checkpoint, files, offsets={("t", 0): (checkpoint + 1) * n}, cluster_id="c1")
 
@@ -140,3 +140,22 @@ def test_a_null_map_of_records_reads_back_null(tmp_path: Path) -> None:
     files = sink.write_files(data, job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
     assert sink.commit(JOB, 1, files, offsets={("t", 0): 3}, cluster_id="c1")
     assert sink.read_table().column("m").to_pylist() == [None, [("a", {"f0": 1})], []]
+
+
+def test_each_commit_is_found_and_read_back_alone(tmp_path: Path) -> None:
+    """Issue 35: the snapshot of each checkpoint is found, and read_commit gives exactly its rows;
+    a commit without data files makes no snapshot and is reported at the current one."""
+    sink = make_sink(tmp_path)
+    for checkpoint in (1, 2, 3):
+        assert commit(sink, checkpoint)
+    landed = sink.commit(JOB, 4, [], offsets={("t", 0): 16})  # progress without files
+    assert landed is not None and landed.records == 0 and landed.table_version == landed.previous_table_version
+    found = sink.commits_after(JOB, 1)
+    assert [c.checkpoint_id for c in found] == [2, 3, 4]
+    assert found[2].table_version == found[1].table_version  # no snapshot of its own
+    assert found[1].previous_table_version == found[0].table_version
+    for c in found[:2]:
+        read = sink.read_commit(c.table_version, c.previous_table_version)
+        assert sorted(read.column("offset").to_pylist()) == list(range(c.checkpoint_id * 4, c.checkpoint_id * 4 + 4))
+        assert c.records == 4 and c.files == 1
+    assert sink.read_commit(found[2].table_version, found[2].previous_table_version).num_rows == 0
