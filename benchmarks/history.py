@@ -9,7 +9,7 @@ the history restores nothing (a later real coordinator's checkpoints are the onl
 from __future__ import annotations
 
 from chandy.coordinator.kafka import config as kafka_config
-from chandy.coordinator.kafka.log import encode_record
+from chandy.coordinator.kafka.log import KEY_VERSION_HEADER, encode_record
 from chandy.coordinator.records import CheckpointIdCounterRecord, CheckpointRecord, LogKey, LogRecord, Tombstone
 from chandy.schemas.codec import SingleObjectCodec
 
@@ -43,11 +43,15 @@ def write_history(servers: str, topic: str, partition: int, job: str, records: i
                                                          "queue.buffering.max.messages": 1_000_000,
                                                          "compression.type": "lz4"})
     written = 0
+    versions: dict = {}  # the key version header, as the coordinator's LogWriter writes it
     for record in history(job, records, **kwargs):
         key, value = encode_record(codec, record)
+        version = versions.get(record.key(), 0)
+        versions[record.key()] = version + 1
         while True:
             try:
-                producer.produce(topic, value, key, partition=partition)
+                producer.produce(topic, value, key, partition=partition,
+                                 headers=[(KEY_VERSION_HEADER, str(version).encode())])
                 break
             except BufferError:
                 producer.poll(0.1)

@@ -96,7 +96,8 @@ class LoadStats:
     skipped_bad: int = 0
     end_offset: int = 0
     seconds: float = 0.0
-    #: per key of the job: the key version its next record gets (:data:`KEY_VERSION_HEADER`)
+    #: per live key of the job (its newest record is not a deletion marker): the key version its
+    #: next record gets (:data:`KEY_VERSION_HEADER`)
     next_key_versions: dict[LogKey, int] = dataclasses.field(default_factory=dict)
 
 
@@ -333,7 +334,6 @@ def load_state(
     state = CoordinatorState(job_id)
     started = time.monotonic()
     newest: dict[bytes | None, Any] = {}
-    next_versions: dict[bytes | None, int] = {}
     try:
         for batch in raw_batches(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides,
                                  stats=stats, timeout_s=timeout_s):
@@ -342,16 +342,6 @@ def load_state(
                 key = message.key()
                 newest.pop(key, None)  # re-inserted last: the dict keeps the newest records in offset order
                 newest[key] = message
-                version = key_version_of(message)
-                next_versions[key] = max(next_versions.get(key, 0) + (1 if version is None else 0),
-                                         0 if version is None else version + 1)
-        for key_bytes, following in next_versions.items():
-            try:
-                key = LogKey.from_avro(codec.decode(key_bytes).value)
-            except (WireFormatError, KeyError, TypeError, AttributeError):
-                continue  # another job's, or unreadable: the fold below reports this job's
-            if key.job_id == job_id:
-                stats.next_key_versions[key] = following
         for message in newest.values():
             if message.value() is None:
                 # the newest record of its key is a tombstone: nothing older of that key is
@@ -363,6 +353,10 @@ def load_state(
             if logged is not None:
                 apply(state, logged.record)
                 stats.applied += 1
+                # the key's next version follows its newest record's (1 for a record written
+                # before the header: it is not the first of its key either)
+                version = logged.key_version
+                stats.next_key_versions[logged.record.key()] = 1 if version is None else version + 1
     finally:
         stats.seconds = time.monotonic() - started
     return state, stats
