@@ -121,6 +121,13 @@ def test_a_really_compacted_log_restarts_exactly_once_and_replays_only_what_it_r
     assert exported.returncode == 0, exported.stderr
     partition = partition_for(job, LOG_PARTITIONS)
     before = _log_messages(servers, log_topic, partition)
+    # every record carries its key version: 0, 1, 2, ... per key, across the restarts and the kill
+    versions: dict[str, list[int]] = {}
+    for line in export.read_text().splitlines()[1:]:
+        record = json.loads(line)
+        versions.setdefault(record["key"], []).append(record["key_version"])
+    assert all(v == list(range(len(v))) for v in versions.values()), versions
+    assert max(len(v) for v in versions.values()) >= 3  # epoch, status, counter: rewritten
 
     # compaction, for real: the lag drops to 0, the broker's cleaner (log.cleaner.backoff.ms 1 s) runs
     def set_lag(ms: int) -> None:
