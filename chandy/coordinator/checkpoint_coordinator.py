@@ -254,7 +254,7 @@ class CheckpointCoordinator(CheckpointRestore, SubtaskAttempts, JobLifecycle, Ch
             # ID (Flink's CheckpointIDCounter): after a crash, a new coordinator never hands it out again
             self._commit(Batch(records=[CheckpointIdCounterRecord(self.job_id, checkpoint_id + 1),
                                         self._record(pending, CheckpointStatus.PENDING, now)],
-                               events=[self._event(pending, "TRIGGERED", now)]),
+                               events=[self._event(pending, "TRIGGERED", now, **self._job_fields())]),
                          lambda: self._trigger_masters(pending))
         pending.timeout = self.env.schedule(
             self.options.timeout_ms, lambda: self._abort_if_pending(checkpoint_id, R.CHECKPOINT_EXPIRED,
@@ -338,7 +338,7 @@ class CheckpointCoordinator(CheckpointRestore, SubtaskAttempts, JobLifecycle, Ch
             pending.logged = True
             self._commit(Batch(records=[CheckpointIdCounterRecord(self.job_id, pending.checkpoint_id + 1),
                                         self._record(pending, CheckpointStatus.PENDING, pending.trigger_timestamp)],
-                               control=[trigger], events=[self._event(pending, "TRIGGERED", pending.trigger_timestamp)]))
+                               control=[trigger], events=[self._event(pending, "TRIGGERED", pending.trigger_timestamp, **self._job_fields())]))
         # events sent after the coordinators' futures completed go out after the trigger
         for holder in self.holders.values():
             holder.open_valve()

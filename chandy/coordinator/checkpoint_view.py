@@ -140,6 +140,12 @@ class JobCheckpointsView:
         self.last_event_timestamp: int | None = None
         self.epoch = 0
         self._status: tuple[int, str] | None = None  # (epoch, status) of the latest JOB_STATUS_CHANGED
+        self._status_timestamp: int | None = None
+        self.first_event_timestamp: int | None = None
+        #: from the newest TRIGGERED event: the job's name, checkpointing configuration, operators
+        self.name: str | None = None
+        self.config: dict[str, int] | None = None
+        self.operators: dict[str, int] = {}
 
     def apply(self, event: CheckpointEvent) -> None:
         """Fold one event: TRIGGERED adds an IN_PROGRESS checkpoint; COMPLETED and
@@ -150,10 +156,19 @@ class JobCheckpointsView:
         if event.job_id != self.job_id:
             raise ValueError(f"event of job {event.job_id} applied to the view of job {self.job_id}")
         self.last_event_timestamp = event.timestamp
+        if self.first_event_timestamp is None:
+            self.first_event_timestamp = min(event.timestamp, event.trigger_timestamp or event.timestamp)
         self.epoch = max(self.epoch, event.epoch)
         kind = event.event_type
+        if event.job_name:
+            self.name = event.job_name
+        if event.checkpoint_config:
+            self.config = dict(event.checkpoint_config)
+        if event.operators:
+            self.operators = {o.operator_id: o.parallelism for o in event.operators}
         if kind == "JOB_STATUS_CHANGED" and event.job_status:
             self._status = (event.epoch, str(event.job_status))
+            self._status_timestamp = event.timestamp
             return
         if kind not in ("TRIGGERED", "COMPLETED", "SAVEPOINT_COMPLETED", "ABORTED", "SAVEPOINT_FAILED"):
             return
@@ -231,9 +246,49 @@ class JobCheckpointsView:
 
     def overview(self) -> dict[str, Any]:
         """One row of ``GET /jobs`` (Flink's ``{"id", "status"}`` and more):
-        ``{"id", "status", "epoch", "last_event_timestamp", "counts"}``."""
-        return {"id": self.job_id, "status": self.status, "epoch": self.epoch,
+        ``{"id", "name", "status", "epoch", "last_event_timestamp", "counts"}`` (``name``: the
+        job's name once a TRIGGERED event said it, else None)."""
+        return {"id": self.job_id, "name": self.name, "status": self.status, "epoch": self.epoch,
                 "last_event_timestamp": self.last_event_timestamp, "counts": self.checkpointing_statistics()["counts"]}
+
+    def job_details(self, now_ms: int) -> dict[str, Any]:
+        """The body of ``GET /jobs/:jobid`` in the shape of Flink's ``JobDetailsInfo`` (times in ms
+        since the epoch, durations in ms; -1 for a time not reached): the job's name and status,
+        and one vertex per operator with its parallelism, as the newest TRIGGERED event said."""
+        state = self.status
+        start = self.first_event_timestamp if self.first_event_timestamp is not None else -1
+        terminal = state in ("FINISHED", "FAILED", "CANCELED")
+        end = (self._status_timestamp or -1) if terminal else -1
+        duration = ((end if end >= 0 else now_ms) - start) if start >= 0 else -1
+        vertex_state = {"FINISHED": "FINISHED", "FAILED": "FAILED", "CANCELED": "CANCELED"}.get(state, "RUNNING")
+        vertices = [{"id": operator, "name": operator, "parallelism": parallelism, "maxParallelism": parallelism,
+                     "status": vertex_state, "start-time": start, "end-time": end, "duration": duration,
+                     "tasks": {vertex_state: parallelism}, "metrics": {}}
+                    for operator, parallelism in self.operators.items()]
+        counts = {vertex_state: len(vertices)} if vertices else {}
+        return {"jid": self.job_id, "name": self.name or self.job_id, "isStoppable": not terminal, "state": state,
+                "job-type": "STREAMING", "start-time": start, "end-time": end, "duration": duration,
+                "maxParallelism": max(self.operators.values(), default=-1), "now": now_ms,
+                "timestamps": {state: self._status_timestamp or start}, "vertices": vertices, "status-counts": counts,
+                "plan": {"jid": self.job_id, "name": self.name or self.job_id, "type": "STREAMING",
+                         "nodes": [{"id": v["id"], "parallelism": v["parallelism"], "operator": v["name"],
+                                    "description": v["name"], "inputs": []} for v in vertices]}}
+
+    def checkpoint_config(self) -> dict[str, Any] | None:
+        """The body of ``GET /jobs/:jobid/checkpoints/config`` in the shape of Flink's
+        ``CheckpointConfigInfo`` (ms and counts), or None before a TRIGGERED event said it.
+        Chandy's checkpoints are exactly-once and kept when a job is canceled (Flink's
+        ``RETAIN_ON_CANCELLATION``); ``num_retained`` is ``state.checkpoints.num-retained``."""
+        c = self.config
+        if c is None:
+            return None
+        return {"mode": "exactly_once", "interval": c.get("interval_ms", 0), "timeout": c.get("timeout_ms", 0),
+                "min_pause": c.get("min_pause_ms", 0), "max_concurrent": c.get("max_concurrent", 1),
+                "externalization": {"enabled": True, "delete_on_cancellation": False},
+                "state_backend": "chandy", "checkpoint_storage": "FileSystemCheckpointStorage",
+                "unaligned_checkpoints": False, "tolerable_failed_checkpoints": c.get("tolerable_failed", 0),
+                "aligned_checkpoint_timeout": 0, "checkpoints_after_tasks_finish": True,
+                "state_changelog_enabled": False, "num_retained": c.get("num_retained", 1)}
 
     @staticmethod
     def _json(checkpoint: _Checkpoint | None) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from chandy.coordinator.hooks import MasterHooks
 from chandy.coordinator.listener import CheckpointListener
 from chandy.coordinator.messages import (
     CheckpointEvent,
+    OperatorParallelism,
 )
 from chandy.coordinator.operator_coordinator import OperatorCoordinatorProvider
 from chandy.coordinator.operator_coordinator_holder import OperatorCoordinatorHolder
@@ -71,8 +72,10 @@ class CoordinatorCore:
         transactional_id: str = "",
         on_job_status: Callable[[JobStatus, str | None], None] | None = None,
         completion_outputs: Callable[[CheckpointMetadata], Sequence[OutboundMessage]] | None = None,
+        job_name: str | None = None,
     ) -> None:
         """Args (beyond the obvious):
+            job_name: the job's name (Flink's), published with the ``JOB_STARTED`` event.
             completion_outputs: called on the I/O executor once a checkpoint's ``_metadata`` is
                 written, before it completes; the messages it returns are published in the same
                 Kafka transaction as the checkpoint's COMPLETED record, so they become visible
@@ -81,6 +84,7 @@ class CoordinatorCore:
                 savepoints, which commit no side effects (Flink 1.15+, FLINK-25191).
         """
         self.job_id = job_id
+        self.job_name = job_name
         self.completion_outputs = completion_outputs
         self.options = options
         self.env = env
@@ -154,6 +158,17 @@ class CoordinatorCore:
             status_timestamp=now, num_subtasks=len(pending.expected), num_acknowledged=pending.num_acknowledged,
             **extra,
         )
+
+    def _job_fields(self) -> dict[str, Any]:
+        """What a ``TRIGGERED`` event carries about the job besides its checkpoint: what Flink's
+        REST serves that the events topic does not otherwise say (the job's name,
+        ``/jobs/:jobid/checkpoints/config``, its vertices)."""
+        o = self.options
+        config = {"interval_ms": o.interval_ms, "timeout_ms": o.timeout_ms, "min_pause_ms": o.min_pause_ms,
+                  "max_concurrent": o.max_concurrent, "tolerable_failed": o.tolerable_failed,
+                  "num_retained": o.num_retained}
+        return {"job_name": self.job_name or self.job_id, "checkpoint_config": config,
+                "operators": tuple(OperatorParallelism(op, n) for op, n in self.operators.items())}
 
     def _checkpoint_event(self, checkpoint_id: int, event_type: str, **fields: Any) -> CheckpointEvent:
         """An event of ``event_type`` about checkpoint ``checkpoint_id`` now, for an operator

@@ -173,13 +173,23 @@ class OffsetRange:
 
 
 @dataclasses.dataclass(frozen=True)
+class OperatorParallelism:
+    """An operator of a job (Flink's job vertex) and its number of subtasks."""
+
+    operator_id: str
+    parallelism: int
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckpointEvent(_Message):
     """The public event of a trigger, completion, abort or savepoint, with its statistics; also
     the answer to a control request (``REQUEST_ACCEPTED`` / ``REQUEST_COMPLETED`` /
     ``REQUEST_FAILED``, with ``request_id``), a job status change (``JOB_STATUS_CHANGED``, with
     ``job_status``) and a lake commit (``LAKE_COMMITTED``: checkpoint ``checkpoint_id`` is
     visible in ``table_uri`` at ``table_version``, Delta's version or Iceberg's snapshot ID; the
-    commit added ``records_added`` records in ``files_added`` files, read from ``offset_ranges``).
+    commit added ``records_added`` records in ``files_added`` files, read from ``offset_ranges``),
+    A ``TRIGGERED`` event also carries ``job_name``, the checkpointing configuration
+    ``checkpoint_config`` (ms and counts) and the job's ``operators``.
 
     ``COMPLETED`` is Flink's checkpoint completion: durable, but the sinks commit after it (on
     ``notifyCheckpointComplete``); ``LAKE_COMMITTED`` follows it once the records are readable.
@@ -211,6 +221,8 @@ class CheckpointEvent(_Message):
     files_added: int | None = None
     offset_ranges: tuple[OffsetRange, ...] | None = None
     job_name: str | None = None
+    checkpoint_config: dict[str, int] | None = None
+    operators: tuple[OperatorParallelism, ...] | None = None
 
 
 #: Avro schema name -> message class, for decoding.

@@ -45,6 +45,8 @@ _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
            "/static/favicon.svg": ("favicon.svg", "image/svg+xml")}
 _CHECKPOINTS = re.compile(r"^/jobs/([^/]+)/checkpoints/?$")
 _DETAILS = re.compile(r"^/jobs/([^/]+)/checkpoints/details/([^/]+)/?$")
+_JOB = re.compile(r"^/jobs/([^/]+)/?$")
+_CONFIG = re.compile(r"^/jobs/([^/]+)/checkpoints/config/?$")
 
 
 class UiServerError(ChandyError):
@@ -72,6 +74,21 @@ def route(reader: JobsViewReader, path: str) -> tuple[HTTPStatus, dict[str, Any]
         return (HTTPStatus.OK if up or path == "/ui/status" else HTTPStatus.SERVICE_UNAVAILABLE), health
     if path in ("/jobs", "/jobs/"):
         return HTTPStatus.OK, {"jobs": reader.jobs()}
+    match = _JOB.match(path)
+    if match:
+        body = reader.job_details(match.group(1))
+        if body is None:
+            raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} not found (no checkpoint event of it on {reader.topic})")
+        return HTTPStatus.OK, body
+    match = _CONFIG.match(path)
+    if match:
+        if not reader.has_job(match.group(1)):
+            raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} not found (no checkpoint event of it on {reader.topic})")
+        config = reader.checkpoint_config(match.group(1))
+        if config is None:
+            raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} has not triggered a checkpoint yet: its "
+                                                  "checkpointing configuration is not known")
+        return HTTPStatus.OK, config
     match = _CHECKPOINTS.match(path)
     if match:
         body = reader.checkpoints(match.group(1))

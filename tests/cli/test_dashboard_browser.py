@@ -42,6 +42,8 @@ def test_a_checkpoint_completed_after_load_appears_without_reload(browser, kafka
         row = f'#history tr[data-checkpoint-id="{first.checkpoint_id}"][data-status="COMPLETED"]'
         page.wait_for_selector(row, timeout=30_000)
         assert page.text_content(f'#jobs a[data-job-id="{service.job_id}"]') == service.job_id
+        # issue 33: the job's name beside its ID
+        assert page.text_content(f'#jobs span[data-job-name="{service.job_id}"]') == f"job of {topic_prefix}"
         assert page.locator("#history tbody tr").count() == 1
         assert page.text_content("#job-status") == "RUNNING"
 

@@ -83,6 +83,19 @@ class JobsViewReader:
             view = self.views.get(job_id)
             return None if view is None else view.checkpointing_statistics()
 
+    def job_details(self, job_id: str) -> dict[str, Any] | None:
+        """``GET /jobs/:jobid`` (Flink's ``JobDetailsInfo`` shape), or None if no event of it was seen."""
+        with self._lock:
+            view = self.views.get(job_id)
+            return None if view is None else view.job_details(int(time.time() * 1000))
+
+    def checkpoint_config(self, job_id: str) -> dict[str, Any] | None:
+        """``GET /jobs/:jobid/checkpoints/config`` (Flink's ``CheckpointConfigInfo`` shape), or None
+        if the job is unknown or no TRIGGERED event of it said its configuration yet."""
+        with self._lock:
+            view = self.views.get(job_id)
+            return None if view is None else view.checkpoint_config()
+
     def has_job(self, job_id: str) -> bool:
         with self._lock:
             return job_id in self.views

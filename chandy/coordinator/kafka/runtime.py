@@ -274,6 +274,7 @@ class CoordinatorService:
             self.job_id, self.options, self, self.storage, self.operators,
             coordinator_providers=self._providers, state=state, transactional_id=self.transactional_id,
             on_job_status=self._on_job_status, completion_outputs=self._completion_outputs,
+            job_name=self._metrics_scope.job_name,
         )
         for hook in self._hooks:
             coordinator.add_master_hook(hook)

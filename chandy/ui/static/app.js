@@ -49,6 +49,8 @@ function renderJobs(jobs) {
     a.addEventListener("click", () => { selectedJob = job.id; refresh(); });
     const li = el("li");
     li.append(a);
+    // the job's name beside its ID (Flink's job name; a TRIGGERED event carries it)
+    if (job.name && job.name !== job.id) li.append(el("span", { class: "job-name", "data-job-name": job.id }, job.name));
     list.append(li);
   }
 }

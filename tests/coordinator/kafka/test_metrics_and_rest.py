@@ -120,13 +120,29 @@ def test_rest_endpoints_serve_flinks_shapes_from_the_events_topic(kafka_bootstra
         assert details["external_path"] == first.external_pointer and details["is_savepoint"] is False
 
         status, jobs = get_json(f"{url}jobs")
-        assert status == 200 and {"id": job, "status": "RUNNING"}.items() <= next(j for j in jobs["jobs"] if j["id"] == job).items()
+        assert status == 200 and {"id": job, "status": "RUNNING", "name": f"job of {topic_prefix}"}.items() <= next(
+            j for j in jobs["jobs"] if j["id"] == job).items()
+        # issue 33: Flink's GET /jobs/:jobid (its vertices) and GET /jobs/:jobid/checkpoints/config
+        status, details = get_json(f"{url}jobs/{job}")
+        assert status == 200 and (details["jid"], details["name"], details["state"]) == (job, f"job of {topic_prefix}",
+                                                                                        "RUNNING")
+        assert [(v["id"], v["parallelism"], v["status"]) for v in details["vertices"]] == [("src", 2, "RUNNING")]
+        assert details["start-time"] <= first.trigger_timestamp and details["end-time"] == -1 and details["duration"] > 0
+        status, config = get_json(f"{url}jobs/{job}/checkpoints/config")
+        o = service.options
+        assert status == 200 and config["mode"] == "exactly_once"
+        assert (config["interval"], config["timeout"], config["min_pause"], config["max_concurrent"],
+                config["tolerable_failed_checkpoints"], config["num_retained"]) == (
+            o.interval_ms, o.timeout_ms, o.min_pause_ms, o.max_concurrent, o.tolerable_failed, o.num_retained)
+        assert config["externalization"] == {"enabled": True, "delete_on_cancellation": False}
         status, health = get_json(f"{url}health")
         assert status == 200 and health["status"] == "UP" and health["events_read"] >= 6
 
         for path, code, words in [
             (f"jobs/{'0' * 32}/checkpoints", 404, "not found"),
             (f"jobs/{'0' * 32}/checkpoints/details/1", 404, "not found"),
+            (f"jobs/{'0' * 32}", 404, "not found"),
+            (f"jobs/{'0' * 32}/checkpoints/config", 404, "not found"),
             (f"jobs/{job}/checkpoints/details/999", 404, "checkpoint 999"),
             (f"jobs/{job}/checkpoints/details/abc", 400, "integer"),
             ("nothing/here", 404, "not found"),
