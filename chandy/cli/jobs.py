@@ -194,8 +194,9 @@ def job_list(prefix: str, fmt: str, bootstrap_servers: str | None, data_dir: Pat
         for summary in jobs:
             click.echo(json.dumps(dataclasses.asdict(summary)))
         return
-    table = Table("job", "status", "coordinator", "last checkpoint", "last savepoint", title=f"jobs ({prefix})")
+    table = Table("job", "name", "status", "coordinator", "last checkpoint", "last savepoint", title=f"jobs ({prefix})")
     for s in jobs:
-        table.add_row(s.job_id, s.status, "running" if s.coordinator_running else "-",
+        table.add_row(s.job_id, s.name if s.name and s.name != s.job_id else "-", s.status,
+                      "running" if s.coordinator_running else "-",
                       str(s.last_checkpoint) if s.last_checkpoint is not None else "-", s.last_savepoint or "-")
     console.print(table)

@@ -413,6 +413,8 @@ class JobSummary:
 
     job_id: str
     status: str = "UNKNOWN"
+    #: the job's name, from its newest TRIGGERED event (None before one)
+    name: str | None = None
     coordinator_running: bool = False
     epoch: int = 0
     last_checkpoint: int | None = None
@@ -429,6 +431,8 @@ class JobSummary:
         self.events += 1
         self.epoch = max(self.epoch, event.epoch)
         self.last_event_time = max(self.last_event_time, event.timestamp)
+        if event.job_name:
+            self.name = event.job_name
         if event.event_type == "JOB_STATUS_CHANGED" and event.job_status:
             self.status_change = (event.epoch, str(event.job_status))
         elif event.event_type in ("COMPLETED", "SAVEPOINT_COMPLETED"):

@@ -255,6 +255,7 @@ def test_the_cli_triggers_a_savepoint_and_lists_the_job(kafka_bootstrap_servers,
     assert listed.returncode == 0, listed.stderr
     (entry,) = [j for j in map(json.loads, listed.stdout.splitlines()) if j["job_id"] == job]
     assert entry["coordinator_running"] is True and entry["last_savepoint"].startswith(f"file://{tmp_path}/cli-sp")
+    assert entry["name"] == job  # a job without --job-name is named by its ID, as the savepoint's TRIGGERED said
     missing = subprocess.run([*cli, "job", "cancel", "--job", "0" * 32, "--prefix", topic_prefix], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "is not running" in missing.stderr and "Traceback" not in missing.stderr
