@@ -3,7 +3,8 @@
 Each run starts ``chandy pipeline run`` into a local Delta table (1 s checkpoint interval, Spark
 ``local[1]``) on a topic fed with JSON records at ``--rate`` records/s, and subscribes to the job's
 events (``chandy.subscribe(..., event_types=["COMPLETED", "LAKE_COMMITTED"])``). For every event
-it reads the table at once (deltalake, a fresh ``DeltaTable``):
+it reads the table at once (deltalake, a fresh ``DeltaTable``), each type in a subscription and
+thread of its own (so waiting on one never delays the other):
 
 - ``COMPLETED`` (Flink's checkpoint completion, the baseline a subscriber had before): does the
   table already hold checkpoint N (its app transaction version)? If not, how long until it does
@@ -85,31 +86,48 @@ def one_run(servers: str, tmp: Path, seconds: float, rate: int) -> dict:
     feeder = threading.Thread(target=_feed, args=(servers, topic, stop, rate), daemon=True)
     pipeline = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
-    completed_visible, completed_wait_ms, lake_visible, lake_delay_ms = [], [], [], []
+    completed_visible: list[bool] = []
+    completed_wait_ms: list[float] = []
+    lake_visible: list[bool] = []
     arrivals: list[tuple[int, int]] = []  # (table version, arrival ms) of LAKE_COMMITTED events
-    try:
-        feeder.start()
-        deadline = time.monotonic() + seconds
-        with subscribe(servers, job_id=job, start="earliest", prefix=prefix,
-                       event_types=["COMPLETED", "LAKE_COMMITTED"]) as events:
+    deadline = time.monotonic() + seconds
+
+    def follow_completed() -> None:
+        # its own subscription: waiting here for the table never delays the LAKE_COMMITTED reader
+        with subscribe(servers, job_id=job, start="earliest", prefix=prefix, event_types=["COMPLETED"]) as events:
             while time.monotonic() < deadline:
                 event = events.poll(0.2)
                 if event is None:
                     continue
                 arrived = time.time() * 1000
-                if event.event_type == "COMPLETED":
+                holds = (DeltaTable.is_deltatable(table)
+                         and (DeltaTable(table).transaction_version(job) or 0) >= event.checkpoint_id)
+                completed_visible.append(holds)
+                while not holds and time.monotonic() < deadline:
+                    time.sleep(0.005)
                     holds = (DeltaTable.is_deltatable(table)
                              and (DeltaTable(table).transaction_version(job) or 0) >= event.checkpoint_id)
-                    completed_visible.append(holds)
-                    if not holds:
-                        while not (DeltaTable.is_deltatable(table)
-                                   and (DeltaTable(table).transaction_version(job) or 0) >= event.checkpoint_id):
-                            time.sleep(0.005)
-                        completed_wait_ms.append(time.time() * 1000 - arrived)
-                else:
-                    assert event.table_version is not None
-                    lake_visible.append(DeltaTable(table).version() >= event.table_version)
-                    arrivals.append((event.table_version, int(arrived)))
+                if holds:
+                    completed_wait_ms.append(time.time() * 1000 - arrived)
+
+    def follow_lake() -> None:
+        with subscribe(servers, job_id=job, start="earliest", prefix=prefix, event_types=["LAKE_COMMITTED"]) as events:
+            while time.monotonic() < deadline:
+                event = events.poll(0.2)
+                if event is None:
+                    continue
+                arrived = time.time() * 1000
+                assert event.table_version is not None
+                lake_visible.append(DeltaTable(table).version() >= event.table_version)
+                arrivals.append((event.table_version, int(arrived)))
+
+    readers = [threading.Thread(target=follow_completed, daemon=True), threading.Thread(target=follow_lake, daemon=True)]
+    try:
+        feeder.start()
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(seconds + 60)
     finally:
         stop.set()
         pipeline.kill()
