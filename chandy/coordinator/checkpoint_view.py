@@ -14,7 +14,12 @@
   ``state_size`` (bytes), ``end_to_end_duration`` (ms), ``num_subtasks``,
   ``num_acknowledged_subtasks``, ``checkpoint_type``, ``tasks``; completed ones add
   ``external_path`` and ``discarded``, failed ones ``failure_timestamp``, ``failure_message`` and
-  Chandy's ``failure_reason`` (a ``CheckpointFailureReason`` name).
+  Chandy's ``failure_reason`` (a ``CheckpointFailureReason`` name);
+- Chandy's own ``GET /jobs/:jobid/lake-commits`` (:meth:`JobCheckpointsView.lake_commits`): the
+  end-to-end lag of each ``LAKE_COMMITTED`` (ms from the checkpoint's trigger to its records being
+  readable in the lake) and its summary; Flink's shapes above are left as Flink has them;
+- ``GET /jobs/:jobid`` and ``GET /jobs/:jobid/checkpoints/config`` (Flink's ``JobDetailsInfo`` and
+  ``CheckpointConfigInfo``), from what ``TRIGGERED`` events say of the job.
 
 Field names are Flink's. What Chandy does not measure is 0, as in Flink for a job without those
 features: ``alignment_buffered``, ``processed_data``, ``persisted_data`` (no unaligned
@@ -136,6 +141,8 @@ class JobCheckpointsView:
         self.counts = {"restored": 0, "total": 0, "completed": 0, "failed": 0}
         self._durations: collections.deque[int] = collections.deque(maxlen=_SAMPLE_LIMIT)
         self._sizes: collections.deque[int] = collections.deque(maxlen=_SAMPLE_LIMIT)
+        self._lags: collections.deque[int] = collections.deque(maxlen=_SAMPLE_LIMIT)
+        self._lake_commits: collections.deque[dict[str, Any]] = collections.deque(maxlen=history_size)
         self._latest: dict[str, _Checkpoint | None] = {"completed": None, "savepoint": None, "failed": None}
         self.last_event_timestamp: int | None = None
         self.epoch = 0
@@ -149,7 +156,8 @@ class JobCheckpointsView:
 
     def apply(self, event: CheckpointEvent) -> None:
         """Fold one event: TRIGGERED adds an IN_PROGRESS checkpoint; COMPLETED and
-        SAVEPOINT_COMPLETED complete it; ABORTED and SAVEPOINT_FAILED fail it. A completion or
+        SAVEPOINT_COMPLETED complete it; ABORTED and SAVEPOINT_FAILED fail it; LAKE_COMMITTED
+        adds a lake commit and its end-to-end lag (trigger to readable in the lake, ms). A completion or
         failure whose trigger was not seen (history read from the middle) is added as such.
         JOB_STATUS_CHANGED (a job that finished, failed, was canceled or suspended) sets the
         status. Other event types (UNKNOWN to this version) are ignored."""
@@ -169,6 +177,14 @@ class JobCheckpointsView:
         if kind == "JOB_STATUS_CHANGED" and event.job_status:
             self._status = (event.epoch, str(event.job_status))
             self._status_timestamp = event.timestamp
+            return
+        if kind == "LAKE_COMMITTED":
+            self._lake_commits.append({
+                "id": event.checkpoint_id, "trigger_timestamp": event.trigger_timestamp,
+                "lake_committed_timestamp": event.timestamp,
+                "end_to_end_lag": event.timestamp - event.trigger_timestamp, "table_uri": event.table_uri,
+                "table_version": event.table_version, "records_added": event.records_added})
+            self._lags.append(event.timestamp - event.trigger_timestamp)
             return
         if kind not in ("TRIGGERED", "COMPLETED", "SAVEPOINT_COMPLETED", "ABORTED", "SAVEPOINT_FAILED"):
             return
@@ -229,6 +245,16 @@ class JobCheckpointsView:
             },
             "history": [c.to_json() for c in reversed(self.history.values())],
         }
+
+    def lake_commits(self) -> dict[str, Any]:
+        """The body of Chandy's ``GET /jobs/:jobid/lake-commits`` (not Flink's): the summary of the
+        end-to-end lag (ms from a checkpoint's trigger, when its offset ranges were fixed, to its
+        ``LAKE_COMMITTED`` event, when its records became readable; min/max/avg/percentiles as
+        Flink's summaries) and the latest lake commits, newest first (one per checkpoint and
+        table: ``id``, ``trigger_timestamp``, ``lake_committed_timestamp``, ``end_to_end_lag``,
+        ``table_uri``, ``table_version``, ``records_added``)."""
+        return {"summary": {"end_to_end_lag": summary(list(self._lags))},
+                "history": list(reversed(self._lake_commits))}
 
     def checkpoint_details(self, checkpoint_id: int) -> dict[str, Any] | None:
         """The body of ``GET /jobs/:jobid/checkpoints/details/:checkpointid``, or None when the

@@ -47,6 +47,7 @@ _CHECKPOINTS = re.compile(r"^/jobs/([^/]+)/checkpoints/?$")
 _DETAILS = re.compile(r"^/jobs/([^/]+)/checkpoints/details/([^/]+)/?$")
 _JOB = re.compile(r"^/jobs/([^/]+)/?$")
 _CONFIG = re.compile(r"^/jobs/([^/]+)/checkpoints/config/?$")
+_LAKE = re.compile(r"^/jobs/([^/]+)/lake-commits/?$")
 
 
 class UiServerError(ChandyError):
@@ -89,6 +90,12 @@ def route(reader: JobsViewReader, path: str) -> tuple[HTTPStatus, dict[str, Any]
             raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} has not triggered a checkpoint yet: its "
                                                   "checkpointing configuration is not known")
         return HTTPStatus.OK, config
+    match = _LAKE.match(path)
+    if match:
+        lake = reader.lake_commits(match.group(1))
+        if lake is None:
+            raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} not found (no checkpoint event of it on {reader.topic})")
+        return HTTPStatus.OK, lake
     match = _CHECKPOINTS.match(path)
     if match:
         body = reader.checkpoints(match.group(1))

@@ -152,3 +152,35 @@ def test_job_list_summary_reads_a_restart_after_suspended_as_running():
     assert summary.status == view.status == "RUNNING" and summary.epoch == 2
     summary.fold(status_change("CANCELED", 2, 4000))
     assert summary.status == "CANCELED" and summary.last_checkpoint == 1
+
+
+def test_lake_commits_give_the_end_to_end_lag_and_triggers_the_job_name_config_and_vertices():
+    """Issues 33 and 35: LAKE_COMMITTED gives a completed checkpoint its end-to-end lag (trigger to
+    readable in the lake, ms); TRIGGERED events carry the job's name, configuration and operators,
+    served as Flink's /jobs/:jobid and /jobs/:jobid/checkpoints/config."""
+    from chandy.coordinator.messages import OperatorParallelism
+
+    view = folded()
+    assert view.checkpoint_config() is None and view.overview()["name"] is None
+    view.apply(CheckpointEvent(**{**event(1, "LAKE_COMMITTED", at=1130, trigger=1000).__dict__,
+                                  "table_uri": "file:///t", "table_version": 0}))
+    view.apply(CheckpointEvent(**{**event(1, "LAKE_COMMITTED", at=1500, trigger=1000).__dict__,
+                                  "table_uri": "file:///other", "table_version": 3}))  # a second table of the job
+    view.apply(CheckpointEvent(**{**event(5, "TRIGGERED", at=5000, trigger=5000).__dict__, "job_name": "orders",
+                                  "checkpoint_config": {"interval_ms": 1000, "timeout_ms": 60000, "min_pause_ms": 0,
+                                                        "max_concurrent": 1, "tolerable_failed": 3, "num_retained": 2},
+                                  "operators": (OperatorParallelism("kafka-source", 4),
+                                                OperatorParallelism("lake-sink", 2))}))
+    lake = view.lake_commits()
+    assert [(c["id"], c["table_uri"], c["end_to_end_lag"]) for c in lake["history"]] == [
+        (1, "file:///other", 500), (1, "file:///t", 130)]
+    assert lake["summary"]["end_to_end_lag"]["min"] == 130 and lake["summary"]["end_to_end_lag"]["max"] == 500
+    assert "end_to_end_lag" not in view.checkpointing_statistics()["summary"]  # Flink's shape stays Flink's
+    assert view.overview()["name"] == "orders"
+    config = view.checkpoint_config()
+    assert config is not None and (config["interval"], config["timeout"], config["tolerable_failed_checkpoints"],
+                                   config["num_retained"]) == (1000, 60000, 3, 2)
+    details = view.job_details(now_ms=9000)
+    assert (details["name"], details["state"], details["start-time"], details["duration"]) == ("orders", "RUNNING",
+                                                                                               1000, 8000)
+    assert [(v["id"], v["parallelism"]) for v in details["vertices"]] == [("kafka-source", 4), ("lake-sink", 2)]

@@ -96,6 +96,12 @@ class JobsViewReader:
             view = self.views.get(job_id)
             return None if view is None else view.checkpoint_config()
 
+    def lake_commits(self, job_id: str) -> dict[str, Any] | None:
+        """Chandy's ``GET /jobs/:jobid/lake-commits``, or None if no event of the job was seen."""
+        with self._lock:
+            view = self.views.get(job_id)
+            return None if view is None else view.lake_commits()
+
     def has_job(self, job_id: str) -> bool:
         with self._lock:
             return job_id in self.views

@@ -139,8 +139,10 @@ function renderChart(history) {
 function renderSummary(summary) {
   const body = document.querySelector("#summary tbody");
   body.replaceChildren();
-  for (const [label, key, fmt] of [["end-to-end duration", "end_to_end_duration", fmtMs], ["state size", "state_size", fmtBytes]]) {
+  for (const [label, key, fmt] of [["end-to-end duration", "end_to_end_duration", fmtMs], ["state size", "state_size", fmtBytes],
+                                   ["end-to-end lag (trigger → in the lake)", "end_to_end_lag", fmtMs]]) {
     const s = summary[key];
+    if (!s) continue;
     const tr = el("tr", { "data-summary": key });
     tr.append(el("th", {}, label));
     for (const f of ["min", "avg", "p50", "p90", "p95", "p99", "p999", "max"]) tr.append(el("td", { class: "num" }, fmt(s[f])));
@@ -209,7 +211,9 @@ async function draw() {
     renderLatest("latest-restored", r && [["ID", "#" + r.id], ["at", fmtTime(r.restore_timestamp)],
                                           ["path", r.external_path || "–"]]);
     renderChart(stats.history);
-    renderSummary(stats.summary);
+    // Chandy's own: trigger -> readable in the lake (LAKE_COMMITTED), once the job landed something
+    const lake = await getJson("/jobs/" + encodeURIComponent(selectedJob) + "/lake-commits");
+    renderSummary(lake.history.length ? { ...stats.summary, end_to_end_lag: lake.summary.end_to_end_lag } : stats.summary);
     renderHistory(stats.history);
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (err) {
