@@ -76,11 +76,8 @@ def log_replay(job_id: str | None, until_checkpoint: int | None, until: str | No
                                    "history_horizon": None if horizon is None else {
                                        "checkpoint_id": horizon.checkpoint_id, "timestamp": horizon.timestamp_ms,
                                        "offset": horizon.offset, "reason": horizon.reason}}))
-        if history is not None:
-            click.echo(json.dumps({"event": "history_settings", "topic": history.topic,
-                                   "min.compaction.lag.ms": history.min_compaction_lag_ms,
-                                   "delete.retention.ms": history.delete_retention_ms,
-                                   "segment.ms": history.segment_ms}))
+        if history is not None:  # on stderr: stdout is the log's content, the same as from an export
+            err_console.print(f"history: {history.describe()}")
         return
     table = Table("offset", "time", "job", "event", "checkpoint", "details", title="coordinator log timeline")
     import datetime
