@@ -242,7 +242,10 @@ class DeltaLakeSink(SchemaChecked):
         to date (delta-rs leaves the table object at its old version after a commit)."""
         table = self._open() if table is None else table
         table.update_incremental()
-        found = self._commit_in(table.history(COMMIT_ATTEMPTS + 2), {COMMIT_TOKEN: token})
+        # the newest version is this commit unless another writer committed right after it: one
+        # commit file to read in the usual case (each is a GET on an object store)
+        found = (self._commit_in(table.history(1), {COMMIT_TOKEN: token})
+                 or self._commit_in(table.history(COMMIT_ATTEMPTS + 2), {COMMIT_TOKEN: token}))
         if found is None:
             raise LakeCommitError(f"checkpoint {checkpoint_id} was committed to {self.table_uri} but its commit is "
                                   "not among the table's newest versions")
