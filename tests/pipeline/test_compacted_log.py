@@ -143,8 +143,12 @@ def test_a_really_compacted_log_restarts_exactly_once_and_replays_only_what_it_r
     assert after < before, f"the log cleaner did not compact {log_topic} within 120 s ({before} messages)"
     set_lag(3600 * 1000)  # what is written from now on stays
 
-    # a restart from the compacted log lands what is new, exactly once
+    # a restart from the compacted log, killed with SIGKILL mid-run, and one more: what is new
+    # lands exactly once
     _produce(servers, topic, 1080, 540, content)
+    landed = DeltaTable(str(table)).transaction_version(job)
+    killed = run(crash_at=f"before-lake-event@{landed + 2}")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     third = run()
     assert third.returncode == 0, third.stderr[-3000:]
     exactly_once.assert_rows_exactly_once(DeltaTable(str(table)).to_pyarrow_table(columns=list(exactly_once.COLUMNS)),
