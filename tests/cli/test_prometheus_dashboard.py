@@ -54,6 +54,7 @@ FLINK_PANEL_EXPRESSIONS = (
     'sum by (job_name) (flink_taskmanager_job_task_operator_numRecordsIn)',
     'sum by (job_name) (flink_taskmanager_job_task_operator_numRecordsOut)',
     'sum by (job_name) (flink_taskmanager_job_task_operator_numRecordsInErrors)',
+    'max by (job_name, operator_name) (flink_taskmanager_job_task_operator_currentFetchEventTimeLag)',
 )
 
 

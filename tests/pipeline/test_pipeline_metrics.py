@@ -19,6 +19,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, kafka_bootstrap_servers, tmp_path: Path):
+    import time
+
+    produced_ms = time.time() * 1000
     topic = make_topic(kafka_bootstrap_servers, [b"v%d" % i for i in range(300)], partitions=2)
     pipeline = Pipeline(PipelineOptions(table_uri=str(tmp_path / "table"), bootstrap_servers=kafka_bootstrap_servers,
                                         topics=(topic,), stop_when_drained=True, max_records_per_checkpoint=100,
@@ -32,7 +35,9 @@ def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, k
         scrapes.append((progress, {(s.name, tuple(sorted(s.labels.items()))): s.value
                                    for f in text_string_to_metric_families(text) for s in f.samples}))
 
+    started_ms = time.time() * 1000
     summary = pipeline.run(on_progress=scrape)
+    ended_ms = time.time() * 1000
     assert summary.records_landed == 300 and summary.checkpoints_completed == 2
     job = pipeline.job_id
     scope = (("host", socket.gethostname()), ("job_id", job), ("job_name", f"{topic} -> {pipeline.options.table_uri}"))
@@ -55,3 +60,9 @@ def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, k
     assert last[("flink_jobmanager_job_numberOfCompletedCheckpoints", scope)] == 2
     assert last[("flink_jobmanager_job_lastCompletedCheckpointId", scope)] == scrapes[-1][0].checkpoint_id
     assert not any(name in ("numRecordsOut", "pendingRecords") for name, _ in last)  # 0.1's names only on request
+    # issue 33: Flink's currentFetchEventTimeLag per subtask: the records were produced before the
+    # run, and fetched during it
+    lags = {dict(labels)["subtask_index"]: value for (name, labels), value in last.items()
+            if name == op + "currentFetchEventTimeLag"}
+    assert lags, "no currentFetchEventTimeLag served"
+    assert all(0 <= lag <= ended_ms - produced_ms + 1000 for lag in lags.values()), lags

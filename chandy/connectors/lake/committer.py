@@ -40,6 +40,7 @@ from typing import Any
 from chandy.connectors.lake.log_records import LAKE_COMMITS_KIND, LakeCommitRecord
 from chandy.connectors.lake.sink import (
     FILE_KIND,
+    SOURCE_METRICS_KIND,
     TP,
     DataFile,
     LakeCommit,
@@ -96,6 +97,9 @@ class LakeCommitter:
         self.table_offsets: dict[TP, int] = {}  # what the table holds for this job, per partition
         self.optimizations: list[dict[str, Any]] = []  # metrics of the compactions this run did
         self.last_commit_ms: float | None = None  # the latest notify_checkpoint_complete's lake commit, in ms
+        #: per subtask, FetchTime - EventTime (ms) of the newest record its latest committed
+        #: checkpoint fetched (Flink's currentFetchEventTimeLag), from its "source-metrics" handle
+        self.fetch_event_time_lag_ms: dict[int, int] = {}
         self._optimizer: concurrent.futures.ThreadPoolExecutor | None = None
         self._optimizing: concurrent.futures.Future | None = None
 
@@ -146,6 +150,18 @@ class LakeCommitter:
         return [DataFile.from_state_handle(h) for s in operator.subtask_states for h in s.state_handles
                 if h.kind == FILE_KIND]
 
+    def _note_fetch_lag(self, metadata: CheckpointMetadata) -> None:
+        """Keep each subtask's fetch lag of this checkpoint (its ``source-metrics`` handle, if any)."""
+        operator = metadata.operator(self.context.operator_id)
+        for subtask in operator.subtask_states if operator is not None else ():
+            for handle in subtask.state_handles:
+                if handle.kind == SOURCE_METRICS_KIND:
+                    try:
+                        lag = int(handle.properties["fetch_time_ms"]) - int(handle.properties["event_time_ms"])
+                    except (KeyError, ValueError):
+                        continue
+                    self.fetch_event_time_lag_ms[subtask.subtask_index] = lag
+
     def _check_ranges(self, checkpoint_id: int, ranges: OffsetRanges, already_committed: int | None) -> None:
         """Step 3 of the module docstring. Raises LakeCommitError instead of losing or duplicating."""
         held = self.table_offsets
@@ -177,6 +193,7 @@ class LakeCommitter:
         crash_point("before-lake-commit", checkpoint_id)
         metadata = self._metadata(checkpoint_id)
         files = self.files_of(checkpoint_id, metadata)
+        self._note_fetch_lag(metadata)
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
         done = self.sink.committed_checkpoint(self.context.job_id)
         self._check_ranges(checkpoint_id, ranges, done)

@@ -26,6 +26,10 @@ from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.messages import StateHandle
 
 FILE_KIND = "lake-file"
+#: the kind of the state handle a pipeline task acknowledges besides its files: the newest Kafka
+#: record timestamp it fetched and when (``chandy.connectors.spark.datasource.FetchClock``), for
+#: Flink's ``currentFetchEventTimeLag``
+SOURCE_METRICS_KIND = "source-metrics"
 DATA_FILE_NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoint>\d{10})-(?P<subtask>\d{5})-a(?P<attempt>\d+)-[0-9a-f]+\.parquet$")
 
 

@@ -23,8 +23,10 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
 
+from chandy.connectors.lake.sink import SOURCE_METRICS_KIND
 from chandy.connectors.spark.decode import SchemaChangeError, ValueDecoder, concat_evolving, decode_batches, offset_ranges
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
+from chandy.coordinator.messages import StateHandle
 
 RANGES_FORMAT = "chandy_kafka_ranges"
 LAKE_FILES_FORMAT = "chandy_lake_files"
@@ -101,6 +103,36 @@ def read_ranges(options: TaskOptions, ranges: list) -> Iterator[pa.RecordBatch]:
                 crash_point("task-read", checkpoint_id)
 
 
+class FetchClock:
+    """Watches a subtask's raw batches go by (:meth:`watch`): the newest Kafka record timestamp
+    fetched (ms since the epoch) and the wall-clock time it was fetched (ms), for Flink's
+    ``currentFetchEventTimeLag`` (FetchTime - EventTime of the last fetched record)."""
+
+    def __init__(self) -> None:
+        self.event_time_ms: int | None = None
+        self.fetch_time_ms: int | None = None
+
+    def watch(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``batches``, unchanged, noting each one's newest timestamp and fetch time."""
+        import time
+
+        import pyarrow.compute as pc
+
+        for batch in batches:
+            newest = pc.max(batch.column("timestamp")).as_py() if batch.num_rows else None
+            if newest is not None:
+                self.event_time_ms = int(newest.timestamp() * 1000)
+                self.fetch_time_ms = int(time.time() * 1000)
+            yield batch
+
+    def state_handle(self) -> StateHandle | None:
+        """The :data:`SOURCE_METRICS_KIND` handle to acknowledge with (None: no timestamp seen)."""
+        if self.event_time_ms is None or self.fetch_time_ms is None:
+            return None
+        return StateHandle(SOURCE_METRICS_KIND, None, None, 0, {"event_time_ms": str(self.event_time_ms),
+                                                                 "fetch_time_ms": str(self.fetch_time_ms)})
+
+
 def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,
                              counts: Any = None) -> Iterator[pa.RecordBatch]:
     """Decode a subtask's batches with ``options.decoder``; bad records are written, at the end
@@ -152,14 +184,15 @@ def _check_same_types(table: pa.Table, seen: dict[str, tuple[pa.DataType, str]],
 
 
 def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,
-                          attempt: int) -> tuple[int, int]:
+                          attempt: int, fetch_clock: FetchClock | None = None) -> tuple[int, int]:
     """Write one subtask's batches as lake files and acknowledge the checkpoint with them; on
     failure decline it when this is the last allowed attempt, and re-raise. Returns (files, rows).
 
     Memory stays bounded: the batches are written as files every ``options.write_buffer_bytes``
     (:func:`buffered`), each part checked against the table before it is written. Files of a
     part written before a later part failed stay unreferenced: nothing acknowledges them, and
-    they are deleted with the aborted checkpoint's files.
+    they are deleted with the aborted checkpoint's files. ``fetch_clock``: the subtask's fetch
+    times, acknowledged with the files as a :data:`SOURCE_METRICS_KIND` handle.
 
     Raises:
         LakeSchemaError: the data does not fit the table (checked before its part is written).
@@ -189,7 +222,10 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
             rows += table.num_rows
             del table
         crash_point("task-written", o.checkpoint_id)
-        sender.acknowledge(o.epoch, o.checkpoint_id, o.operator_id, subtask, attempt, [f.to_state_handle() for f in files])
+        handles = [f.to_state_handle() for f in files]
+        metrics = fetch_clock.state_handle() if fetch_clock is not None else None
+        sender.acknowledge(o.epoch, o.checkpoint_id, o.operator_id, subtask, attempt,
+                           handles + ([metrics] if metrics is not None else []))
         return len(files), rows
     except Exception as exc:
         # Spark retries a failed task; only its last allowed attempt declines the checkpoint
@@ -212,10 +248,11 @@ def read_write_and_acknowledge(options: TaskOptions, counts: Any = None) -> Call
         context = task_context()
         subtask = context.partitionId()
         mine = [r for subtask_ranges in ranges for r in subtask_ranges]
-        batches = read_ranges(options, mine)
+        clock = FetchClock()
+        batches = clock.watch(read_ranges(options, mine))
         if options.decoder is not None:
             batches = decode_with_dead_letters(options, batches, subtask, counts)
-        yield write_and_acknowledge(options, batches, subtask, context.attemptNumber())
+        yield write_and_acknowledge(options, batches, subtask, context.attemptNumber(), clock)
 
     return task
 

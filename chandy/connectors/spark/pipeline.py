@@ -261,8 +261,12 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             from chandy.connectors.spark.metrics import PipelineMetricsCollector
 
             service = self.service
-            metrics = PipelineMetricsCollector(self.metric_scope, SOURCE_OPERATOR, SINK_OPERATOR, read_commit_ms=lambda: (
-                service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.last_commit_ms, timeout_s=5.0)))
+            metrics = PipelineMetricsCollector(
+                self.metric_scope, SOURCE_OPERATOR, SINK_OPERATOR,
+                read_commit_ms=lambda: service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.last_commit_ms,
+                                                                         timeout_s=5.0),
+                read_fetch_lag_ms=lambda: service.call_operator_coordinator(
+                    SINK_OPERATOR, lambda c: dict(c.fetch_event_time_lag_ms), timeout_s=5.0))
             self.service.metrics_server.register(metrics)
         completed = failed = consecutive = 0
         first_failure: str | None = None
