@@ -35,7 +35,6 @@ def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, k
         scrapes.append((progress, {(s.name, tuple(sorted(s.labels.items()))): s.value
                                    for f in text_string_to_metric_families(text) for s in f.samples}))
 
-    started_ms = time.time() * 1000
     summary = pipeline.run(on_progress=scrape)
     ended_ms = time.time() * 1000
     assert summary.records_landed == 300 and summary.checkpoints_completed == 2
