@@ -58,6 +58,37 @@ FLINK_PANEL_EXPRESSIONS = (
 )
 
 
+#: The queries of the checkpoint, job and Kafka-source panels of Confluent's Flink dashboards
+#: (confluentinc/jmx-monitoring-stacks, flink-jobmanager.json and flink-taskmanager.json), whose
+#: template variables a user's scrape configuration fills: the scrape job ``flink`` and the labels
+#: ``env``, ``flink_cluster_id``, ``pod`` (set on the target below). Their JVM, slot, network,
+#: back-pressure, RocksDB and Kafka-producer panels are about a Flink cluster Chandy does not run;
+#: of the Kafka-source panels, ``bytes_consumed_rate`` and ``records_per_request_avg`` are not served.
+SCOPE = 'job="flink", env="test", flink_cluster_id=~".*", pod=~".*"'
+TASK_SCOPE = 'job="flink", env="test", flink_cluster_id=~".*", job_id=~".*"'
+PUBLIC_PANEL_EXPRESSIONS = (
+    f"max(flink_jobmanager_job_totalNumberOfCheckpoints{{{SCOPE}}})",
+    f"sum(flink_jobmanager_job_numRestarts{{{SCOPE}}})",
+    f"min(flink_jobmanager_job_runningTime{{{SCOPE}}})",
+    "flink_jobmanager_job_runningTime",
+    f"max(flink_jobmanager_job_lastCheckpointDuration{{{SCOPE}}})",
+    f"flink_jobmanager_job_lastCheckpointDuration{{{SCOPE}}}",
+    f"max(flink_jobmanager_job_lastCheckpointSize{{{SCOPE}}})",
+    f"flink_jobmanager_job_lastCheckpointSize{{{SCOPE}}}",
+    f"flink_jobmanager_job_totalNumberOfCheckpoints{{{SCOPE}}}",
+    f"max(flink_jobmanager_job_numberOfFailedCheckpoints{{{SCOPE}}} / "
+    f"flink_jobmanager_job_totalNumberOfCheckpoints{{{SCOPE}}})",
+    f"flink_jobmanager_job_numberOfFailedCheckpoints{{{SCOPE}}} / flink_jobmanager_job_totalNumberOfCheckpoints{{{SCOPE}}}",
+    f"sum(flink_taskmanager_job_task_operator_numRecordsInErrors{{{TASK_SCOPE}}})",
+    f"sum(flink_taskmanager_job_task_numRecordsInPerSecond{{{TASK_SCOPE}}})",
+    f"sum(flink_taskmanager_job_task_numRecordsOutPerSecond{{{TASK_SCOPE}}})",
+    f"flink_taskmanager_job_task_numRecordsInPerSecond{{{TASK_SCOPE}}}",
+    f"flink_taskmanager_job_task_numRecordsOutPerSecond{{{TASK_SCOPE}}}",
+    f"flink_taskmanager_job_task_operator_KafkaSourceReader_KafkaConsumer_records_lag_max{{{TASK_SCOPE}}}",
+    f"flink_taskmanager_job_task_operator_KafkaSourceReader_KafkaConsumer_records_consumed_rate{{{TASK_SCOPE}}}",
+)
+
+
 def dashboard_expressions() -> list[str]:
     panels = json.loads(DASHBOARD.read_text())["panels"]
     return [target["expr"] for panel in panels for target in panel["targets"]]
@@ -76,8 +107,10 @@ def start_prometheus(tmp_path: Path, target: str) -> tuple[subprocess.Popen, str
     if executable is None:
         pytest.skip("Prometheus is missing: apt-get install prometheus (.ci/run installs it)")
     config = tmp_path / "prometheus.yml"
-    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: chandy\n"
-                      f"    static_configs:\n      - targets: ['{target}']\n")
+    # the scrape job and target labels a Flink deployment's dashboards select on (see PUBLIC_PANEL_EXPRESSIONS)
+    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: flink\n"
+                      f"    static_configs:\n      - targets: ['{target}']\n"
+                      f"        labels: {{env: test, flink_cluster_id: chandy, pod: chandy-0}}\n")
     port = free_port()
     process = subprocess.Popen([executable, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
@@ -109,7 +142,8 @@ def test_every_dashboard_expression_answers_from_a_real_prometheus(kafka_bootstr
             assert pipeline.poll() is None, (tmp_path / "pipeline.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no lake commit scraped within 240 s"
             time.sleep(1)
-        empty = [e for e in (*dashboard_expressions(), *FLINK_PANEL_EXPRESSIONS) if not query(url, e)]
+        empty = [e for e in (*dashboard_expressions(), *FLINK_PANEL_EXPRESSIONS, *PUBLIC_PANEL_EXPRESSIONS)
+                 if not query(url, e)]
         assert empty == [], f"no series for: {empty}"
         (series,) = query(url, 'flink_jobmanager_job_lastCheckpointDuration{job_name="orders to lake"}')
         assert set(series["metric"]) >= {"job_id", "job_name", "host"} and float(series["value"][1]) > 0

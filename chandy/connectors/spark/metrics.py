@@ -17,6 +17,11 @@ the source and the sink run chained in one Spark task), ``subtask_index`` and ``
                                    partition's index among the job's partitions; ``sum`` them
 ``numRecordsOut``                  records landed in the table by this run (sink)
 ``numRecordsOutPerSecond``         of those, per second since the run started (sink)
+``KafkaSourceReader_KafkaConsumer_records_lag_max``
+                                   the largest ``pendingRecords`` of a partition (source)
+``KafkaSourceReader_KafkaConsumer_records_consumed_rate``
+                                   ``numRecordsInPerSecond`` under the Kafka consumer's name
+                                   (source)
 ``lastMicroBatchDuration``         the latest micro-batch, trigger to completion in ms: read,
                                    write, acknowledgements, the lake commit (sink; Chandy's own)
 ``lastSparkJobDuration``           of that, the Spark job in ms (read, transform, write, ack;
@@ -32,7 +37,12 @@ the source and the sink run chained in one Spark task), ``subtask_index`` and ``
                                    ``--transform`` only: with one, Spark reads and writes in
                                    separate Python workers and the fetch times do not reach the ack
 
-Not served: Flink's ``currentEmitEventTimeLag``. With ``--metrics-legacy-names`` the bare names
+In the task scope (``flink_taskmanager_job_task_<metric>``, labelled ``job_id``, ``job_name``,
+``host``, ``task_name``, ``subtask_index``): ``numRecordsInPerSecond`` and
+``numRecordsOutPerSecond`` of the task that runs the source and the sink chained.
+
+Not served: Flink's ``currentEmitEventTimeLag``, and the Kafka consumer's byte and request
+metrics (``bytes_consumed_rate``, ``records_per_request_avg``). With ``--metrics-legacy-names`` the bare names
 of Chandy 0.1 (labels ``job_id``, ``operator``, and ``topic``/``partition`` for the lag) are
 served too.
 """
@@ -140,6 +150,25 @@ class PipelineMetricsCollector(Collector):
         for index, ((topic, partition), records) in enumerate(sorted(p.lag.items())):
             lag.add_metric([*scope.operator_labels(self.source, index), topic, str(partition)], records)
         yield lag
+        # the KafkaSourceReader's Kafka consumer metrics (Flink registers the consumer's own under
+        # KafkaSourceReader.KafkaConsumer) that Flink dashboards plot for a Kafka source
+        consumer = "KafkaSourceReader_KafkaConsumer_"
+        lag_max = scope.operator_gauge(consumer + "records_lag_max", "The largest consumer lag of a partition after "
+                                                                     "the latest micro-batch, in records.")
+        lag_max.add_metric(scope.operator_labels(self.source), max(p.lag.values(), default=0))
+        yield lag_max
+        consumed = scope.operator_gauge(consumer + "records_consumed_rate", "Records read per second since the "
+                                                                            "run started.")
+        consumed.add_metric(scope.operator_labels(self.source), read / seconds)
+        yield consumed
+        # the task's (the chained source and sink run as one task) record rates, in the task scope
+        for name, help_text, value in (
+                ("numRecordsInPerSecond", "Records read per second since the run started.", read / seconds),
+                ("numRecordsOutPerSecond", "Records landed per second since the run started.",
+                 p.records_landed / seconds)):
+            family = scope.task_gauge(name, help_text)
+            family.add_metric(scope.task_labels(), value)
+            yield family
         if scope.legacy_names:
             yield from self._legacy(p, gauges)
 

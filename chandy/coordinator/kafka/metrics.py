@@ -24,6 +24,7 @@ bytes, and -1 where Flink reports -1 (nothing completed or restored yet):
 ``numberOfInProgressCheckpoints``   pending now
 ``totalNumberOfCheckpoints``        triggered since then (savepoints included)
 ``uptime``                          ms since this coordinator started leading the job
+``runningTime``                     the same while the job is RUNNING, else 0 (Flink 1.17+'s name)
 ``numRestarts``                     times the job was started again after its first start
                                     (coordinator epochs after the first: restarts, take-overs)
 ``<status>State``                   1 for the job's status, 0 for the others (Flink's job
@@ -87,10 +88,13 @@ CHECKPOINT_GAUGES: tuple[tuple[str, str], ...] = (
 JOB_PREFIX = "flink_jobmanager_job_"
 #: ... and of an operator's metrics (logical scope ``taskmanager.job.task.operator``)
 OPERATOR_PREFIX = "flink_taskmanager_job_task_operator_"
+#: ... and of a task's (logical scope ``taskmanager.job.task``)
+TASK_PREFIX = "flink_taskmanager_job_task_"
 JOB_LABELS = ("job_id", "job_name", "host")
 #: the statuses of Flink's ``<status>State`` gauges that a Chandy job takes
 JOB_STATUSES = ("CREATED", "RUNNING", "FAILING", "FAILED", "FINISHED", "SUSPENDED", "CANCELED")
 OPERATOR_LABELS = (*JOB_LABELS, "task_name", "subtask_index", "operator_name")
+TASK_LABELS = (*JOB_LABELS, "task_name", "subtask_index")
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,13 @@ class MetricScope:
 
     def operator_labels(self, operator_name: str, subtask_index: int | str = 0) -> list[str]:
         return [*self.job_labels, self.task_name or operator_name, str(subtask_index), operator_name]
+
+    def task_labels(self, subtask_index: int | str = 0) -> list[str]:
+        return [*self.job_labels, self.task_name, str(subtask_index)]
+
+    def task_gauge(self, name: str, help_text: str) -> GaugeMetricFamily:
+        """An empty ``flink_taskmanager_job_task_<name>`` gauge with the task labels."""
+        return GaugeMetricFamily(TASK_PREFIX + name, help_text, labels=list(TASK_LABELS))
 
     def job_gauge(self, name: str, help_text: str) -> GaugeMetricFamily:
         """An empty ``flink_jobmanager_job_<name>`` gauge with the job labels."""
@@ -203,9 +214,16 @@ class CheckpointMetricsCollector(Collector):
                 family = scope.job_gauge(name, help_text)
                 family.add_metric(scope.job_labels, values[name])
                 yield family
+        running_ms = (time.monotonic() - self.started) * 1000
         uptime = scope.job_gauge("uptime", "Time since this coordinator started leading the job, in ms.")
-        uptime.add_metric(scope.job_labels, (time.monotonic() - self.started) * 1000)
+        uptime.add_metric(scope.job_labels, running_ms)
         yield uptime
+        # Flink 1.17+'s name for the same (uptime is deprecated there); 0 unless RUNNING, as Flink's
+        status_now = self.read_status() if self.read_status is not None else "RUNNING"
+        running = scope.job_gauge("runningTime", "Time since the job started RUNNING under this coordinator, in ms "
+                                                 "(0 unless RUNNING).")
+        running.add_metric(scope.job_labels, running_ms if status_now == "RUNNING" else 0)
+        yield running
         if self.read_epoch is not None:  # 0 before the coordinator leads: no restart yet
             restarts = scope.job_gauge("numRestarts", "Times the job was started again (restarts, take-overs).")
             restarts.add_metric(scope.job_labels, max(0, self.read_epoch() - 1))
