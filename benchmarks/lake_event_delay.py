@@ -66,6 +66,11 @@ def _feed(servers: str, topic: str, stop: threading.Event, rate: int) -> None:
     producer.flush(30)
 
 
+def _holds(table: str, job: str, checkpoint_id: int) -> bool:
+    """Whether the Delta table holds ``checkpoint_id`` of ``job`` (its app transaction version)."""
+    return DeltaTable.is_deltatable(table) and (DeltaTable(table).transaction_version(job) or 0) >= checkpoint_id
+
+
 def _commit_times(table: str) -> dict[int, int]:
     """Delta version -> its commitInfo timestamp (ms)."""
     return {h["version"]: int(h["timestamp"]) for h in DeltaTable(table).history()}
@@ -100,13 +105,11 @@ def one_run(servers: str, tmp: Path, seconds: float, rate: int) -> dict:
                 if event is None:
                     continue
                 arrived = time.time() * 1000
-                holds = (DeltaTable.is_deltatable(table)
-                         and (DeltaTable(table).transaction_version(job) or 0) >= event.checkpoint_id)
+                holds = _holds(table, job, event.checkpoint_id)
                 completed_visible.append(holds)
                 while not holds and time.monotonic() < deadline:
                     time.sleep(0.005)
-                    holds = (DeltaTable.is_deltatable(table)
-                             and (DeltaTable(table).transaction_version(job) or 0) >= event.checkpoint_id)
+                    holds = _holds(table, job, event.checkpoint_id)
                 if holds:
                     completed_wait_ms.append(time.time() * 1000 - arrived)
 

@@ -60,6 +60,11 @@ class _ApiError(Exception):
         self.status = status
 
 
+def _unknown_job(reader: JobsViewReader, job_id: str) -> _ApiError:
+    """Flink's 404 for a job ID the events topic has not shown."""
+    return _ApiError(HTTPStatus.NOT_FOUND, f"Job {job_id} not found (no checkpoint event of it on {reader.topic})")
+
+
 def route(reader: JobsViewReader, path: str) -> tuple[HTTPStatus, dict[str, Any]]:
     """The status and JSON body of ``GET path`` (query string removed) against ``reader``.
 
@@ -75,33 +80,22 @@ def route(reader: JobsViewReader, path: str) -> tuple[HTTPStatus, dict[str, Any]
         return (HTTPStatus.OK if up or path == "/ui/status" else HTTPStatus.SERVICE_UNAVAILABLE), health
     if path in ("/jobs", "/jobs/"):
         return HTTPStatus.OK, {"jobs": reader.jobs()}
-    match = _JOB.match(path)
-    if match:
-        body = reader.job_details(match.group(1))
-        if body is None:
-            raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} not found (no checkpoint event of it on {reader.topic})")
-        return HTTPStatus.OK, body
+    for pattern, read in ((_JOB, reader.job_details), (_LAKE, reader.lake_commits), (_CHECKPOINTS, reader.checkpoints)):
+        match = pattern.match(path)
+        if match:
+            body = read(match.group(1))
+            if body is None:
+                raise _unknown_job(reader, match.group(1))
+            return HTTPStatus.OK, body
     match = _CONFIG.match(path)
     if match:
         if not reader.has_job(match.group(1)):
-            raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} not found (no checkpoint event of it on {reader.topic})")
+            raise _unknown_job(reader, match.group(1))
         config = reader.checkpoint_config(match.group(1))
         if config is None:
             raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} has not triggered a checkpoint yet: its "
                                                   "checkpointing configuration is not known")
         return HTTPStatus.OK, config
-    match = _LAKE.match(path)
-    if match:
-        lake = reader.lake_commits(match.group(1))
-        if lake is None:
-            raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} not found (no checkpoint event of it on {reader.topic})")
-        return HTTPStatus.OK, lake
-    match = _CHECKPOINTS.match(path)
-    if match:
-        body = reader.checkpoints(match.group(1))
-        if body is None:
-            raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {match.group(1)} not found (no checkpoint event of it on {reader.topic})")
-        return HTTPStatus.OK, body
     match = _DETAILS.match(path)
     if match:
         job_id, raw_id = match.groups()
@@ -110,7 +104,7 @@ def route(reader: JobsViewReader, path: str) -> tuple[HTTPStatus, dict[str, Any]
         except ValueError:
             raise _ApiError(HTTPStatus.BAD_REQUEST, f"checkpoint ID must be an integer, got {raw_id!r}") from None
         if not reader.has_job(job_id):
-            raise _ApiError(HTTPStatus.NOT_FOUND, f"Job {job_id} not found (no checkpoint event of it on {reader.topic})")
+            raise _unknown_job(reader, job_id)
         details = reader.checkpoint_details(job_id, checkpoint_id)
         if details is None:
             raise _ApiError(HTTPStatus.NOT_FOUND,

@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from deltalake import DeltaTable
 
@@ -38,34 +37,13 @@ def _produce(servers: str, topic: str, start: int, count: int, content: dict) ->
     for i in range(start, start + count):
         producer.produce(topic, f"v{i}-{uuid.uuid4().hex[:8]}".encode(), f"k{i}".encode(), partition=i % PARTITIONS)
     producer.flush(30)
-    consumer = kafka_config.consumer(servers, overrides={"enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    ended: set[int] = set()
-    while len(ended) < PARTITIONS:
-        message = consumer.poll(1)
-        if message is None:
-            continue
-        if message.error():
-            ended.add(message.partition())
-            continue
+    for message in exactly_once.consume_to_end(servers, topic, range(PARTITIONS)):
         content[(topic, message.partition(), message.offset())] = message.value()
-    consumer.close()
 
 
 def _log_messages(servers: str, topic: str, partition: int) -> int:
     """Messages left in the coordinator log's partition (read_committed, to its end)."""
-    consumer = kafka_config.consumer(servers, overrides={"enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-    count = 0
-    while True:
-        message = consumer.poll(2)
-        if message is None:
-            continue
-        if message.error():
-            break
-        count += 1
-    consumer.close()
-    return count
+    return sum(1 for _ in exactly_once.consume_to_end(servers, topic, [partition]))
 
 
 def _replay(servers: str, prefix: str, job: str, *args: str) -> subprocess.CompletedProcess:

@@ -53,19 +53,8 @@ def source_topic(kafka_bootstrap_servers: str) -> tuple[str, dict]:
     for i in range(PER_PARTITION * PARTITIONS // 2, PER_PARTITION * PARTITIONS):
         producer.produce(topic, f"record-{i}-{uuid.uuid4().hex}".encode(), f"k{i}".encode(), partition=i % PARTITIONS)
     producer.flush(30)
-    content = {}
-    consumer = kafka_config.consumer(kafka_bootstrap_servers, overrides={"enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    done = set()
-    while len(done) < PARTITIONS:
-        message = consumer.poll(1)
-        if message is None:
-            continue
-        if message.error():
-            done.add(message.partition())
-            continue
-        content[(topic, message.partition(), message.offset())] = message.value()
-    consumer.close()
+    content = {(topic, m.partition(), m.offset()): m.value()
+               for m in exactly_once.consume_to_end(kafka_bootstrap_servers, topic, range(PARTITIONS))}
     assert len(content) == PER_PARTITION * PARTITIONS
     return topic, content
 

@@ -33,6 +33,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from chandy.connectors.lake.iceberg_catalog import catalog_properties_for, parse_iceberg_uri
+from chandy.connectors.lake.iceberg_commits import commit_in, commits_after, without_snapshot
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
@@ -265,55 +266,13 @@ class IcebergSink(SchemaChecked):
         written once, then deleted (for example by a cleanup of files no commit referenced)."""
         return [f.path for f in files if not self.fs.exists(f"{self.root}/{f.path}")]
 
-    @staticmethod
-    def _commit_in(table: Any, match: Mapping[str, str], checkpoint_id: int) -> LakeCommit | None:
-        """The :class:`LakeCommit` of the newest snapshot of ``table`` whose summary holds every
-        item of ``match``, or None."""
-        for snapshot in reversed(table.snapshots()):
-            summary = snapshot.summary
-            if summary is not None and all(summary.get(k) == v for k, v in match.items()):
-                return IcebergSink._snapshot_commit(snapshot, checkpoint_id)
-        return None
-
-    @staticmethod
-    def _snapshot_commit(snapshot: Any, checkpoint_id: int) -> LakeCommit:
-        """The :class:`LakeCommit` of the snapshot that committed ``checkpoint_id``."""
-        summary = snapshot.summary
-        records = summary.get(RECORDS_KEY) or summary.get("added-records")
-        files = summary.get(FILES_KEY) or summary.get("added-data-files")
-        return LakeCommit(checkpoint_id, snapshot.snapshot_id, snapshot.parent_snapshot_id,
-                          None if records is None else int(records), None if files is None else int(files),
-                          snapshot.timestamp_ms)
-
-    @staticmethod
-    def _without_snapshot(table: Any, checkpoint_id: int) -> LakeCommit:
-        """A commit that added no data file: Iceberg makes no snapshot for it, so the table's
-        current snapshot (unchanged) is the version that holds the checkpoint."""
-        current = table.current_snapshot()
-        version = None if current is None else current.snapshot_id
-        return LakeCommit(checkpoint_id, version, version, 0, 0, int(time.time() * 1000))
-
     def commits_after(self, job_id: str, checkpoint_id: int) -> list[LakeCommit]:
-        """The table's commits of ``job_id``'s checkpoints after ``checkpoint_id``, oldest first:
-        the snapshots whose summary names them, and the job's newest checkpoint when its commit
-        added no data file (no snapshot: the current one holds it)."""
+        """The table's commits of ``job_id``'s checkpoints after ``checkpoint_id``, oldest first
+        (:func:`~chandy.connectors.lake.iceberg_commits.commits_after`)."""
         table = self._load()
         if table is None:
             return []
-        found: dict[int, LakeCommit] = {}
-        for snapshot in reversed(table.snapshots()):
-            summary = snapshot.summary
-            if summary is None or summary.get("chandy.job_id") != job_id or summary.get("chandy.checkpoint_id") is None:
-                continue
-            landed = int(summary.get("chandy.checkpoint_id"))
-            if landed <= checkpoint_id:
-                break
-            if landed not in found:  # newest first: the first snapshot met is the checkpoint's commit
-                found[landed] = self._snapshot_commit(snapshot, landed)
-        newest = self._record_of(table, job_id)[0]
-        if newest is not None and newest > checkpoint_id and newest not in found:
-            found[newest] = self._without_snapshot(table, newest)
-        return [commit for _, commit in sorted(found.items())]
+        return commits_after(table, job_id, checkpoint_id, self._record_of(table, job_id)[0])
 
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
@@ -339,8 +298,8 @@ class IcebergSink(SchemaChecked):
                 # found done after a conflict: ours only if the table holds this very commit
                 ours = None
                 if done == checkpoint_id and table.properties.get(key + "commit_token") == token:
-                    ours = (self._commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id)
-                            or self._without_snapshot(table, checkpoint_id))
+                    ours = (commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id)
+                            or without_snapshot(table, checkpoint_id))
                 log.info("checkpoint %d: commit conflicted but is in %s (%s): done", checkpoint_id, self.table_uri,
                          "this commit landed" if ours else "another coordinator of the job committed it")
                 return ours
@@ -379,8 +338,8 @@ class IcebergSink(SchemaChecked):
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))
                 continue
             if not files:
-                return self._without_snapshot(table, checkpoint_id)
-            landed = self._commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id)
+                return without_snapshot(table, checkpoint_id)
+            landed = commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id)
             if landed is None:
                 raise LakeCommitError(f"checkpoint {checkpoint_id} was committed to {self.table_uri} but no "
                                       "snapshot of the table carries its commit")

@@ -52,11 +52,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka.metrics import MetricScope
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,22 @@ class MicroBatchProgress(Protocol):
     def spark_job_ms(self) -> float: ...
     @property
     def bad_records(self) -> int: ...
+
+
+_T = TypeVar("_T")
+
+
+def _scrape(read: Callable[[], _T] | None, what: str) -> _T | None:
+    """``read()`` at scrape time (a value of the lake committer's, through the coordinator's
+    mailbox), or None when there is no reader, or the coordinator stopped, has no such operator
+    coordinator or did not answer in time: the gauge is then left out of this scrape."""
+    if read is None:
+        return None
+    try:
+        return read()
+    except (ChandyError, KeyError, TimeoutError) as exc:
+        log.debug("%s unavailable: %s", what, exc)
+        return None
 
 
 class PipelineMetricsCollector(Collector):
@@ -106,12 +123,7 @@ class PipelineMetricsCollector(Collector):
             p = self._progress
         if p is None:
             return
-        commit_ms = None
-        if self.read_commit_ms is not None:
-            try:
-                commit_ms = self.read_commit_ms()
-            except Exception as exc:  # noqa: BLE001 - a stopped coordinator: the gauge is left out of this scrape
-                log.debug("lake commit duration unavailable: %s", exc)
+        commit_ms = _scrape(self.read_commit_ms, "lake commit duration")
         read = p.records_landed + p.bad_records
         seconds = p.elapsed_s if p.elapsed_s > 0 else float("inf")
         gauges: list[tuple[str, str, str, float]] = [
@@ -133,12 +145,7 @@ class PipelineMetricsCollector(Collector):
             family = scope.operator_gauge(name, help_text)
             family.add_metric(scope.operator_labels(operator), value)
             yield family
-        fetch_lag: Mapping[int, int] = {}
-        if self.read_fetch_lag_ms is not None:
-            try:
-                fetch_lag = self.read_fetch_lag_ms()
-            except Exception as exc:  # noqa: BLE001 - a stopped coordinator: the gauge is left out of this scrape
-                log.debug("fetch lag unavailable: %s", exc)
+        fetch_lag = _scrape(self.read_fetch_lag_ms, "fetch lag")
         if fetch_lag:
             family = scope.operator_gauge("currentFetchEventTimeLag", "FetchTime - EventTime of the newest record the "
                                           "subtask fetched for the latest committed checkpoint, in ms.")

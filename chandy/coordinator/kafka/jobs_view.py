@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -25,6 +25,8 @@ from chandy.coordinator.messages import CheckpointEvent
 from chandy.schemas.codec import SingleObjectCodec, WireFormatError, location_of
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class JobsViewReader:
@@ -77,30 +79,28 @@ class JobsViewReader:
         with self._lock:
             return [self.views[job].overview() for job in sorted(self.views)]
 
-    def checkpoints(self, job_id: str) -> dict[str, Any] | None:
-        """``GET /jobs/:jobid/checkpoints`` of ``job_id``, or None if no event of it was seen."""
+    def _of(self, job_id: str, read: Callable[[JobCheckpointsView], _T]) -> _T | None:
+        """``read(view)`` of ``job_id``'s view under the lock, or None if no event of it was seen."""
         with self._lock:
             view = self.views.get(job_id)
-            return None if view is None else view.checkpointing_statistics()
+            return None if view is None else read(view)
+
+    def checkpoints(self, job_id: str) -> dict[str, Any] | None:
+        """``GET /jobs/:jobid/checkpoints`` of ``job_id``, or None if no event of it was seen."""
+        return self._of(job_id, lambda view: view.checkpointing_statistics())
 
     def job_details(self, job_id: str) -> dict[str, Any] | None:
         """``GET /jobs/:jobid`` (Flink's ``JobDetailsInfo`` shape), or None if no event of it was seen."""
-        with self._lock:
-            view = self.views.get(job_id)
-            return None if view is None else view.job_details(int(time.time() * 1000))
+        return self._of(job_id, lambda view: view.job_details(int(time.time() * 1000)))
 
     def checkpoint_config(self, job_id: str) -> dict[str, Any] | None:
         """``GET /jobs/:jobid/checkpoints/config`` (Flink's ``CheckpointConfigInfo`` shape), or None
         if the job is unknown or no TRIGGERED event of it said its configuration yet."""
-        with self._lock:
-            view = self.views.get(job_id)
-            return None if view is None else view.checkpoint_config()
+        return self._of(job_id, lambda view: view.checkpoint_config())
 
     def lake_commits(self, job_id: str) -> dict[str, Any] | None:
         """Chandy's ``GET /jobs/:jobid/lake-commits``, or None if no event of the job was seen."""
-        with self._lock:
-            view = self.views.get(job_id)
-            return None if view is None else view.lake_commits()
+        return self._of(job_id, lambda view: view.lake_commits())
 
     def has_job(self, job_id: str) -> bool:
         with self._lock:
@@ -109,9 +109,7 @@ class JobsViewReader:
     def checkpoint_details(self, job_id: str, checkpoint_id: int) -> dict[str, Any] | None:
         """``GET /jobs/:jobid/checkpoints/details/:checkpointid``, or None if the job or the
         checkpoint is unknown (or left the history)."""
-        with self._lock:
-            view = self.views.get(job_id)
-            return None if view is None else view.checkpoint_details(checkpoint_id)
+        return self._of(job_id, lambda view: view.checkpoint_details(checkpoint_id))
 
     # -- reading ------------------------------------------------------------------------------
     def _assign(self) -> bool:
