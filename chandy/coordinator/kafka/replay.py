@@ -135,9 +135,7 @@ def history_horizon(logged: Iterable[LoggedRecord]) -> dict[str, HistoryHorizon]
                 last = (index, f"{key.kind} {key.entity_id or ''} starts at {version}".replace("  ", " "))
         present = sorted(c for c in checkpoints if c > 0)
         missing = [c for c in range(present[0] if present else 1, present[-1] if present else 1) if c not in checkpoints]
-        # only in a log compaction has touched (a purge follows a cleaning, which leaves survivors of
-        # the keys rewritten every checkpoint): a whole log may skip IDs (a restore's ID floor)
-        if missing and last is not None:
+        if missing:
             # a deleted checkpoint whose deletion marker (tombstone) was purged too: the marker
             # came no later than a checkpoint that started after it
             after = [checkpoints[c] for c in present if c > missing[-1]

@@ -148,10 +148,3 @@ def test_a_whole_log_has_no_horizon_and_an_old_log_without_headers_is_judged_by_
     with pytest.raises(HistoryCompactedError):
         replay(legacy, until_checkpoint=1)
 
-
-def test_a_whole_log_that_skips_checkpoint_ids_has_no_horizon(tmp_path) -> None:
-    """A restore's checkpoint ID floor skips IDs in a log nothing compacted: no horizon, no refusal."""
-    records = run_log(tmp_path, [("checkpoint",)] * 3)
-    skipped = [r for r in records if not (isinstance(r, (CheckpointRecord, Tombstone)) and r.key().entity_id == "2")]
-    assert history_horizon(as_logged(skipped)) == {}
-    assert replay(as_logged(skipped), until_checkpoint=1).states[JOB].last_succeeded_checkpoint_id == 1
