@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CHANDY := $(VENV)/bin/chandy
 
-.PHONY: setup kafka-jars azurite test-tools check demo test bench clean
+.PHONY: setup kafka-jars azurite test-tools check demo test bench bench-setup bench-streaming clean
 
 setup: $(VENV)/.installed
 
@@ -53,6 +53,24 @@ bench: kafka-jars
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/metrics_overhead.py
 
+# the benchmarks against Spark Structured Streaming, in an environment of their own whose pyspark has
+# its Kafka, Avro and Delta connectors on Maven Central (pyproject's `bench` extra)
+BENCH_VENV ?= .venv-bench
+bench-setup: $(BENCH_VENV)/.installed
+
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench]'
+	touch $@
+
+# throughput (raw, JSON and Avro values) and end-to-end latency, Chandy and Structured Streaming side by
+# side, medians of 5 runs: results in benchmarks/results/, the README's tables generated from them
+bench-streaming: bench-setup kafka-jars
+	$(BENCH_VENV)/bin/python benchmarks/pipeline_vs_structured_streaming.py --suite
+	$(BENCH_VENV)/bin/python benchmarks/end_to_end_latency.py
+	$(BENCH_VENV)/bin/python benchmarks/results_table.py --write README.md
+
 clean:
 	-$(CHANDY) kafka down
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .hypothesis

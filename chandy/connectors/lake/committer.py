@@ -97,6 +97,7 @@ class LakeCommitter:
         self.table_offsets: dict[TP, int] = {}  # what the table holds for this job, per partition
         self.optimizations: list[dict[str, Any]] = []  # metrics of the compactions this run did
         self.last_commit_ms: float | None = None  # the latest notify_checkpoint_complete's lake commit, in ms
+        self.last_commit_ended_ms: float | None = None  # when it ended, in ms since the epoch
         #: per subtask, FetchTime - EventTime (ms) of the newest record its latest committed
         #: checkpoint fetched (Flink's currentFetchEventTimeLag), from its "source-metrics" handle
         self.fetch_event_time_lag_ms: dict[int, int] = {}
@@ -271,6 +272,7 @@ class LakeCommitter:
         started = time.monotonic()
         self._commit(checkpoint_id)
         self.last_commit_ms = (time.monotonic() - started) * 1000
+        self.last_commit_ended_ms = time.time() * 1000
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         job_id = self.context.job_id

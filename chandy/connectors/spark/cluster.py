@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -126,20 +127,26 @@ def task_code_zip() -> str:
 
 
 def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrides: Mapping[str, Any],
-              producer_overrides: Mapping[str, Any], _: Any) -> None:
+              producer_overrides: Mapping[str, Any], sink: Mapping[str, Any] | None, _: Any) -> None:
     """In a Python worker: import what a micro-batch's task runs and create the worker's pooled
-    Kafka clients of the job (a range reader and the ack sender, connecting in the background),
-    so a standby's first micro-batch after its take-over finds them ready."""
+    Kafka clients of the job (a range reader and the ack sender, connecting in the background)
+    and, with ``sink`` (the keyword arguments of
+    :func:`~chandy.connectors.spark.clients.task_sink`), its pooled lake sink, so the first
+    micro-batch (after a start, a take-over or an idle spell) finds them ready."""
     import importlib
 
-    from chandy.connectors.spark.clients import ack_sender, range_reader
+    from chandy.connectors.spark.clients import ack_sender, range_reader, task_sink
 
-    for module in ("chandy.connectors.lake.sinks", "chandy.connectors.spark.datasource"):
+    for module in ("chandy.connectors.lake.sinks", "chandy.connectors.spark.datasource",
+                   "chandy.connectors.spark.json_batch", "pyarrow.parquet", "pyarrow.dataset"):
         importlib.import_module(module)  # loaded now, not in the first micro-batch's task
 
     with range_reader(bootstrap_servers, consumer_overrides):
         pass
     ack_sender(bootstrap_servers, job_id, prefix=prefix, producer_overrides=producer_overrides)
+    if sink is not None:
+        task_sink(**sink)
+    time.sleep(0.2)  # overlap the slots' tasks, so each slot's worker is started, not one reused
 
 
 def load_transform(spec: str) -> Callable[[Any], Any]:

@@ -179,13 +179,25 @@ class ValueDecoder:
 
         return parse_avro
 
-    def decode(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch | None, int]:
+    def decode(self, batch: pa.RecordBatch, *, vectorized: bool = True) -> tuple[pa.RecordBatch, pa.RecordBatch | None, int]:
         """One batch of Kafka records (:data:`~chandy.connectors.spark.records.ARROW_SCHEMA`): returns
         (decoded rows, bad records as :data:`BAD_RECORDS_SCHEMA` or None, tombstones skipped).
+
+        JSON batches are read by Arrow's JSON reader when that gives the same values
+        (:mod:`chandy.connectors.spark.json_batch`), else, and with ``vectorized=False``, record
+        by record.
 
         Raises:
             BadRecordError: a bad record under ``errors_tolerance="none"``.
         """
+        if vectorized and self.value_format == "json":
+            from chandy.connectors.spark.json_batch import decode_json_batch
+
+            columns = decode_json_batch(batch.column("value"), self.columns, self.source_names,
+                                        unknown_fields=self.unknown_fields, session_time_zone=self.session_time_zone)
+            if columns is not None:
+                kafka = [batch.column(c) for c in self.keep]
+                return pa.RecordBatch.from_arrays(kafka + columns, schema=self.output_schema), None, 0
         parse = self._parser()
         raws = batch.column("value").to_pylist()
         known = set(self.source_names)

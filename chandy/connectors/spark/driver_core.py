@@ -81,6 +81,7 @@ class PipelineCore:
         self.takeover_s: float | None = None
         self._last_committed = 0
         self._lag_consumer: Any = None  # reads the source's last stable offsets (micro_batch.py)
+        self.last_spark_job = 0.0  # time.monotonic() of the last Spark job (a micro-batch or a warm-up)
 
     def _notice(self, message: str) -> None:
         self.notices.append(message)
@@ -165,7 +166,7 @@ class PipelineCore:
     def _trigger_for(self, request: tuple[ControlRequest, concurrent.futures.Future] | None) -> Any:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.request_executor`
 
-    def _warm_python_workers(self, spark: Any) -> None:
+    def _warm_python_workers(self, spark: Any, *, with_sink: bool = False) -> None:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.session`
 
     def check_static(self) -> None:

@@ -331,6 +331,20 @@ class PipelineProgress:
     bad_records: int = 0  # this run, in completed checkpoints
     dead_lettered: int = 0  # of those, published to the dead-letter topic
     tombstones_skipped: int = 0
+    #: where checkpoint_duration_ms went, in ms (:data:`CHECKPOINT_PHASES`); empty for a failed one
+    phases_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+#: The phases of one checkpoint, in order, as :attr:`PipelineProgress.phases_ms` names them (ms).
+#: They are the gaps between its milestones, so they add up to its end-to-end time:
+#: ``trigger``: the round's start to its offset ranges fixed (the trigger's log record, the
+#: enumerator's snapshot); ``tasks``: to the last subtask's ack (the Spark tasks read, decode,
+#: transform and write); ``finalize``: to completion (``_metadata`` written, dead letters read);
+#: ``lake_commit``: to the end of the table commit and its LAKE_COMMITTED event; ``job_end``: the
+#: driver still waiting for its Spark job call to return (task results, Spark's bookkeeping) after
+#: that; ``notify``: the rest (the COMPLETED log transaction's commit, the consumer-group offset
+#: commit, the hand-over to the driver).
+CHECKPOINT_PHASES = ("trigger", "tasks", "finalize", "lake_commit", "notify", "job_end")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,7 +69,7 @@ from chandy.connectors.spark.options import (
 )
 from chandy.connectors.spark.preflight import PipelinePreflight
 from chandy.connectors.spark.request_executor import PipelineRequestExecutor
-from chandy.connectors.spark.session import PipelineSession
+from chandy.connectors.spark.session import KEEP_WARM_S, PipelineSession
 from chandy.coordinator.environment import OutboundMessage
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
@@ -232,6 +232,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             spark.conf.set("spark.sql.shuffle.partitions", str(self.parallelism))  # a transform's shuffles
         previous_handlers = self._install_signal_handlers() if handle_signals else {}
         self._register_data_sources(spark)
+        self._warm_python_workers(spark, with_sink=True)  # RUNNING means warm: the first checkpoint costs no more
         from pyspark.accumulators import AccumulatorParam
 
         class _Pair(AccumulatorParam):
@@ -312,19 +313,24 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     if opts.stop_when_drained:
                         stopped_because = "drained"
                         break
+                    if time.monotonic() - self.last_spark_job > KEEP_WARM_S:
+                        self._warm_python_workers(spark, with_sink=True)  # before Spark stops them
                     self._idle(max(0.2, opts.checkpoint_interval_ms / 1000))
                     continue
                 batch_started = time.monotonic()
+                started_ms = time.time() * 1000
                 trigger = self._trigger_for(request)
                 checkpoint_id = trigger.checkpoint_id or -1  # None: refused before it got an ID
                 message = None
                 fatal = None
                 records = 0
                 spark_job_ms = 0.0
+                phases: dict[str, float] = {}
                 try:
                     ranges = self._ranges(checkpoint_id, trigger, opts.checkpoint_timeout_ms / 1000)
                     records = sum(r.num_records for r in ranges.values())
                     job_started = time.monotonic()
+                    ranges_ms = time.time() * 1000
                     try:
                         self._run_micro_batch(spark, checkpoint_id, ranges, counts)
                     except Exception as exc:  # noqa: BLE001 - any failure of the Spark job aborts the checkpoint now, not at its timeout
@@ -338,7 +344,11 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                         self.service.abort_checkpoint(checkpoint_id, CheckpointFailureReason.CHECKPOINT_DECLINED,
                                                       f"Spark job failed: {message}"[:1000])
                     spark_job_ms = (time.monotonic() - job_started) * 1000
+                    self.last_spark_job = time.monotonic()
+                    job_ended_ms = time.time() * 1000
                     result = self._await(trigger, opts.checkpoint_timeout_ms / 1000 + 10)
+                    if message is None:
+                        phases = self._phases(checkpoint_id, started_ms, ranges_ms, job_ended_ms, time.time() * 1000)
                     completed += 1
                     consecutive = 0
                     first_failure = None
@@ -371,7 +381,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                         checkpoint_id, message is None, records, landed, completed, failed,
                         (time.monotonic() - batch_started) * 1000, time.monotonic() - started,
                         self.lag(), message, spark_job_ms, self.bad_records, self.dead_lettered,
-                        counts.value[1])
+                        counts.value[1], phases)
                     if metrics is not None:
                         metrics.update(progress)
                     if on_progress is not None:
@@ -404,6 +414,25 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                                bad_records=self.bad_records, dead_lettered=self.dead_lettered,
                                tombstones_skipped=counts.value[1], signal=self.stop_signal,
                                notices=tuple(self.notices), canceled=canceled)
+
+    def _phases(self, checkpoint_id: int, started_ms: float, ranges_ms: float, job_ended_ms: float,
+                done_ms: float) -> dict[str, float]:
+        """Where a completed checkpoint's time went (:data:`~chandy.connectors.spark.options.CHECKPOINT_PHASES`),
+        from the driver's clocks (ms since the epoch: the round's start, its ranges fixed, the
+        Spark job's return, the completion's hand-over), the coordinator's checkpoint statistics
+        and the lake committer's own timing; empty when the statistics are gone."""
+        assert self.service is not None
+        stats = self.service.checkpoint_stats(checkpoint_id)
+        if stats is None or stats.latest_ack_timestamp is None or stats.end_to_end_duration_ms is None:
+            return {}
+        lake_ended = self.service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.last_commit_ended_ms)
+        acked = max(ranges_ms, float(stats.latest_ack_timestamp))
+        completed = max(acked, float(stats.trigger_timestamp + stats.end_to_end_duration_ms))
+        committed = min(done_ms, max(completed, lake_ended or completed))
+        job_end = max(0.0, job_ended_ms - committed)
+        phases = {"trigger": ranges_ms - started_ms, "tasks": acked - ranges_ms, "finalize": completed - acked,
+                  "lake_commit": committed - completed, "notify": done_ms - committed - job_end, "job_end": job_end}
+        return {k: round(max(0.0, v), 1) for k, v in phases.items()}
 
     def _record_failure(self, reason: str) -> None:
         """Make the job FAILED in the log and on the events topic before the run exits (issue 36:

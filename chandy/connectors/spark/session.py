@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from chandy.connectors.spark.cluster import (
@@ -24,6 +25,11 @@ from chandy.connectors.spark.options import (
 from chandy.coordinator import faults
 
 log = logging.getLogger(__name__)
+
+
+#: seconds a job may idle before :meth:`PipelineSession._warm_python_workers` runs again (Spark stops a
+#: Python worker idle for 60 s)
+KEEP_WARM_S = 30.0
 
 
 class PipelineSession(PipelineCore):
@@ -66,19 +72,29 @@ class PipelineSession(PipelineCore):
         spark.dataSource.register(LakeFilesDataSource)
         self._data_sources_registered = True
 
-    def _warm_python_workers(self, spark: Any) -> None:
-        """A standby's Spark runs one task per slot that imports the tasks' modules and creates their
-        pooled Kafka clients (:func:`~chandy.connectors.spark.cluster.warm_task`), so its first
-        micro-batch after a take-over reuses started Python workers (``spark.python.worker.reuse``,
-        on by default) instead of paying their start, imports and connections (about a second)."""
+    def _warm_python_workers(self, spark: Any, *, with_sink: bool = False) -> None:
+        """Run one task per slot that imports the tasks' modules and creates their pooled Kafka
+        clients (:func:`~chandy.connectors.spark.cluster.warm_task`) and, ``with_sink`` (after the
+        preflight), the pooled lake sink, so the next micro-batch reuses started Python workers
+        (``spark.python.worker.reuse``, on by default) instead of paying their start, imports and
+        connections (about a second). Done by a standby before it stands by, by every run before
+        its coordinator starts (so RUNNING means warm), and again while the job idles
+        (:data:`KEEP_WARM_S`): Spark stops Python workers that stayed idle for a minute
+        (``PythonWorkerFactory.IDLE_WORKER_TIMEOUT_NS``)."""
         slots = max(1, spark.sparkContext.defaultParallelism)
         opts = self.options
+        sink = None
+        if with_sink:
+            sink = {"table_uri": opts.table_uri, "partition_by": tuple(opts.partition_by),
+                    "storage_options": dict(opts.storage_options), "catalog_properties": dict(opts.catalog_properties),
+                    "add_columns": self.add_columns, "location": getattr(self.sink, "root_url", None)}
         warm = functools.partial(warm_task, opts.bootstrap_servers, self.job_id, opts.prefix,
-                                 dict(opts.task_consumer_overrides), dict(opts.task_producer_overrides))
+                                 dict(opts.task_consumer_overrides), dict(opts.task_producer_overrides), sink)
         try:
             spark.sparkContext.parallelize(range(slots), slots).foreach(warm)
         except Exception as exc:  # noqa: BLE001 - only an optimization: the first micro-batch starts them anyway
-            log.warning("could not warm the standby's Python workers: %s", root_cause(exc))
+            log.warning("could not warm the Python workers: %s", root_cause(exc))
+        self.last_spark_job = time.monotonic()
 
     def _check_planner_python(self, python: str) -> None:
         """With a transform, the micro-batch reads and writes through Python data sources, which

@@ -122,7 +122,7 @@ def check_values(sink: LakeSink, bootstrap_servers: str, decoder: ValueDecoder, 
         for (topic, partition), offsets in sorted(positions.items()):
             split = KafkaPartitionSplit(topic, partition, min(offsets), max(offsets) + 1)
             for messages in reader.read_batches(split, batch_size):
-                decoded, _, _ = lenient.decode(to_record_batch(messages))
+                decoded, _, _ = lenient.decode(to_record_batch(messages), vectorized=False)  # the other path
                 raws = {m.offset(): m.value() for m in messages}
                 for row in decoded.to_pylist():
                     key = (row["topic"], row["partition"], row["offset"])

@@ -22,6 +22,7 @@ writer stops the service: nothing more is written.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -50,6 +51,7 @@ from chandy.coordinator.messages import (
 from chandy.coordinator.operator_coordinator import OperatorCoordinatorProvider
 from chandy.coordinator.options import CheckpointingOptions
 from chandy.coordinator.state import CoordinatorState
+from chandy.coordinator.stats import CheckpointStats
 from chandy.coordinator.storage import CheckpointStorage
 from chandy.coordinator.trigger_result import CheckpointTriggerResult
 from chandy.schemas.codec import Codec, SingleObjectCodec
@@ -482,6 +484,15 @@ class CoordinatorService:
     def stats(self) -> dict[str, Any]:
         """Checkpoint statistics shaped like Flink's ``/jobs/:jobid/checkpoints``."""
         return self._call(lambda cc: cc.stats.to_json())
+
+    def checkpoint_stats(self, checkpoint_id: int) -> CheckpointStats | None:
+        """A copy of one checkpoint's statistics (trigger, latest ack and completion times in ms
+        since the epoch), None when the tracker no longer holds it."""
+        def copy(cc: Any) -> CheckpointStats | None:
+            found = cc.stats.get(checkpoint_id)
+            return None if found is None else dataclasses.replace(found)
+
+        return self._call(copy)
 
     def snapshot_state(self) -> CoordinatorState:
         """A copy of the coordinator's durable state (for comparing with a replay)."""

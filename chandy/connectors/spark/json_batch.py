@@ -1,0 +1,137 @@
+"""JSON values decoded a batch at a time by Arrow's own JSON reader (``pyarrow.json``), for the
+batches where that gives exactly what the record-by-record path
+(:meth:`chandy.connectors.spark.decode.ValueDecoder.decode`) gives.
+
+The record-by-record path parses each value with ``json.loads`` and converts each field through
+:func:`chandy.connectors.type_mapping.json_converter`: one Python object per field, about a fifth
+of the raw-bytes rate. Arrow's reader parses a whole batch in C++ into typed columns, and keeps
+numbers as their text until it converts them, so decimals are exact. Its rules are stricter than
+the type mapping's, never looser, for the column types it is used for (a unit test compares the
+two paths on generated records):
+
+- integers: a fraction, an exponent, a string or a number out of range is an error in both;
+- DOUBLE: numbers correctly rounded in both; FLOAT is read as DOUBLE and then rounded as the
+  type mapping does (a finite number beyond FLOAT's range sends the batch to the other path);
+- DECIMAL(p, s): exact in both; more fractional digits than ``s`` (which the type mapping
+  rounds half up, as ``from_json``), more than ``p`` digits, or a malformed string is an error;
+- STRING, BOOLEAN, ARRAY, STRUCT: a value of another JSON type is an error in both;
+- TIMESTAMP, TIMESTAMP_NTZ, DATE and BINARY columns are read as strings by Arrow and converted
+  by the type mapping's own converters (an integer timestamp, which means seconds there, is an
+  error here);
+- a key given twice, a value that is not one JSON object on one line, or invalid UTF-8 is an
+  error here.
+
+Any error, and any batch this module cannot read (a null or empty value, a line break inside a
+value, a MAP column, or a nested FLOAT, TIMESTAMP, DATE or BINARY), makes :func:`decode_json_batch`
+return None, and the caller decodes that batch record by record, which finds and names the bad
+records. A batch of good records therefore lands the same values either way, faster here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from chandy.connectors.type_mapping import Unfit, json_converter
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+#: Column types Arrow's reader converts exactly as the type mapping does, at any depth.
+_NESTABLE = (pa.types.is_boolean, pa.types.is_integer, pa.types.is_float64, pa.types.is_decimal,
+             pa.types.is_string, pa.types.is_large_string)
+#: Top-level column types read as strings and converted by the type mapping's converters.
+_AS_STRING = (pa.types.is_timestamp, pa.types.is_date, pa.types.is_binary, pa.types.is_large_binary)
+
+
+def _exact(kind: pa.DataType) -> bool:
+    """Whether Arrow's reader reads ``kind`` (at any depth) exactly as the type mapping does."""
+    if any(test(kind) for test in _NESTABLE):
+        return True
+    if pa.types.is_struct(kind):
+        return all(_exact(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _exact(kind.value_type)
+    return False
+
+
+@functools.lru_cache(maxsize=32)
+def _plan(columns: pa.Schema, source_names: tuple[str, ...],
+          session_time_zone: str) -> tuple[pa.Schema, tuple[Callable[[Any], Any] | None, ...]] | None:
+    """The schema Arrow reads (fields under their names in the value) and, per column, the
+    type mapping's converter to apply after it (None: Arrow's column is the value); None when
+    a column's type is not one this module reads."""
+    fields: list[pa.Field] = []
+    converters: list[Callable[[Any], Any] | None] = []
+    for field, name in zip(columns, source_names, strict=True):
+        kind = field.type
+        if _exact(kind):
+            fields.append(pa.field(name, kind))
+            converters.append(None)
+        elif pa.types.is_float32(kind):
+            fields.append(pa.field(name, pa.float64()))
+            converters.append(None)
+        elif any(test(kind) for test in _AS_STRING):
+            fields.append(pa.field(name, pa.string()))
+            converters.append(json_converter(kind, session_time_zone))
+        else:
+            return None
+    return pa.schema(fields), tuple(converters)
+
+
+def decode_json_batch(values: pa.Array, columns: pa.Schema, source_names: Sequence[str], *,
+                      unknown_fields: str, session_time_zone: str) -> list[pa.Array] | None:
+    """The value columns of a batch of JSON values (a binary array, one Kafka value each), in
+    the order and types of ``columns``, read by Arrow's JSON reader; None when this batch must be
+    decoded record by record instead (see the module docstring: that path finds and names any
+    bad record).
+
+    Args:
+        values: the Kafka values, ``binary``.
+        columns: the value columns as landed; ``source_names`` their field names in the value.
+        unknown_fields: ``"ignore"`` or ``"error"`` (a field without a column); ``"add"`` is
+            not read here (None).
+        session_time_zone: the zone of timestamps without an offset.
+    """
+    if unknown_fields not in ("ignore", "error") or len(values) == 0 or values.null_count:
+        return None
+    plan = _plan(columns, tuple(source_names), session_time_zone)
+    if plan is None:
+        return None
+    read_schema, converters = plan
+    # one value per line: no line break inside a value, no blank value (Arrow skips blank lines,
+    # and two objects on one line would make two rows: the row count then tells)
+    if pc.any(pc.match_substring_regex(values, r"[\r\n]|^[ \t]*$")).as_py():
+        return None
+    text = b"\n".join(values.to_pylist())
+    try:
+        table = pa_json.read_json(
+            pa.py_buffer(text),
+            read_options=pa_json.ReadOptions(use_threads=False, block_size=max(1 << 20, len(text) + 1)),
+            parse_options=pa_json.ParseOptions(explicit_schema=read_schema, newlines_in_values=False,
+                                               unexpected_field_behavior=unknown_fields))
+    except (pa.ArrowException, UnicodeDecodeError, ValueError):
+        return None
+    if table.num_rows != len(values) or table.num_columns != len(columns):
+        return None
+    arrays: list[pa.Array] = []
+    for field, converter, column in zip(columns, converters, table.columns, strict=True):
+        array = column.combine_chunks()
+        try:
+            if converter is not None:
+                array = pa.array([converter(v) for v in array.to_pylist()], field.type)
+            elif pa.types.is_float32(field.type):
+                finite = pc.is_finite(array)
+                if pc.any(pc.and_(finite, pc.greater(pc.abs(array), _FLOAT32_MAX))).as_py():
+                    return None
+                array = array.cast(pa.float32(), safe=False)  # a double rounded to the nearest float
+        except (Unfit, pa.ArrowException, TypeError, ValueError, OverflowError):
+            return None
+        if not array.type.equals(field.type):
+            return None
+        arrays.append(array)
+    return arrays
