@@ -13,7 +13,8 @@ two paths on generated records):
 - DOUBLE: numbers correctly rounded in both; FLOAT is read as DOUBLE and then rounded as the
   type mapping does (a finite number beyond FLOAT's range sends the batch to the other path);
 - DECIMAL(p, s): exact in both; more fractional digits than ``s`` (which the type mapping
-  rounds half up, as ``from_json``), more than ``p`` digits, or a malformed string is an error;
+  rounds half up, as ``from_json``), more than ``p`` digits (checked by a full validation of the
+  columns read: Arrow scales an integer up without checking), or a malformed string is an error;
 - STRING, BOOLEAN, ARRAY, STRUCT: a value of another JSON type is an error in both;
 - TIMESTAMP, TIMESTAMP_NTZ, DATE and BINARY columns are read as strings by Arrow and converted
   by the type mapping's own converters (an integer timestamp, which means seconds there, is an
@@ -22,7 +23,8 @@ two paths on generated records):
   error here.
 
 Any error, and any batch this module cannot read (a null or empty value, a line break inside a
-value, a MAP column, or a nested FLOAT, TIMESTAMP, DATE or BINARY), makes :func:`decode_json_batch`
+value, a MAP column, a nested FLOAT, TIMESTAMP, DATE or BINARY, or, with schema evolution, a field
+without a column), makes :func:`decode_json_batch`
 return None, and the caller decodes that batch record by record, which finds and names the bad
 records. A batch of good records therefore lands the same values either way, faster here.
 """
@@ -93,11 +95,12 @@ def decode_json_batch(values: pa.Array, columns: pa.Schema, source_names: Sequen
     Args:
         values: the Kafka values, ``binary``.
         columns: the value columns as landed; ``source_names`` their field names in the value.
-        unknown_fields: ``"ignore"`` or ``"error"`` (a field without a column); ``"add"`` is
-            not read here (None).
+        unknown_fields: ``"ignore"``, ``"error"`` or ``"add"`` (a field without a column: see
+            :class:`~chandy.connectors.spark.decode.ValueDecoder`); with ``"add"``, a batch
+            with such a field is decoded record by record (None), which adds its column.
         session_time_zone: the zone of timestamps without an offset.
     """
-    if unknown_fields not in ("ignore", "error") or len(values) == 0 or values.null_count:
+    if unknown_fields not in ("ignore", "error", "add") or len(values) == 0 or values.null_count:
         return None
     plan = _plan(columns, tuple(source_names), session_time_zone)
     if plan is None:
@@ -113,10 +116,15 @@ def decode_json_batch(values: pa.Array, columns: pa.Schema, source_names: Sequen
             pa.py_buffer(text),
             read_options=pa_json.ReadOptions(use_threads=False, block_size=max(1 << 20, len(text) + 1)),
             parse_options=pa_json.ParseOptions(explicit_schema=read_schema, newlines_in_values=False,
-                                               unexpected_field_behavior=unknown_fields))
+                                               unexpected_field_behavior="ignore" if unknown_fields == "ignore"
+                                               else "error"))
     except (pa.ArrowException, UnicodeDecodeError, ValueError):
         return None
     if table.num_rows != len(values) or table.num_columns != len(columns):
+        return None
+    try:
+        table.validate(full=True)  # Arrow's reader scales an integer into a DECIMAL without checking its precision
+    except pa.ArrowInvalid:
         return None
     arrays: list[pa.Array] = []
     for field, converter, column in zip(columns, converters, table.columns, strict=True):
