@@ -1,8 +1,21 @@
 """Chandy's Kafka-to-lake pipeline next to Spark Structured Streaming, same data, same machine, same run.
 
-Run: ``.venv/bin/python benchmarks/pipeline_vs_structured_streaming.py`` (``--records``, ``--per-batch``,
-``--sink delta|iceberg|both``, ``--no-structured-streaming``).
-Uses ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker.
+Run: ``.venv-bench/bin/python benchmarks/pipeline_vs_structured_streaming.py`` (``--records``, ``--per-batch``,
+``--value-format raw|json|avro``, ``--sink delta|iceberg|both``, ``--no-structured-streaming``), in the
+benchmarks' environment (``make bench-setup``: a pyspark whose Kafka, Avro and Delta connectors are on
+Maven Central). Uses ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker.
+
+``--suite`` is the issue-32 comparison, every row the median of ``--runs`` (5) runs with min and max:
+raw, JSON and Avro values (:mod:`benchmarks.decoded_records`: 12 fields with strings, longs, a
+decimal, a timestamp and a nested record; Chandy with its value schema, Structured Streaming with
+``from_json`` / ``from_avro``), at 50,000 and 500,000 records per checkpoint / micro-batch, Chandy
+into Delta next to Structured Streaming into Parquet and into Delta (delta-spark
+``--delta-spark-version``, default 4.4.0) and, at 500,000, the machine's floor (one plain
+confluent-kafka + pyarrow process per core, no Spark). It prints each checkpoint's phases (median
+and p95: :data:`chandy.connectors.spark.options.CHECKPOINT_PHASES`) beside Structured Streaming's
+``durationMs`` breakdown, and writes everything with the versions, cores and memory to
+``benchmarks/results/throughput.json`` (``--out``), from which ``benchmarks/results_table.py``
+prints the README's tables.
 
 1. Produces N records (default 5,000,000) of about 200 bytes over 8 partitions, once (a topic
    that already holds them is reused).
@@ -38,6 +51,7 @@ Chandy the checkpoint's end-to-end time minus its Spark job; for Spark the batch
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -50,9 +64,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka.admin import NewTopic
 
-from benchmarks.procs import PeakWorkerRss
+from benchmarks.decoded_records import FORMATS, chandy_value_options, decode_column, run_floor, value_encoder
+from benchmarks.procs import PeakWorkerRss, environment
 from chandy.broker import EmbeddedKafkaBroker
-from chandy.connectors.spark.options import PipelineOptions
+from chandy.connectors.spark.options import CHECKPOINT_PHASES, PipelineOptions
 from chandy.connectors.spark.pipeline import Pipeline
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.flights import topic_record_count
@@ -60,7 +75,9 @@ from chandy.flights import topic_record_count
 PARTITIONS = 8
 
 
-def produce(servers: str, topic: str, records: int) -> None:
+def produce(servers: str, topic: str, records: int, value_format: str = "raw") -> None:
+    """``records`` values of ``value_format`` (:func:`benchmarks.decoded_records.value_encoder`)
+    over :data:`PARTITIONS` partitions, once (a topic that already holds them is reused)."""
     if topic_record_count(servers, topic) == records:
         return
     admin = kafka_config.admin_client(servers)
@@ -69,33 +86,49 @@ def produce(servers: str, topic: str, records: int) -> None:
     producer = kafka_config.producer(servers, overrides={"linger.ms": 50, "batch.num.messages": 10000,
                                                          "queue.buffering.max.messages": 1_000_000,
                                                          "compression.type": "lz4"})
-    payload = os.urandom(90).hex()[:180]  # ~200 bytes with the counter
+    encode = value_encoder(value_format)
     started = time.monotonic()
     for i in range(records):
+        value = encode(i)
         while True:
             try:
-                producer.produce(topic, f"{i:012d}:{payload}".encode(), f"k{i % 1000}".encode(), partition=i % PARTITIONS)
+                producer.produce(topic, value, f"k{i % 1000}".encode(), partition=i % PARTITIONS)
                 break
             except BufferError:
                 producer.poll(0.05)
         if i % 50_000 == 0:
             producer.poll(0)
     producer.flush(300)
-    print(f"produced {records:,} records in {time.monotonic() - started:.1f} s", flush=True)
+    print(f"produced {records:,} {value_format} records in {time.monotonic() - started:.1f} s", flush=True)
 
 
-def warm_up(spark, servers: str, topic: str, root: Path) -> None:
+def warm_up(spark, servers: str, topic: str, root: Path, value_format: str = "raw") -> None:
     """One small checkpoint into a scratch table, so that the first measured run does not pay
     for starting Spark's Python workers and the broker's transaction coordinator."""
-    options = PipelineOptions(table_uri=str(root / "warm-up"), bootstrap_servers=servers, topics=(topic,),
-                              max_records_per_checkpoint=1000, parallelism=PARTITIONS, max_checkpoints=1,
-                              prefix=f"warm{uuid.uuid4().hex[:6]}")
+    options = PipelineOptions(table_uri=str(root / f"warm-up-{uuid.uuid4().hex[:6]}"), bootstrap_servers=servers,
+                              topics=(topic,), max_records_per_checkpoint=1000, parallelism=PARTITIONS,
+                              max_checkpoints=1, prefix=f"warm{uuid.uuid4().hex[:6]}",
+                              **chandy_value_options(value_format))
     Pipeline(options, spark=spark).run()
 
 
+def _phase_summary(values: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, series in values.items():
+        ordered = sorted(series)
+        if ordered:
+            out[name] = {"median": statistics.median(ordered), "p95": ordered[min(len(ordered) - 1,
+                                                                                  int(0.95 * len(ordered)))]}
+    return out
+
+
 def run_chandy(spark, servers: str, topic: str, per_batch: int, root: Path, sink: str = "delta",
-               write_buffer_bytes: int | None = None, parallelism: int | None = None) -> dict:
-    """One Chandy run to the topic's end; ``parallelism`` None is the pipeline's default."""
+               write_buffer_bytes: int | None = None, parallelism: int | None = None,
+               value_format: str = "raw") -> dict:
+    """One Chandy run to the topic's end; ``parallelism`` None is the pipeline's default. Its rate
+    is taken from the first checkpoint's trigger to the last one's completion: the job's start
+    (Spark's session is shared, the preflight, the Python workers' warm-up) is paid once per run,
+    not per record."""
     progress = []
     table, catalog = str(root / f"chandy-table-{uuid.uuid4().hex[:6]}"), {}
     if sink == "iceberg":
@@ -103,40 +136,135 @@ def run_chandy(spark, servers: str, topic: str, per_batch: int, root: Path, sink
     options = PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,),
                               max_records_per_checkpoint=per_batch // PARTITIONS, parallelism=parallelism,
                               stop_when_drained=True, prefix=f"bench{uuid.uuid4().hex[:6]}",
-                              catalog_properties=catalog,
+                              catalog_properties=catalog, **chandy_value_options(value_format),
                               **({} if write_buffer_bytes is None else {"write_buffer_bytes": write_buffer_bytes}))
-    started = time.monotonic()
     pipeline = Pipeline(options, spark=spark)
     with PeakWorkerRss() as rss:
         summary = pipeline.run(on_progress=progress.append)
-    seconds = time.monotonic() - started
     ok = [p for p in progress if p.succeeded]
+    # records/s between the first checkpoint's trigger and the last one's completion (the job's
+    # start-up, preflight and warm-up, paid once per run, are not the steady rate)
+    seconds = progress[-1].elapsed_s - (progress[0].elapsed_s - progress[0].checkpoint_duration_ms / 1000)
     overheads = [p.checkpoint_duration_ms - p.spark_job_ms for p in ok]
+    phases = _phase_summary({name: [p.phases_ms[name] for p in ok if p.phases_ms] for name in CHECKPOINT_PHASES})
     return {"records": summary.records_landed, "seconds": seconds, "batches": len(ok), "worker_mib": rss.peak_mib,
             "subtasks": pipeline.parallelism,
             "overhead_ms": statistics.median(overheads) if overheads else 0.0,
-            "batch_ms": statistics.median(p.checkpoint_duration_ms for p in ok) if ok else 0.0}
+            "batch_ms": statistics.median(p.checkpoint_duration_ms for p in ok) if ok else 0.0, "phases": phases}
 
 
 def run_structured_streaming(spark, servers: str, topic: str, per_batch: int, root: Path,
-                             sink: str = "parquet") -> dict:
-    """Spark's own exactly-once path: ``readStream.format("kafka")`` into ``sink`` (parquet, or
-    delta through delta-spark), ``trigger(availableNow=True)``."""
+                             sink: str = "parquet", value_format: str = "raw") -> dict:
+    """Spark's own exactly-once path: ``readStream.format("kafka")``, ``from_json`` / ``from_avro``
+    for decoded values, into ``sink`` (parquet, or delta through delta-spark),
+    ``trigger(availableNow=True)``. Its rate is taken from its first micro-batch's start to its
+    last one's end (as Chandy's over its checkpoints): the query's start is paid once per run."""
     name = f"spark-{sink}-{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
     stream = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", servers).option("subscribe", topic)
               .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(per_batch))
               .option("includeHeaders", "true").option("kafka.isolation.level", "read_committed").load())
-    query = (stream.writeStream.format(sink).option("path", str(root / name))
+    query = (decode_column(value_format)(stream).writeStream.format(sink).option("path", str(root / name))
              .option("checkpointLocation", str(root / f"{name}-checkpoint")).trigger(availableNow=True).start())
     query.awaitTermination()
-    seconds = time.monotonic() - started
+    wall = time.monotonic() - started
     batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
     records = spark.read.format(sink).load(str(root / name)).count()
     overheads = [p["durationMs"]["triggerExecution"] - p["durationMs"].get("addBatch", 0) for p in batches]
-    return {"records": records, "seconds": seconds, "batches": len(batches), "worker_mib": None,  # no Python
+    keys = sorted({k for p in batches for k in p["durationMs"]})
+    breakdown = _phase_summary({k: [float(p["durationMs"].get(k, 0)) for p in batches] for k in keys})
+    seconds = wall
+    if batches:
+        import datetime
+
+        def start_ms(p: dict) -> float:
+            return datetime.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
+
+        seconds = (start_ms(batches[-1]) + batches[-1]["durationMs"]["triggerExecution"] - start_ms(batches[0])) / 1000
+    return {"records": records, "seconds": seconds, "wall_seconds": wall, "batches": len(batches),
+            "worker_mib": None,  # no Python
             "overhead_ms": statistics.median(overheads) if overheads else 0.0,
-            "batch_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in batches) if batches else 0.0}
+            "batch_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in batches) if batches else 0.0,
+            "phases": breakdown}
+
+
+RESULTS = Path(__file__).resolve().parent / "results" / "throughput.json"
+#: delta-spark built for pyspark 4.2 (the benchmarks' environment: pyproject's ``bench`` extra)
+DELTA_SPARK_FOR_BENCH = "4.4.0"
+SYSTEMS = ("chandy", "ss_parquet", "ss_delta", "floor")
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run_suite(spark, servers: str, root: Path, args: argparse.Namespace) -> dict:
+    """Every (format, size, system) row ``args.runs`` times; returns the JSON result."""
+    rows: dict[str, dict[str, dict[str, list[dict]]]] = {}
+    for value_format in args.formats:
+        topic = f"bench-{value_format}-{args.records}"
+        produce(servers, topic, args.records, value_format)
+        warm_up(spark, servers, topic, root, value_format)
+        for size in args.sizes:
+            per_system: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
+            for number in range(args.runs):
+                per_system["chandy"].append(run_chandy(spark, servers, topic, size, root, value_format=value_format))
+                if not args.no_structured_streaming:
+                    per_system["ss_parquet"].append(
+                        run_structured_streaming(spark, servers, topic, size, root, value_format=value_format))
+                    per_system["ss_delta"].append(run_structured_streaming(spark, servers, topic, size, root,
+                                                                           sink="delta", value_format=value_format))
+                if size == max(args.sizes):
+                    per_system["floor"].append(run_floor(servers, topic, PARTITIONS, value_format, root,
+                                                         per_file=size // max(1, os.cpu_count() or 1)))
+                print(f"{value_format} {size:,} run {number + 1}: " + ", ".join(
+                    f"{name} {runs[-1]['records'] / runs[-1]['seconds']:,.0f}/s"
+                    for name, runs in per_system.items() if runs), flush=True)
+            rows.setdefault(value_format, {})[str(size)] = {k: v for k, v in per_system.items() if v}
+    summary: dict = {}
+    for value_format, sizes in rows.items():
+        for size, systems in sizes.items():
+            for name, runs in systems.items():
+                entry = {"records_per_s": _spread([r["records"] / r["seconds"] for r in runs]),
+                         "records": runs[0]["records"], "batches": runs[0]["batches"],
+                         "batch_ms": _spread([r["batch_ms"] for r in runs]),
+                         "overhead_ms": _spread([r["overhead_ms"] for r in runs])}
+                phases = {k for r in runs for k in r.get("phases", {})}
+                entry["phases_ms"] = {k: {q: statistics.median(r["phases"][k][q] for r in runs if k in r["phases"])
+                                          for q in ("median", "p95")} for k in sorted(phases)}
+                if runs[0].get("worker_mib"):
+                    entry["worker_mib"] = _spread([r["worker_mib"] for r in runs])
+                summary.setdefault(value_format, {}).setdefault(size, {})[name] = entry
+    return {"benchmark": "throughput", "environment": environment(),
+            "config": {"records": args.records, "partitions": PARTITIONS, "runs": args.runs, "sizes": args.sizes,
+                       "delta_spark": args.delta_spark_version, "master": "local[*]"},
+            "summary": summary, "runs": rows}
+
+
+def report_suite(result: dict, args: argparse.Namespace) -> None:
+    """Print the suite's tables (median [min, max] records/s and the ratios) and write ``args.out``."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    env = result["environment"]
+    print(f"\n{result['config']['records']:,} records per run, {PARTITIONS} partitions, median of "
+          f"{result['config']['runs']} runs [min, max]; pyspark {env['pyspark']}, {env['cores']} cores, "
+          f"{env['memory_gib']} GiB")
+    for value_format, sizes in result["summary"].items():
+        for size, systems in sizes.items():
+            cells = []
+            for name, entry in systems.items():
+                r = entry["records_per_s"]
+                cells.append(f"{name} {r['median']:,.0f} [{r['min']:,.0f}, {r['max']:,.0f}]")
+            chandy = systems["chandy"]["records_per_s"]["median"]
+            ratios = [f"x{name} {chandy / systems[name]['records_per_s']['median']:.2f}"
+                      for name in ("ss_parquet", "ss_delta", "floor") if name in systems]
+            print(f"{value_format:5} {int(size):>9,}/batch  " + "  ".join(cells) + "  Chandy " + " ".join(ratios))
+            for name in ("chandy", "ss_parquet"):
+                if name in systems and systems[name]["phases_ms"]:
+                    phases = ", ".join(f"{k} {v['median']:.0f}/{v['p95']:.0f}" for k, v in
+                                       systems[name]["phases_ms"].items())
+                    print(f"      {name} phases ms (median/p95): {phases}")
+    print(f"written to {args.out}")
 
 
 def main() -> None:
@@ -160,7 +288,20 @@ def main() -> None:
     parser.add_argument("--memory-sweep", action="store_true",
                         help="also run Chandy at 50,000 and 2,000,000 records per checkpoint, and at 2,000,000 with an "
                              "unbounded write buffer, printing a Python worker's peak RSS in each")
+    parser.add_argument("--value-format", choices=FORMATS, default="raw",
+                        help="raw bytes, or decoded JSON / Avro values (benchmarks/decoded_records.py)")
+    parser.add_argument("--suite", action="store_true",
+                        help="raw, JSON and Avro at 50,000 and 500,000 per batch, --runs runs each, with the floor; "
+                             "writes --out")
+    parser.add_argument("--runs", type=int, default=5, help="with --suite: runs per row (the median is reported)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[50_000, 500_000],
+                        help="with --suite: records per checkpoint / micro-batch")
+    parser.add_argument("--formats", choices=FORMATS, nargs="+", default=list(FORMATS), help="with --suite")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="with --suite: the JSON results")
     args = parser.parse_args()
+    if args.suite:
+        args.records = args.records if args.records != 5_000_000 else 1_000_000
+        args.delta_spark_version = args.delta_spark_version or DELTA_SPARK_FOR_BENCH
     import pyspark
     from pyspark.sql import SparkSession
 
@@ -173,13 +314,18 @@ def main() -> None:
             broker = EmbeddedKafkaBroker(root / "kafka", heap="1g")
             servers = broker.up().bootstrap_servers
         try:
-            topic = args.topic or f"bench-{args.records}"
-            produce(servers, topic, args.records)
+            topic = args.topic or f"bench-{args.value_format}-{args.records}"
+            if not args.suite:
+                produce(servers, topic, args.records, args.value_format)
             builder = (SparkSession.builder.master("local[*]").appName("chandy-vs-structured-streaming")
-                       .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(PARTITIONS)))
+                       .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(PARTITIONS))
+                       .config("spark.sql.streaming.numRecentProgressUpdates", "10000"))
             packages = []
             if not args.no_structured_streaming:
-                packages.append(f"org.apache.spark:spark-sql-kafka-0-10_2.13:{args.connector_version or pyspark.__version__}")
+                version = args.connector_version or pyspark.__version__
+                packages.append(f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}")
+                if args.suite or args.value_format == "avro":
+                    packages.append(f"org.apache.spark:spark-avro_2.13:{version}")
             if args.delta_spark_version:
                 packages.append(f"io.delta:delta-spark_2.13:{args.delta_spark_version}")
                 builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
@@ -191,19 +337,26 @@ def main() -> None:
             iceberg = structured = structured_delta = None
             chandy_runs: list[dict] = []
             sweep: list[tuple[str, dict]] = []
+            if args.suite:
+                suite = run_suite(spark, servers, root, args)
+                spark.stop()
+                report_suite(suite, args)
+                return
             warm_up(spark, servers, topic, root)
             if args.sink in ("delta", "both"):
                 for parallelism in args.parallelism or [None]:
                     chandy_runs.append(run_chandy(spark, servers, topic, args.per_batch, root,
-                                                  write_buffer_bytes=args.write_buffer_bytes, parallelism=parallelism))
+                                                  write_buffer_bytes=args.write_buffer_bytes, parallelism=parallelism,
+                                                  value_format=args.value_format))
             if args.sink in ("iceberg", "both"):
                 iceberg = run_chandy(spark, servers, topic, args.per_batch, root, sink="iceberg",
-                                     write_buffer_bytes=args.write_buffer_bytes)
+                                     write_buffer_bytes=args.write_buffer_bytes, value_format=args.value_format)
             if not args.no_structured_streaming:
-                structured = run_structured_streaming(spark, servers, topic, args.per_batch, root)
+                structured = run_structured_streaming(spark, servers, topic, args.per_batch, root,
+                                                      value_format=args.value_format)
                 if args.delta_spark_version:
                     structured_delta = run_structured_streaming(spark, servers, topic, args.per_batch, root,
-                                                                sink="delta")
+                                                                sink="delta", value_format=args.value_format)
             if args.memory_sweep:
                 for per_batch, buffer, label in ((50_000, args.write_buffer_bytes, "bounded"),
                                                  (2_000_000, args.write_buffer_bytes, "bounded"),
@@ -218,7 +371,7 @@ def main() -> None:
         finally:
             if broker is not None:
                 broker.down()
-    print(f"\n{args.records:,} records of ~200 bytes, 8 partitions, {args.per_batch:,} records per batch, local[*]")
+    print(f"\n{args.records:,} {args.value_format} records, 8 partitions, {args.per_batch:,} records per batch, local[*]")
     print(f"{'':34} {'records':>10} {'seconds':>8} {'records/s':>10} {'batches':>8} {'batch ms':>9} "
           f"{'overhead ms':>12} {'worker MiB':>11}")
     rows = [(f"Chandy (Delta, {r['subtasks']} subtasks)", r) for r in chandy_runs]

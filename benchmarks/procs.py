@@ -88,3 +88,23 @@ class PeakWorkerRss:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def environment() -> dict[str, object]:
+    """What a result was measured with: versions of Chandy, Python, pyspark, pyarrow, deltalake,
+    confluent-kafka (librdkafka), the Kafka broker jars, and the machine's cores and memory (GiB)."""
+    import platform
+
+    import confluent_kafka
+    import deltalake
+    import pyarrow
+    import pyspark
+
+    import chandy
+
+    with open("/proc/meminfo") as meminfo:
+        kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
+    return {"chandy": chandy.__version__, "python": platform.python_version(), "pyspark": pyspark.__version__,
+            "pyarrow": pyarrow.__version__, "deltalake": deltalake.__version__,
+            "confluent_kafka": confluent_kafka.__version__, "librdkafka": confluent_kafka.libversion()[0],
+            "cores": os.cpu_count(), "memory_gib": round(kib / 1024 / 1024, 1)}

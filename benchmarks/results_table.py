@@ -1,0 +1,110 @@
+"""The README's performance tables, generated from the benchmarks' JSON results.
+
+Run: ``.venv/bin/python benchmarks/results_table.py`` prints them (Markdown);
+``--write README.md`` replaces what lies between ``<!-- performance:begin -->`` and
+``<!-- performance:end -->`` there. Reads ``benchmarks/results/throughput.json``
+(``pipeline_vs_structured_streaming.py --suite``) and ``benchmarks/results/end_to_end_latency.json``
+(``end_to_end_latency.py``); a missing file's table is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
+NAMES = {"chandy": "Chandy → Delta", "ss_parquet": "Structured Streaming → Parquet",
+         "ss_delta": "Structured Streaming → Delta", "floor": "floor (confluent-kafka + pyarrow, no Spark)"}
+FORMAT_NAMES = {"raw": "raw bytes", "json": "JSON, declared schema", "avro": "Avro"}
+
+
+def _cell(spread: dict, digits: int = 0, unit: str = "") -> str:
+    return f"{spread['median']:,.{digits}f}{unit} ({spread['min']:,.{digits}f}–{spread['max']:,.{digits}f})"
+
+
+def _environment(result: dict) -> str:
+    env = result["environment"]
+    return (f"Chandy {env['chandy']}, pyspark {env['pyspark']}, pyarrow {env['pyarrow']}, deltalake "
+            f"{env['deltalake']}, confluent-kafka {env['confluent_kafka']} (librdkafka {env['librdkafka']}), "
+            f"Python {env['python']}, {env['cores']} cores, {env['memory_gib']} GiB")
+
+
+def throughput_table(result: dict) -> str:
+    config = result["config"]
+    lines = [f"Throughput: records/s, median of {config['runs']} runs (min–max), {config['records']:,} records "
+             f"per run over {config['partitions']} partitions, `{config['master']}`, each system from its first "
+             f"batch's start to its last one's commit; delta-spark {config['delta_spark']}. {_environment(result)}.",
+             "", "| values | per checkpoint / batch | " + " | ".join(NAMES.values()) + " | Chandy ÷ SS Parquet | "
+             "Chandy ÷ SS Delta | Chandy ÷ floor |", "|---" * (len(NAMES) + 5) + "|"]
+    for value_format, sizes in result["summary"].items():
+        for size, systems in sizes.items():
+            cells = [_cell(systems[name]["records_per_s"]) if name in systems else "–" for name in NAMES]
+            chandy = systems["chandy"]["records_per_s"]["median"]
+            ratios = [f"{chandy / systems[name]['records_per_s']['median']:.2f}×" if name in systems else "–"
+                      for name in ("ss_parquet", "ss_delta", "floor")]
+            lines.append(f"| {FORMAT_NAMES.get(value_format, value_format)} | {int(size):,} | " + " | ".join(cells)
+                         + " | " + " | ".join(ratios) + " |")
+    phase_rows = []
+    for value_format, sizes in result["summary"].items():
+        for size, systems in sizes.items():
+            for name in ("chandy", "ss_parquet"):
+                phases = systems.get(name, {}).get("phases_ms")
+                if phases:
+                    text = ", ".join(f"{k} {v['median']:,.0f} / {v['p95']:,.0f}" for k, v in phases.items())
+                    phase_rows.append(f"| {FORMAT_NAMES.get(value_format, value_format)} | {int(size):,} | "
+                                      f"{NAMES[name]} | {text} |")
+    if phase_rows:
+        lines += ["", "Where a checkpoint's (a micro-batch's) time goes, ms, median / p95 (Chandy: "
+                  "`PipelineProgress.phases_ms`; Structured Streaming: its progress's `durationMs`):", "",
+                  "| values | per batch | system | phases |", "|---|---|---|---|", *phase_rows]
+    return "\n".join(lines)
+
+
+def latency_table(result: dict) -> str:
+    config = result["config"]
+    lines = [f"End-to-end latency, seconds from a record's Kafka timestamp to the commit that made it visible, "
+             f"median of {config['runs']} runs (min–max): {config['partitions']} partitions, the system started and "
+             f"idle for {config['idle']:.0f} s, then {config['rate']:,} records/s for {config['duration']:.0f} s; "
+             f"steady state: records produced {config['steady_after']:.0f} s after the first. Chandy "
+             f"`--checkpoint-interval {config['interval_ms']}`; Structured Streaming `processingTime` 1 s into "
+             f"Parquet. {_environment(result)}.", "",
+             "| system | records | p50 | p95 | p99 | max |", "|---|---|---|---|---|---|"]
+    names = {"chandy": "Chandy → Delta", "structured-streaming": "Structured Streaming → Parquet"}
+    for system, windows in result["summary"].items():
+        for window, quantiles in windows.items():
+            cells = [_cell(quantiles[q], 2) for q in ("p50", "p95", "p99", "max")]
+            lines.append(f"| {names.get(system, system)} | {window} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tables() -> str:
+    parts = []
+    for name, render in (("throughput.json", throughput_table), ("end_to_end_latency.json", latency_table)):
+        path = RESULTS / name
+        if path.exists():
+            parts.append(render(json.loads(path.read_text())))
+    parts.append("_Generated by `benchmarks/results_table.py` from `benchmarks/results/`._")
+    return "\n\n".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", type=Path, help="a Markdown file whose performance markers to fill")
+    args = parser.parse_args()
+    text = tables()
+    if args.write is None:
+        print(text)
+        return
+    document = args.write.read_text()
+    if BEGIN not in document or END not in document:
+        sys.exit(f"{args.write} has no {BEGIN} ... {END} markers")
+    head, rest = document.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    args.write.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    main()
