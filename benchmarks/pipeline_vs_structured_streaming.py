@@ -198,6 +198,11 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _phase_order(name: str) -> tuple[int, str]:
+    """Chandy's phases in their order, then Structured Streaming's by name."""
+    return (CHECKPOINT_PHASES.index(name), "") if name in CHECKPOINT_PHASES else (len(CHECKPOINT_PHASES), name)
+
+
 def run_suite(spark, servers: str, root: Path, args: argparse.Namespace) -> dict:
     """Every (format, size, system) row ``args.runs`` times; returns the JSON result."""
     rows: dict[str, dict[str, dict[str, list[dict]]]] = {}
@@ -231,7 +236,8 @@ def run_suite(spark, servers: str, root: Path, args: argparse.Namespace) -> dict
                          "overhead_ms": _spread([r["overhead_ms"] for r in runs])}
                 phases = {k for r in runs for k in r.get("phases", {})}
                 entry["phases_ms"] = {k: {q: statistics.median(r["phases"][k][q] for r in runs if k in r["phases"])
-                                          for q in ("median", "p95")} for k in sorted(phases)}
+                                          for q in ("median", "p95")}
+                                      for k in sorted(phases, key=_phase_order)}
                 if runs[0].get("worker_mib"):
                     entry["worker_mib"] = _spread([r["worker_mib"] for r in runs])
                 summary.setdefault(value_format, {}).setdefault(size, {})[name] = entry
@@ -319,7 +325,8 @@ def main() -> None:
                 produce(servers, topic, args.records, args.value_format)
             builder = (SparkSession.builder.master("local[*]").appName("chandy-vs-structured-streaming")
                        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(PARTITIONS))
-                       .config("spark.sql.streaming.numRecentProgressUpdates", "10000"))
+                       .config("spark.sql.streaming.numRecentProgressUpdates", "10000")
+                       .config("spark.ui.showConsoleProgress", "false"))
             packages = []
             if not args.no_structured_streaming:
                 version = args.connector_version or pyspark.__version__

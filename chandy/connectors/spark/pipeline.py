@@ -84,6 +84,10 @@ from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage
 
 log = logging.getLogger(__name__)
 
+#: seconds between two reads of the source's end offsets while the job has nothing to read (each
+#: read asks the partitions' leaders for their last stable offsets)
+IDLE_POLL_S = 0.1
+
 
 def _stop_spark(spark: Any) -> None:
     """Stop the session this run started. Its JVM may be gone already: a SIGTERM or Ctrl-C to the
@@ -315,7 +319,9 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                         break
                     if time.monotonic() - self.last_spark_job > KEEP_WARM_S:
                         self._warm_python_workers(spark, with_sink=True)  # before Spark stops them
-                    self._idle(max(0.2, opts.checkpoint_interval_ms / 1000))
+                    # the interval since the last trigger has passed (the pause after it did that):
+                    # look for new records often, so the first one after an idle spell waits little
+                    self._idle(IDLE_POLL_S)
                     continue
                 batch_started = time.monotonic()
                 started_ms = time.time() * 1000
