@@ -42,6 +42,10 @@ def _progress_view(p: Any, group: str | None = None) -> Table:
         lag.add_row(f"{topic}-{partition}", f"{records:,}")
     grid = Table.grid()
     grid.add_row(table)
+    if p.phases_ms:  # where the last checkpoint's time went (PipelineProgress.phases_ms)
+        phases = Table(*p.phases_ms, title="last checkpoint's phases (ms)", title_justify="left")
+        phases.add_row(*(f"{ms:,.0f}" for ms in p.phases_ms.values()))
+        grid.add_row(phases)
     grid.add_row(lag)
     return grid
 

@@ -127,10 +127,13 @@ def task_code_zip() -> str:
 
 
 def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrides: Mapping[str, Any],
-              producer_overrides: Mapping[str, Any], sink: Mapping[str, Any] | None, _: Any) -> None:
+              producer_overrides: Mapping[str, Any], sink: Mapping[str, Any] | None, topics: tuple[str, ...],
+              _: Any) -> None:
     """In a Python worker: import what a micro-batch's task runs and create the worker's pooled
-    Kafka clients of the job (a range reader and the ack sender, connecting in the background)
-    and, with ``sink`` (the keyword arguments of
+    Kafka clients of the job (a range reader and the ack sender, connecting in the background),
+    with the reader's metadata of ``topics`` (librdkafka otherwise asks for a topic's metadata
+    only at its next topic scan, up to a second after the first assignment: measured 0.7 s of a
+    first read, 0.2 s with it) and, with ``sink`` (the keyword arguments of
     :func:`~chandy.connectors.spark.clients.task_sink`), its pooled lake sink, so the first
     micro-batch (after a start, a take-over or an idle spell) finds them ready."""
     import importlib
@@ -141,8 +144,9 @@ def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrid
                    "chandy.connectors.spark.json_batch", "pyarrow.parquet", "pyarrow.dataset"):
         importlib.import_module(module)  # loaded now, not in the first micro-batch's task
 
-    with range_reader(bootstrap_servers, consumer_overrides):
-        pass
+    with range_reader(bootstrap_servers, consumer_overrides) as reader:
+        for topic in topics:
+            reader.consumer.list_topics(topic, timeout=5)
     ack_sender(bootstrap_servers, job_id, prefix=prefix, producer_overrides=producer_overrides)
     if sink is not None:
         task_sink(**sink)

@@ -426,12 +426,16 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         """Where a completed checkpoint's time went (:data:`~chandy.connectors.spark.options.CHECKPOINT_PHASES`),
         from the driver's clocks (ms since the epoch: the round's start, its ranges fixed, the
         Spark job's return, the completion's hand-over), the coordinator's checkpoint statistics
-        and the lake committer's own timing; empty when the statistics are gone."""
+        and the lake committer's own timing; empty when the statistics are gone or the coordinator
+        stopped meanwhile (the loop then says why)."""
         assert self.service is not None
-        stats = self.service.checkpoint_stats(checkpoint_id)
+        try:
+            stats = self.service.checkpoint_stats(checkpoint_id)
+            lake_ended = self.service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.last_commit_ended_ms)
+        except ChandyError:
+            return {}
         if stats is None or stats.latest_ack_timestamp is None or stats.end_to_end_duration_ms is None:
             return {}
-        lake_ended = self.service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.last_commit_ended_ms)
         acked = max(ranges_ms, float(stats.latest_ack_timestamp))
         completed = max(acked, float(stats.trigger_timestamp + stats.end_to_end_duration_ms))
         committed = min(done_ms, max(completed, lake_ended or completed))

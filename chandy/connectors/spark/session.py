@@ -74,8 +74,8 @@ class PipelineSession(PipelineCore):
 
     def _warm_python_workers(self, spark: Any, *, with_sink: bool = False) -> None:
         """Run one task per slot that imports the tasks' modules and creates their pooled Kafka
-        clients (:func:`~chandy.connectors.spark.cluster.warm_task`) and, ``with_sink`` (after the
-        preflight), the pooled lake sink, so the next micro-batch reuses started Python workers
+        clients, with the metadata of the job's topics (:func:`~chandy.connectors.spark.cluster.warm_task`)
+        and, ``with_sink`` (after the preflight), the pooled lake sink, so the next micro-batch reuses started Python workers
         (``spark.python.worker.reuse``, on by default) instead of paying their start, imports and
         connections (about a second). Done by a standby before it stands by, by every run before
         its coordinator starts (so RUNNING means warm), and again while the job idles
@@ -89,7 +89,8 @@ class PipelineSession(PipelineCore):
                     "storage_options": dict(opts.storage_options), "catalog_properties": dict(opts.catalog_properties),
                     "add_columns": self.add_columns, "location": getattr(self.sink, "root_url", None)}
         warm = functools.partial(warm_task, opts.bootstrap_servers, self.job_id, opts.prefix,
-                                 dict(opts.task_consumer_overrides), dict(opts.task_producer_overrides), sink)
+                                 dict(opts.task_consumer_overrides), dict(opts.task_producer_overrides), sink,
+                                 tuple(self.topic_names))
         try:
             spark.sparkContext.parallelize(range(slots), slots).foreach(warm)
         except Exception as exc:  # noqa: BLE001 - only an optimization: the first micro-batch starts them anyway

@@ -1,0 +1,31 @@
+"""The README's performance tables are the committed benchmark results, rendered (issue 32): a
+table edited by hand, or results re-measured without regenerating it, fails here."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.results_table import BEGIN, END, RESULTS, tables
+from tests.fixtures import REPO_ROOT
+
+
+def test_the_readme_performance_section_is_generated_from_the_committed_results() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert BEGIN in readme and END in readme
+    block = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert block == tables().strip(), "run: .venv/bin/python benchmarks/results_table.py --write README.md"
+
+
+def test_the_committed_results_are_medians_of_five_runs_with_their_environment() -> None:
+    throughput = json.loads((RESULTS / "throughput.json").read_text())
+    latency = json.loads((RESULTS / "end_to_end_latency.json").read_text())
+    for result in (throughput, latency):
+        assert result["config"]["runs"] >= 5
+        assert {"pyspark", "cores", "memory_gib", "chandy"} <= set(result["environment"])
+    for sizes in throughput["summary"].values():
+        for systems in sizes.values():
+            for entry in systems.values():
+                spread = entry["records_per_s"]
+                assert spread["min"] <= spread["median"] <= spread["max"]
+    assert set(throughput["summary"]) == {"raw", "json", "avro"}
+    assert set(latency["summary"]) == {"chandy", "structured-streaming"}
