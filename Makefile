@@ -52,6 +52,7 @@ bench: kafka-jars
 	$(PY) benchmarks/checkpoint_latency.py
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/metrics_overhead.py
+	$(PY) benchmarks/json_decode.py
 
 # the benchmarks against Spark Structured Streaming, in an environment of their own whose pyspark has
 # its Kafka, Avro and Delta connectors on Maven Central (pyproject's `bench` extra)
