@@ -51,15 +51,18 @@ def throughput_table(result: dict) -> str:
     for value_format, sizes in result["summary"].items():
         for size, systems in sizes.items():
             for name in ("chandy", "ss_parquet"):
-                phases = systems.get(name, {}).get("phases_ms")
+                entry = systems.get(name, {})
+                phases = entry.get("phases_ms")
                 if phases:
                     text = ", ".join(f"{k} {v['median']:,.0f} / {v['p95']:,.0f}" for k, v in phases.items())
                     phase_rows.append(f"| {FORMAT_NAMES.get(value_format, value_format)} | {int(size):,} | "
-                                      f"{NAMES[name]} | {text} |")
+                                      f"{NAMES[name]} | {entry['overhead_ms']['median']:,.0f} | {text} |")
     if phase_rows:
         lines += ["", "Where a checkpoint's (a micro-batch's) time goes, ms, median / p95 (Chandy: "
-                  "`PipelineProgress.phases_ms`; Structured Streaming: its progress's `durationMs`):", "",
-                  "| values | per batch | system | phases |", "|---|---|---|---|", *phase_rows]
+                  "`PipelineProgress.phases_ms`; Structured Streaming: its progress's `durationMs`), and the "
+                  "overhead, the median of each batch's end-to-end time minus its Spark job (Structured "
+                  "Streaming: `triggerExecution` minus `addBatch`):", "",
+                  "| values | per batch | system | overhead | phases |", "|---|---|---|---|---|", *phase_rows]
     return "\n".join(lines)
 
 
@@ -71,7 +74,7 @@ def latency_table(result: dict) -> str:
              f"steady state: records produced {config['steady_after']:.0f} s after the first. Chandy "
              f"`--checkpoint-interval {config['interval_ms']}`; Structured Streaming `processingTime` 1 s into "
              f"Parquet. {_environment(result)}.", "",
-             "| system | records | p50 | p95 | p99 | max |", "|---|---|---|---|---|---|"]
+             "| system | records measured | p50 | p95 | p99 | max |", "|---|---|---|---|---|---|"]
     names = {"chandy": "Chandy → Delta", "structured-streaming": "Structured Streaming → Parquet"}
     for system, windows in result["summary"].items():
         for window, quantiles in windows.items():
