@@ -158,8 +158,10 @@ def test_a_batch_of_good_records_is_read_by_arrow_with_every_value_exact() -> No
     assert math.isclose(row["ratio"], 123 / 7)
 
 
-@pytest.mark.parametrize("value", [b'{"id": 1}\n', b'{"id": 1}{"id": 2}', b"   ", b"", None, b'{"id":\n1}'])
-def test_what_is_not_one_object_on_one_line_goes_record_by_record(value) -> None:
+@pytest.mark.parametrize("value", [b'{"id": 1}\n', b'{"id": 1}{"id": 2}', b"   ", b"", None, b'{"id":\n1}',
+                                   b'{"name": "\xff"}', b'\xef\xbb\xbf{"id": 1}'])
+def test_what_arrow_would_not_read_alike_goes_record_by_record(value) -> None:
+    """Not one JSON object on one line, a tombstone, invalid UTF-8, a byte-order mark."""
     decoder = _decoder()
     batch = _batch([b'{"id": 7}', value, b'{"id": 8}'])
     assert decode_json_batch(batch.column("value"), decoder.columns, decoder.source_names,
