@@ -373,7 +373,8 @@ def main() -> None:
                     spark.stop()
                     spark = builder.getOrCreate()
                     sweep.append((f"{per_batch:>9,} per checkpoint, {label}",
-                                  run_chandy(spark, servers, topic, per_batch, root, write_buffer_bytes=buffer)))
+                                  run_chandy(spark, servers, topic, per_batch, root, write_buffer_bytes=buffer,
+                                             value_format=args.value_format)))
             spark.stop()
         finally:
             if broker is not None:
@@ -409,7 +410,7 @@ def main() -> None:
 
 
     if sweep:
-        print("\npeak RSS of one Spark Python worker (MiB), Chandy into Delta:")
+        print(f"\npeak RSS of one Spark Python worker (MiB), Chandy into Delta, {args.value_format} values:")
         for label, r in sweep:
             print(f"  {label:50} {r['worker_mib']:>7,.0f} MiB  ({r['records'] / r['seconds']:,.0f} records/s)")
         print(f"  2,000,000 / 50,000 per checkpoint, bounded: {sweep[1][1]['worker_mib'] / sweep[0][1]['worker_mib']:.2f}")
