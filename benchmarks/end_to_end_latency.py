@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -49,8 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka.admin import NewTopic
 
-from benchmarks.procs import environment
-from chandy.broker import EmbeddedKafkaBroker
+from benchmarks.procs import environment, kafka_servers, spread
 from chandy.coordinator.kafka import config as kafka_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "end_to_end_latency.json"
@@ -188,10 +186,10 @@ def measure(system: str, args: argparse.Namespace, servers: str, root: Path) -> 
     python = sys.executable
     if system == "chandy":
         process = start_chandy(python, servers, topic, out, args.interval_ms, log)
-        landed = lambda: delta_landed(out)  # noqa: E731
+        landed = functools.partial(delta_landed, out)
     else:
         process = start_structured_streaming(python, servers, topic, out, log)
-        landed = lambda: parquet_sink_landed(out)  # noqa: E731
+        landed = functools.partial(parquet_sink_landed, out)
     started = time.monotonic()
     try:
         time.sleep(max(0.0, args.idle - (time.monotonic() - started)))
@@ -220,13 +218,9 @@ def measure(system: str, args: argparse.Namespace, servers: str, root: Path) -> 
     return {"records": produced, **{w: _quantiles(v) for w, v in latencies.items()}}
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def summarize(runs: list[dict]) -> dict:
     systems = sorted({s for run in runs for s in run})
-    return {s: {w: {q: _spread([run[s][w][q] for run in runs if s in run]) for q in QUANTILES} for w in WINDOWS}
+    return {s: {w: {q: spread([run[s][w][q] for run in runs if s in run]) for q in QUANTILES} for w in WINDOWS}
             for s in systems}
 
 
@@ -250,26 +244,16 @@ def main() -> None:
         return
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     systems = ["chandy"] + ([] if args.no_structured_streaming else ["structured-streaming"])
-    broker = None
-    servers = os.environ.get("CHANDY_BOOTSTRAP_SERVERS")
     runs: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        if not servers:
-            broker = EmbeddedKafkaBroker(root / "kafka", heap="1g")
-            servers = broker.up().bootstrap_servers
-        try:
-            for number in range(args.runs):
-                run = {}
-                for system in (systems if number % 2 == 0 else systems[::-1]):  # alternate who goes first
-                    run[system] = measure(system, args, servers, root)
-                    row = run[system]
-                    print(f"run {number + 1} {system:22} " + "  ".join(
-                        f"{w}: " + " / ".join(f"{row[w][q]:.2f}" for q in QUANTILES) for w in WINDOWS), flush=True)
-                runs.append(run)
-        finally:
-            if broker is not None:
-                broker.down()
+    with kafka_servers() as (servers, root):
+        for number in range(args.runs):
+            run = {}
+            for system in (systems if number % 2 == 0 else systems[::-1]):  # alternate who goes first
+                run[system] = measure(system, args, servers, root)
+                row = run[system]
+                print(f"run {number + 1} {system:22} " + "  ".join(
+                    f"{w}: " + " / ".join(f"{row[w][q]:.2f}" for q in QUANTILES) for w in WINDOWS), flush=True)
+            runs.append(run)
     summary = summarize(runs)
     result = {"benchmark": "end_to_end_latency", "environment": environment(), "config": {
         k: getattr(args, k) for k in ("runs", "idle", "rate", "duration", "steady_after", "partitions", "interval_ms")},

@@ -55,7 +55,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -65,8 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from confluent_kafka.admin import NewTopic
 
 from benchmarks.decoded_records import FORMATS, chandy_value_options, decode_column, run_floor, value_encoder
-from benchmarks.procs import PeakWorkerRss, environment
-from chandy.broker import EmbeddedKafkaBroker
+from benchmarks.procs import PeakWorkerRss, environment, kafka_servers, spread
 from chandy.connectors.spark.options import CHECKPOINT_PHASES, PipelineOptions
 from chandy.connectors.spark.pipeline import Pipeline
 from chandy.coordinator.kafka import config as kafka_config
@@ -194,10 +192,6 @@ DELTA_SPARK_FOR_BENCH = "4.4.0"
 SYSTEMS = ("chandy", "ss_parquet", "ss_delta", "floor")
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def _phase_order(name: str) -> tuple[int, str]:
     """Chandy's phases in their order, then Structured Streaming's by name."""
     return (CHECKPOINT_PHASES.index(name), "") if name in CHECKPOINT_PHASES else (len(CHECKPOINT_PHASES), name)
@@ -230,16 +224,16 @@ def run_suite(spark, servers: str, root: Path, args: argparse.Namespace) -> dict
     for value_format, sizes in rows.items():
         for size, systems in sizes.items():
             for name, runs in systems.items():
-                entry = {"records_per_s": _spread([r["records"] / r["seconds"] for r in runs]),
+                entry = {"records_per_s": spread([r["records"] / r["seconds"] for r in runs]),
                          "records": runs[0]["records"], "batches": runs[0]["batches"],
-                         "batch_ms": _spread([r["batch_ms"] for r in runs]),
-                         "overhead_ms": _spread([r["overhead_ms"] for r in runs])}
+                         "batch_ms": spread([r["batch_ms"] for r in runs]),
+                         "overhead_ms": spread([r["overhead_ms"] for r in runs])}
                 phases = {k for r in runs for k in r.get("phases", {})}
                 entry["phases_ms"] = {k: {q: statistics.median(r["phases"][k][q] for r in runs if k in r["phases"])
                                           for q in ("median", "p95")}
                                       for k in sorted(phases, key=_phase_order)}
                 if runs[0].get("worker_mib"):
-                    entry["worker_mib"] = _spread([r["worker_mib"] for r in runs])
+                    entry["worker_mib"] = spread([r["worker_mib"] for r in runs])
                 summary.setdefault(value_format, {}).setdefault(size, {})[name] = entry
     return {"benchmark": "throughput", "environment": environment(),
             "config": {"records": args.records, "partitions": PARTITIONS, "runs": args.runs, "sizes": args.sizes,
@@ -312,73 +306,63 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    broker = None
-    servers = os.environ.get("CHANDY_BOOTSTRAP_SERVERS")
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        if not servers:
-            broker = EmbeddedKafkaBroker(root / "kafka", heap="1g")
-            servers = broker.up().bootstrap_servers
-        try:
-            topic = args.topic or f"bench-{args.value_format}-{args.records}"
-            if not args.suite:
-                produce(servers, topic, args.records, args.value_format)
-            builder = (SparkSession.builder.master("local[*]").appName("chandy-vs-structured-streaming")
-                       .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(PARTITIONS))
-                       .config("spark.sql.streaming.numRecentProgressUpdates", "10000")
-                       .config("spark.ui.showConsoleProgress", "false"))
-            packages = []
-            if not args.no_structured_streaming:
-                version = args.connector_version or pyspark.__version__
-                packages.append(f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}")
-                if args.suite or args.value_format == "avro":
-                    packages.append(f"org.apache.spark:spark-avro_2.13:{version}")
-            if args.delta_spark_version:
-                packages.append(f"io.delta:delta-spark_2.13:{args.delta_spark_version}")
-                builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-                           .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
-            if packages:
-                builder = builder.config("spark.jars.packages", ",".join(packages))
-            spark = builder.getOrCreate()
-            spark.sparkContext.setLogLevel("WARN")
-            iceberg = structured = structured_delta = None
-            chandy_runs: list[dict] = []
-            sweep: list[tuple[str, dict]] = []
-            if args.suite:
-                suite = run_suite(spark, servers, root, args)
-                spark.stop()
-                report_suite(suite, args)
-                return
-            warm_up(spark, servers, topic, root)
-            if args.sink in ("delta", "both"):
-                for parallelism in args.parallelism or [None]:
-                    chandy_runs.append(run_chandy(spark, servers, topic, args.per_batch, root,
-                                                  write_buffer_bytes=args.write_buffer_bytes, parallelism=parallelism,
-                                                  value_format=args.value_format))
-            if args.sink in ("iceberg", "both"):
-                iceberg = run_chandy(spark, servers, topic, args.per_batch, root, sink="iceberg",
-                                     write_buffer_bytes=args.write_buffer_bytes, value_format=args.value_format)
-            if not args.no_structured_streaming:
-                structured = run_structured_streaming(spark, servers, topic, args.per_batch, root,
-                                                      value_format=args.value_format)
-                if args.delta_spark_version:
-                    structured_delta = run_structured_streaming(spark, servers, topic, args.per_batch, root,
-                                                                sink="delta", value_format=args.value_format)
-            if args.memory_sweep:
-                for per_batch, buffer, label in ((50_000, args.write_buffer_bytes, "bounded"),
-                                                 (2_000_000, args.write_buffer_bytes, "bounded"),
-                                                 (2_000_000, 1 << 40, "unbounded (one part per checkpoint)")):
-                    # a new SparkContext starts new Python workers: a worker's RSS never shrinks
-                    # back (glibc and Arrow's allocator keep what earlier runs used)
-                    spark.stop()
-                    spark = builder.getOrCreate()
-                    sweep.append((f"{per_batch:>9,} per checkpoint, {label}",
-                                  run_chandy(spark, servers, topic, per_batch, root, write_buffer_bytes=buffer,
-                                             value_format=args.value_format)))
+    with kafka_servers() as (servers, root):
+        topic = args.topic or f"bench-{args.value_format}-{args.records}"
+        if not args.suite:
+            produce(servers, topic, args.records, args.value_format)
+        builder = (SparkSession.builder.master("local[*]").appName("chandy-vs-structured-streaming")
+                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(PARTITIONS))
+                   .config("spark.sql.streaming.numRecentProgressUpdates", "10000")
+                   .config("spark.ui.showConsoleProgress", "false"))
+        packages = []
+        if not args.no_structured_streaming:
+            version = args.connector_version or pyspark.__version__
+            packages.append(f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}")
+            if args.suite or args.value_format == "avro":
+                packages.append(f"org.apache.spark:spark-avro_2.13:{version}")
+        if args.delta_spark_version:
+            packages.append(f"io.delta:delta-spark_2.13:{args.delta_spark_version}")
+            builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+                       .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+        if packages:
+            builder = builder.config("spark.jars.packages", ",".join(packages))
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+        iceberg = structured = structured_delta = None
+        chandy_runs: list[dict] = []
+        sweep: list[tuple[str, dict]] = []
+        if args.suite:
+            suite = run_suite(spark, servers, root, args)
             spark.stop()
-        finally:
-            if broker is not None:
-                broker.down()
+            report_suite(suite, args)
+            return
+        warm_up(spark, servers, topic, root)
+        if args.sink in ("delta", "both"):
+            for parallelism in args.parallelism or [None]:
+                chandy_runs.append(run_chandy(spark, servers, topic, args.per_batch, root,
+                                              write_buffer_bytes=args.write_buffer_bytes, parallelism=parallelism,
+                                              value_format=args.value_format))
+        if args.sink in ("iceberg", "both"):
+            iceberg = run_chandy(spark, servers, topic, args.per_batch, root, sink="iceberg",
+                                 write_buffer_bytes=args.write_buffer_bytes, value_format=args.value_format)
+        if not args.no_structured_streaming:
+            structured = run_structured_streaming(spark, servers, topic, args.per_batch, root,
+                                                  value_format=args.value_format)
+            if args.delta_spark_version:
+                structured_delta = run_structured_streaming(spark, servers, topic, args.per_batch, root,
+                                                            sink="delta", value_format=args.value_format)
+        if args.memory_sweep:
+            for per_batch, buffer, label in ((50_000, args.write_buffer_bytes, "bounded"),
+                                             (2_000_000, args.write_buffer_bytes, "bounded"),
+                                             (2_000_000, 1 << 40, "unbounded (one part per checkpoint)")):
+                # a new SparkContext starts new Python workers: a worker's RSS never shrinks
+                # back (glibc and Arrow's allocator keep what earlier runs used)
+                spark.stop()
+                spark = builder.getOrCreate()
+                sweep.append((f"{per_batch:>9,} per checkpoint, {label}",
+                              run_chandy(spark, servers, topic, per_batch, root, write_buffer_bytes=buffer,
+                                         value_format=args.value_format)))
+        spark.stop()
     print(f"\n{args.records:,} {args.value_format} records, 8 partitions, {args.per_batch:,} records per batch, local[*]")
     print(f"{'':34} {'records':>10} {'seconds':>8} {'records/s':>10} {'batches':>8} {'batch ms':>9} "
           f"{'overhead ms':>12} {'worker MiB':>11}")

@@ -4,9 +4,13 @@ benchmarks that watch Spark (the soak, the kill campaign, the throughput compari
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import statistics
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -108,3 +112,27 @@ def environment() -> dict[str, object]:
             "pyarrow": pyarrow.__version__, "deltalake": deltalake.__version__,
             "confluent_kafka": confluent_kafka.__version__, "librdkafka": confluent_kafka.libversion()[0],
             "cores": os.cpu_count(), "memory_gib": round(kib / 1024 / 1024, 1)}
+
+
+@contextlib.contextmanager
+def kafka_servers(heap: str = "1g") -> Iterator[tuple[str, Path]]:
+    """A scratch directory and Kafka's bootstrap servers: ``$CHANDY_BOOTSTRAP_SERVERS``, else an
+    embedded broker started in that directory and stopped on exit. Yields (servers, directory)."""
+    from chandy.broker import EmbeddedKafkaBroker
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        servers = os.environ.get("CHANDY_BOOTSTRAP_SERVERS")
+        if servers:
+            yield servers, root
+            return
+        broker = EmbeddedKafkaBroker(root / "kafka", heap=heap)
+        try:
+            yield broker.up().bootstrap_servers, root
+        finally:
+            broker.down()
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """The median, min and max of several runs' ``values``."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}

@@ -191,7 +191,8 @@ _INT_RANGES = {8: (-(2**7), 2**7 - 1), 16: (-(2**15), 2**15 - 1), 32: (-(2**31),
 _NON_FINITE = {"NaN": math.nan, "+NaN": math.nan, "-NaN": math.nan, "Infinity": math.inf, "+Infinity": math.inf,
                "Inf": math.inf, "+Inf": math.inf, "INF": math.inf, "+INF": math.inf,
                "-Infinity": -math.inf, "-Inf": -math.inf, "-INF": -math.inf}
-_FLOAT32_MAX = 3.4028234663852886e38
+#: the largest finite FLOAT (float32), as a double
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _shown(value: Any) -> str:
@@ -232,7 +233,7 @@ def _floating(single: bool) -> Callable[[Any], Any]:
                 result = math.inf
             if math.isinf(result) and not (isinstance(value, float) and math.isinf(value)):
                 raise Unfit("", f"{_shown(value)} is out of the range of a double")
-            if single and math.isfinite(result) and abs(result) > _FLOAT32_MAX:
+            if single and math.isfinite(result) and abs(result) > FLOAT32_MAX:
                 raise Unfit("", f"{_shown(value)} is out of the range of a float")
             return result
         raise Unfit("", f"{_shown(value)} is {type(value).__name__}, not a number")

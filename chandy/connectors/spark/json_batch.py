@@ -39,9 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from chandy.connectors.type_mapping import Unfit, json_converter
-
-_FLOAT32_MAX = 3.4028234663852886e38
+from chandy.connectors.type_mapping import FLOAT32_MAX, Unfit, json_converter
 
 #: Column types Arrow's reader converts exactly as the type mapping does, at any depth.
 _NESTABLE = (pa.types.is_boolean, pa.types.is_integer, pa.types.is_float64, pa.types.is_decimal,
@@ -134,7 +132,7 @@ def decode_json_batch(values: pa.Array, columns: pa.Schema, source_names: Sequen
                 array = pa.array([converter(v) for v in array.to_pylist()], field.type)
             elif pa.types.is_float32(field.type):
                 finite = pc.is_finite(array)
-                if pc.any(pc.and_(finite, pc.greater(pc.abs(array), _FLOAT32_MAX))).as_py():
+                if pc.any(pc.and_(finite, pc.greater(pc.abs(array), FLOAT32_MAX))).as_py():
                     return None
                 array = array.cast(pa.float32(), safe=False)  # a double rounded to the nearest float
         except (Unfit, pa.ArrowException, TypeError, ValueError, OverflowError):

@@ -331,7 +331,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 fatal = None
                 records = 0
                 spark_job_ms = 0.0
-                phases: dict[str, float] = {}
+                done_ms = None  # set once the checkpoint completed: its phases are read then
                 try:
                     ranges = self._ranges(checkpoint_id, trigger, opts.checkpoint_timeout_ms / 1000)
                     records = sum(r.num_records for r in ranges.values())
@@ -353,8 +353,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     self.last_spark_job = time.monotonic()
                     job_ended_ms = time.time() * 1000
                     result = self._await(trigger, opts.checkpoint_timeout_ms / 1000 + 10)
-                    if message is None:
-                        phases = self._phases(checkpoint_id, started_ms, ranges_ms, job_ended_ms, time.time() * 1000)
+                    done_ms = time.time() * 1000
                     completed += 1
                     consecutive = 0
                     first_failure = None
@@ -383,6 +382,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     raise PipelineError(f"checkpoint {checkpoint_id} failed: {fatal}")
                 if on_progress is not None or metrics is not None:
                     landed = self._committed_records() - landed_before
+                    phases = ({} if message is not None or done_ms is None else
+                              self._phases(checkpoint_id, started_ms, ranges_ms, job_ended_ms, done_ms))
                     progress = PipelineProgress(
                         checkpoint_id, message is None, records, landed, completed, failed,
                         (time.monotonic() - batch_started) * 1000, time.monotonic() - started,
