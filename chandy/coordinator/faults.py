@@ -7,7 +7,8 @@ task wrote its files, before its ack), ``before-complete`` (all acks in, before 
 is completed), ``before-lake-commit`` (completed, before the lake commit), ``before-lake-event``
 (lake committed, before its ``LAKE_COMMITTED`` event is published), ``before-offset-commit``
 (lake committed and its event handed to the log writer, before the consumer-group offsets are
-committed).
+committed). With routing (``--route``), ``between-table-commits`` follows each routed table's
+commit, before the next table's (:data:`ROUTED_POINTS`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ ENV = "CHANDY_CRASH_AT"
 PGID_ENV = "CHANDY_CRASH_PGID"
 POINTS = ("task-read", "task-written", "before-complete", "before-lake-commit", "before-lake-event",
           "before-offset-commit")
+#: the points of a job that routes records to many tables, in protocol order
+ROUTED_POINTS = (*POINTS[:4], "between-table-commits", *POINTS[4:])
 
 
 def crash_point(point: str, checkpoint_id: int) -> None:

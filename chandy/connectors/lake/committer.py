@@ -78,13 +78,29 @@ class LakeCommitter:
             a multiple of this, on a thread of its own, concurrently with the next checkpoints;
             None: never. A failed compaction is logged, never fails the job.
         optimize_target_size: the compacted files' size in bytes (None: the sink's default).
+        open_table: opens the sink of a table the job routes records to (``--route``), by its
+            normalised URI; None: every file belongs to ``sink``.
+        changes: the files are change files (``--cdc``): each table applies them as an upsert
+            (``LakeSink.commit_changes``) instead of appending them.
+
+    With routing, a checkpoint commits every table its files name under the same checkpoint ID,
+    each with the same idempotence check (the table's app transaction / property for the job),
+    in URI order, and ``sink`` (the job's own table) last: the job's table holding checkpoint N
+    means every table does. Each table records the job's cumulative offsets, so a replay of N
+    after a crash between two table commits skips the tables that hold it and commits the rest.
     """
 
     def __init__(self, context: Any, sink: LakeSink, storage: CheckpointStorage, *,
                  offsets_of: Callable[[CheckpointMetadata], OffsetRanges] | None = None,
                  cluster_id: str | None = None, optimize_every: int | None = None,
-                 optimize_target_size: int | None = None) -> None:
+                 optimize_target_size: int | None = None, open_table: Callable[[str], LakeSink] | None = None,
+                 changes: bool = False) -> None:
         self.context = context
+        self.open_table = open_table
+        self.changes = changes
+        self._routed: dict[str, LakeSink] = {}  # the routed tables this run met, by URI
+        self._routed_offsets: dict[str, dict[TP, int]] = {}  # what each routed table holds for the job
+        self._cleaned: set[str] = set()  # routed tables whose unreferenced files this run deleted
         self.sink = sink
         self.storage = storage
         self._foreign_checkpoint: int | None = None  # restored from another table's savepoint
@@ -163,16 +179,19 @@ class LakeCommitter:
                         continue
                     self.fetch_event_time_lag_ms[subtask.subtask_index] = lag
 
-    def _check_ranges(self, checkpoint_id: int, ranges: OffsetRanges, already_committed: int | None) -> None:
-        """Step 3 of the module docstring. Raises LakeCommitError instead of losing or duplicating."""
-        held = self.table_offsets
+    def _check_ranges(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges, already_committed: int | None,
+                      held: Mapping[TP, int], *, gaps: bool = True) -> None:
+        """Step 3 of the module docstring, for ``sink``, which holds ``held`` of the job's
+        partitions; ``gaps``: warn when a range starts above what the table holds (not for a
+        routed table, which gets a commit only when records are routed to it). Raises
+        LakeCommitError instead of losing or duplicating."""
         if already_committed is not None and already_committed >= checkpoint_id:
             behind = {tp: (end, held.get(tp)) for tp, (start, end) in ranges.items()
                       if end > start and held.get(tp, -1) < end}
             if behind:
                 (topic, partition), (end, has) = sorted(behind.items())[0]
                 raise LakeCommitError(
-                    f"table {self.sink.table_uri} holds checkpoint {already_committed} of job {self.context.job_id}, "
+                    f"table {sink.table_uri} holds checkpoint {already_committed} of job {self.context.job_id}, "
                     f"so checkpoint {checkpoint_id} would be skipped, but the table holds {topic}-{partition} only up "
                     f"to offset {has} and checkpoint {checkpoint_id} reads up to {end}: its checkpoint IDs do not match "
                     "the table's (was the coordinator log deleted or recreated?); refusing to skip records")
@@ -184,11 +203,27 @@ class LakeCommitter:
             if start < has:
                 raise LakeCommitError(
                     f"checkpoint {checkpoint_id} would land {topic}-{partition} offsets [{start}, {end}) but table "
-                    f"{self.sink.table_uri} already holds that partition up to offset {has}: refusing to duplicate")
-            if start > has:
+                    f"{sink.table_uri} already holds that partition up to offset {has}: refusing to duplicate")
+            if start > has and gaps:
                 log.warning("checkpoint %d starts %s-%d at offset %d, but the table holds it only up to %d: "
                             "offsets [%d, %d) are not in the table", checkpoint_id, topic, partition, start, has,
                             has, start)
+
+    def _sink_of(self, table_uri: str) -> LakeSink:
+        """The sink of a table this job's files name: ``sink``, or a routed table's (opened once).
+
+        Raises:
+            LakeCommitError: files of another table while the job routes nothing.
+        """
+        if table_uri == self.sink.table_uri:
+            return self.sink
+        sink = self._routed.get(table_uri)
+        if sink is None:
+            if self.open_table is None:
+                raise LakeCommitError(f"the checkpoint holds files of table {table_uri}, but job "
+                                      f"{self.context.job_id} writes only {self.sink.table_uri} (no --route)")
+            sink = self._routed[table_uri] = self.open_table(table_uri)
+        return sink
 
     def _commit(self, checkpoint_id: int) -> None:
         crash_point("before-lake-commit", checkpoint_id)
@@ -196,71 +231,115 @@ class LakeCommitter:
         files = self.files_of(checkpoint_id, metadata)
         self._note_fetch_lag(metadata)
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
-        done = self.sink.committed_checkpoint(self.context.job_id)
-        self._check_ranges(checkpoint_id, ranges, done)
         offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
-        missing = self.sink.missing_files(files) if done is None or done < checkpoint_id else []
+        by_table: dict[str, list[DataFile]] = {}
+        for f in files:
+            by_table.setdefault(f.table_uri or self.sink.table_uri, []).append(f)
+        landed: list[tuple[LakeSink, LakeCommit | None, OffsetRanges | None]] = []
+        for table_uri in sorted(set(by_table) - {self.sink.table_uri}):  # the job's own table last
+            sink = self._sink_of(table_uri)
+            landed.append((sink, self._commit_table(sink, checkpoint_id, by_table[table_uri], ranges, offsets), None))
+            crash_point("between-table-commits", checkpoint_id)
+        own = self._commit_table(self.sink, checkpoint_id, by_table.get(self.sink.table_uri, []), ranges, offsets)
+        landed.append((self.sink, own, ranges))
+        self.table_offsets = offsets
+        if any(committed for _, committed, _ in landed):
+            self.committed_checkpoints.append(checkpoint_id)
+        if own:
+            self._maybe_optimize(checkpoint_id)
+        crash_point("before-lake-event", checkpoint_id)
+        for sink, committed, table_ranges in landed:
+            self._announce(sink, checkpoint_id, committed, table_ranges)
+        crash_point("before-offset-commit", checkpoint_id)
+
+    def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
+                      offsets: Mapping[TP, int]) -> LakeCommit | None:
+        """Commit one table's files of ``checkpoint_id`` (append, or apply changes), recording the
+        job's cumulative ``offsets``; None when the table holds it already or there was nothing."""
+        routed = sink is not self.sink
+        done = sink.committed_checkpoint(self.context.job_id)
+        if routed and sink.table_uri not in self._routed_offsets:
+            self._routed_offsets[sink.table_uri] = dict(sink.progress(self.context.job_id).offsets)
+        held = self._routed_offsets[sink.table_uri] if routed else self.table_offsets
+        self._check_ranges(sink, checkpoint_id, ranges, done, held, gaps=not routed)
+        missing = sink.missing_files(files) if done is None or done < checkpoint_id else []
         if missing:
             # never commit a file that is gone: the table would reference data it cannot read
             raise LakeCommitError(
                 f"checkpoint {checkpoint_id} references {len(missing)} data file(s) no longer in table "
-                f"{self.sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
+                f"{sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
                 "intermediate savepoint's files are cleaned up once a later checkpoint lands the same ranges), "
                 "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
+        commit = sink.commit_changes if self.changes else sink.commit
         try:
-            committed = self.sink.commit(self.context.job_id, checkpoint_id, files, offsets=offsets or None,
-                                         cluster_id=self.cluster_id)
+            committed = commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
+                               cluster_id=self.cluster_id)
         except LakeSchemaError as exc:  # say which records did not fit
             where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
                               if end > start)
             raise LakeSchemaError(f"{exc} (records: {where or 'none'})") from exc
         if committed:
-            self.table_offsets = offsets
-            self.committed_checkpoints.append(checkpoint_id)
-            self.records_committed += sum(f.records for f in files)
+            records = sum(f.records for f in files)
+            self.records_committed += records
             log.info("checkpoint %d: %d file(s), %d record(s) committed to %s (version %s)", checkpoint_id,
-                     len(files), sum(f.records for f in files), self.sink.table_uri, committed.table_version)
-            self._maybe_optimize(checkpoint_id)
-        crash_point("before-lake-event", checkpoint_id)
-        self._announce(checkpoint_id, committed, ranges)
-        crash_point("before-offset-commit", checkpoint_id)
+                     len(files), records, sink.table_uri, committed.table_version)
+        if routed:
+            self._routed_offsets[sink.table_uri] = dict(offsets)
+            if sink.table_uri not in self._cleaned:  # files of checkpoints that crashed before this run
+                self._cleaned.add(sink.table_uri)
+                self._delete_unreferenced_async(sink, checkpoint_id)
+        return committed
 
-    def _announced(self) -> int | None:
-        """The newest checkpoint whose LAKE_COMMITTED event for this table the log records."""
-        record = self.context.log_records(LAKE_COMMITS_KIND).get(self.sink.table_uri)
+    def _delete_unreferenced_async(self, sink: LakeSink, keep_checkpoints_after: int | None) -> None:
+        job_id = self.context.job_id
+
+        def cleaned(deleted: Any, error: BaseException | None) -> None:
+            if error is not None:
+                log.warning("cleanup of %s failed: %s", sink.table_uri, error)
+
+        self.context.call_async(lambda: sink.delete_unreferenced(job_id, keep_checkpoints_after=keep_checkpoints_after),
+                                cleaned)
+
+    def _announced(self, sink: LakeSink) -> int | None:
+        """The newest checkpoint whose LAKE_COMMITTED event for ``sink``'s table the log records."""
+        record = self.context.log_records(LAKE_COMMITS_KIND).get(sink.table_uri)
         return None if record is None else int(record.checkpoint_id)
 
-    def _announce(self, checkpoint_id: int, committed: LakeCommit | None, ranges: OffsetRanges | None) -> None:
-        """Publish ``LAKE_COMMITTED`` for ``checkpoint_id`` (and for any earlier checkpoint the
-        table holds but the log has not announced, read from the table's history), unless the log
-        says it was published. ``committed``: the commit this committer just made (None when the
-        table held the checkpoint already, or it had nothing to record)."""
-        announced = self._announced()
+    def _announce(self, sink: LakeSink, checkpoint_id: int, committed: LakeCommit | None,
+                  ranges: OffsetRanges | None) -> None:
+        """Publish ``LAKE_COMMITTED`` of ``sink``'s table for ``checkpoint_id`` (and for any earlier
+        checkpoint the table holds but the log has not announced, read from the table's history),
+        unless the log says it was published. ``committed``: the commit this committer just made
+        (None when the table held the checkpoint already, or it had nothing to record). A routed
+        table, which gets commits only for the checkpoints that route records to it, is read back
+        only when ``committed`` is None."""
+        announced = self._announced(sink)
         if announced is not None and announced >= checkpoint_id:
             return
         landed: dict[int, LakeCommit] = {}
-        if committed is None or (announced is not None and announced < checkpoint_id - 1):
+        behind = sink is self.sink and announced is not None and announced < checkpoint_id - 1
+        if committed is None or behind:
             # a predecessor landed them and stopped before their events (or before this one's)
             after = checkpoint_id - 1 if announced is None else announced
-            landed.update((c.checkpoint_id, c) for c in self.sink.commits_after(self.context.job_id, after)
+            landed.update((c.checkpoint_id, c) for c in sink.commits_after(self.context.job_id, after)
                           if c.checkpoint_id <= checkpoint_id)
         if committed is not None:
             landed[committed.checkpoint_id] = committed
         for landed_id in sorted(landed):
-            self._publish(landed[landed_id], ranges if landed_id == checkpoint_id else None)
+            self._publish(sink, landed[landed_id], ranges if landed_id == checkpoint_id else None)
 
-    def _publish(self, commit: LakeCommit, ranges: OffsetRanges | None) -> None:
+    def _publish(self, sink: LakeSink, commit: LakeCommit, ranges: OffsetRanges | None) -> None:
         offset_ranges = None if ranges is None else tuple(
             OffsetRange(topic, partition, start, end) for (topic, partition), (start, end) in sorted(ranges.items())
             if end > start)
-        record = LakeCommitRecord(self.context.job_id, self.sink.table_uri, commit.checkpoint_id, commit.table_version,
+        record = LakeCommitRecord(self.context.job_id, sink.table_uri, commit.checkpoint_id, commit.table_version,
                                   int(time.time() * 1000))
         self.context.publish_event(
-            commit.checkpoint_id, "LAKE_COMMITTED", records=[record], table_uri=self.sink.table_uri,
-            table_format=self.sink.FORMAT, table_version=commit.table_version,
+            commit.checkpoint_id, "LAKE_COMMITTED", records=[record], table_uri=sink.table_uri,
+            table_format=sink.FORMAT, table_version=commit.table_version,
             previous_table_version=commit.previous_table_version, records_added=commit.records,
             files_added=commit.files, offset_ranges=offset_ranges)
-        log.info("checkpoint %d: LAKE_COMMITTED published (%s version %s)", commit.checkpoint_id, self.sink.table_uri,
+        log.info("checkpoint %d: LAKE_COMMITTED published (%s version %s)", commit.checkpoint_id, sink.table_uri,
                  commit.table_version)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -275,13 +354,8 @@ class LakeCommitter:
         self.last_commit_ended_ms = time.time() * 1000
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        job_id = self.context.job_id
-        def cleaned(deleted: Any, error: BaseException | None) -> None:
-            if error is not None:
-                log.warning("cleanup failed: %s", error)
-
-        self.context.call_async(lambda: self.sink.delete_unreferenced(job_id, keep_checkpoints_after=checkpoint_id),
-                                cleaned)
+        for sink in (self.sink, *self._routed.values()):
+            self._delete_unreferenced_async(sink, checkpoint_id)
 
     def reset_to_checkpoint(self, checkpoint_id: int, checkpoint_data: bytes | None) -> None:
         """Restore (a restart): read what the table holds, commit ``checkpoint_id`` if the table
@@ -313,8 +387,10 @@ class LakeCommitter:
                         f"restored checkpoint {checkpoint_id} is not in table {self.sink.table_uri} and its _metadata "
                         f"is not readable ({exc}): its records cannot be committed") from exc
                 log.info("restored checkpoint %d is already in the table; its _metadata is gone (%s)", checkpoint_id, exc)
-                self._announce(checkpoint_id, None, None)
-        self.sink.delete_unreferenced(self.context.job_id)
+                self._announce(self.sink, checkpoint_id, None, None)
+        for sink in (self.sink, *self._routed.values()):
+            sink.delete_unreferenced(self.context.job_id)
+            self._cleaned.add(sink.table_uri)
 
     def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
         pass
@@ -340,10 +416,13 @@ class LakeCommitterProvider:
     cluster_id: str | None = None
     optimize_every: int | None = None
     optimize_target_size: int | None = None
+    open_table: Callable[[str], LakeSink] | None = None
+    changes: bool = False
 
     def create(self, context: Any) -> LakeCommitter:
         return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id,
-                             optimize_every=self.optimize_every, optimize_target_size=self.optimize_target_size)
+                             optimize_every=self.optimize_every, optimize_target_size=self.optimize_target_size,
+                             open_table=self.open_table, changes=self.changes)
 
 
 def _table_of(checkpoint_data: bytes | None) -> str | None:

@@ -109,14 +109,16 @@ class DeltaLakeSink(SchemaChecked):
         return delta_options(self.table_uri, self.storage_options)
 
     # -- task side ------------------------------------------------------------------------------------
-    def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int) -> list[DataFile]:
-        """Write ``table`` as Parquet files (one per partition value), not yet visible. Returns them."""
+    def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int,
+                    partitioned: bool = True) -> list[DataFile]:
+        """Write ``table`` as Parquet files (one per partition value; one file when not
+        ``partitioned``: a change file, ``--cdc``), not yet visible. Returns them."""
         if table.num_rows == 0:
             return []
         table = to_lake_types(table)
         schema = schema_to_b64(table.schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
-        if not self.partition_by:
+        if not self.partition_by or not partitioned:  # change files (--cdc) are never partitioned
             return [self._write_one(table, stem, {}, schema)]
         missing = [c for c in self.partition_by if c not in table.column_names]
         if missing:
@@ -329,6 +331,93 @@ class DeltaLakeSink(SchemaChecked):
                             self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))
         return None  # not reached
+
+    def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
+                       offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+        """Apply the change ``files`` (``--cdc``) in one Delta ``MERGE`` commit (delta-rs
+        ``DeltaTable.merge``) carrying the app transaction (job id, checkpoint id) and the
+        ``commitInfo`` :meth:`commit` records: per key (the files' ``id_columns``) the last change
+        wins (:func:`~chandy.connectors.lake.changes.latest_changes`); a delete (``op = d``, a
+        tombstone) deletes the row, any other change updates it or inserts it. A table that does
+        not exist is created first, empty, from the changes' schema and ``partition_by``.
+
+        The idempotence check runs before the merge: a checkpoint the table holds is skipped
+        (None), so a replay changes nothing. The change files are deleted once merged.
+
+        Raises:
+            LakeSchemaError: the changes do not fit the table; LakeCommitError: delta-rs refused
+                the merge, or the files disagree on the key.
+        """
+        from deltalake import DeltaTable
+        from deltalake import Schema as DeltaSchema
+        from deltalake.transaction import CommitProperties, Transaction
+
+        from chandy.connectors.lake.changes import OP_COLUMN, id_columns_of, latest_changes, read_change_files
+
+        files = list(files)
+        table = self._open()
+        done = None if table is None else table.transaction_version(job_id)
+        if done is not None and done >= checkpoint_id:
+            log.info("checkpoint %d of job %s is already in %s (version %d): skipped", checkpoint_id, job_id,
+                     self.table_uri, done)
+            return None
+        if not files:
+            return self.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id)
+        changes = latest_changes(read_change_files(self.fs, self.root, files), id_columns_of(files, self.table_uri))
+        where = f"checkpoint {checkpoint_id}: "
+        rows = changes.latest.drop_columns([OP_COLUMN])
+        self.check_schema(rows.schema, None if table is None else self._fields_of(table), where=where)
+        if table is None:
+            missing = [c for c in self.partition_by if c not in rows.column_names]
+            if missing:
+                raise LakeCommitError(f"partition column(s) {missing} are not in the data: {rows.column_names}")
+            DeltaTable.create(self._delta_uri, DeltaSchema.from_arrow(rows.schema), mode="ignore",
+                              partition_by=self.partition_by or None, storage_options=self._delta_options)
+            table = self._open()
+        elif self.add_columns:
+            table = self._add_columns(table, rows.schema, checkpoint_id)
+        token = uuid.uuid4().hex
+        metadata = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token,
+                    RECORDS_KEY: str(changes.latest.num_rows), FILES_KEY: "0", "chandy.changes": str(changes.changes),
+                    "chandy.upserts": str(changes.upserts.num_rows), "chandy.deletes": str(changes.deletes.num_rows)}
+        if offsets:
+            metadata["chandy.offsets"] = offsets_to_json(offsets)
+        if cluster_id:
+            metadata["chandy.kafka_cluster_id"] = cluster_id
+        properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
+        on = " AND ".join(f"t.`{c}` = s.`{c}`" for c in changes.id_columns)
+        is_delete = f"s.`{OP_COLUMN}` = 'd'"
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                (table.merge(changes.latest, on, source_alias="s", target_alias="t", commit_properties=properties)
+                 .when_matched_delete(is_delete)
+                 .when_matched_update_all(f"NOT ({is_delete})", except_cols=[OP_COLUMN])
+                 .when_not_matched_insert_all(f"NOT ({is_delete})", except_cols=[OP_COLUMN])
+                 .execute())
+                landed = self._landed(table, token, checkpoint_id)
+                break
+            except Exception as exc:  # delta-rs raises several exception types
+                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+                    raise LakeCommitError(f"merging checkpoint {checkpoint_id}'s changes into {self.table_uri} failed "
+                                          f"(attempt {attempt}): {exc}") from exc
+                table = self._open()
+                done = table.transaction_version(job_id)
+                if done is not None and done >= checkpoint_id:
+                    return self._commit_in(table.history(50), {COMMIT_TOKEN: token}) if done == checkpoint_id else None
+                log.warning("checkpoint %d: concurrent commit to %s (%s): retrying the merge (attempt %d of %d)",
+                            checkpoint_id, self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+        self.delete_change_files(files)
+        return landed
+
+    def delete_change_files(self, files: Iterable[DataFile]) -> None:
+        """Delete merged change files (best effort: a file left behind is deleted with the
+        unreferenced files at the next restore or abort)."""
+        for f in files:
+            try:
+                self.fs.rm(f"{self.root}/{f.path}")
+            except OSError as exc:
+                log.info("could not delete merged change file %s: %s", f.path, exc)
 
     def _add_columns(self, table: Any, data: pa.Schema, checkpoint_id: int) -> Any:
         """Schema evolution: add ``data``'s columns the table lacks (one ADD COLUMN commit, made

@@ -21,11 +21,13 @@ and is retried (or found done).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -180,9 +182,11 @@ class IcebergSink(SchemaChecked):
         return self._load()
 
     # -- task side ---------------------------------------------------------------------------------------
-    def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int) -> list[DataFile]:
-        """Write ``table`` as Parquet files under ``data/`` (one per partition value; named as
-        the Delta sink names its files), not yet visible. Returns them."""
+    def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int,
+                    partitioned: bool = True) -> list[DataFile]:
+        """Write ``table`` as Parquet files under ``data/`` (one per partition value, or one when
+        not ``partitioned``: a change file, ``--cdc``; named as the Delta sink names its files),
+        not yet visible. Returns them."""
         import pyarrow.parquet as pq
 
         if table.num_rows == 0:
@@ -191,7 +195,7 @@ class IcebergSink(SchemaChecked):
         schema = schema_to_b64(table.schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
         parts: list[tuple[str, dict[str, Any], Any]] = [("", {}, table)]
-        if self.partition_by:
+        if self.partition_by and partitioned:  # change files (--cdc) are never partitioned
             import pyarrow.compute as pc
 
             missing = [c for c in self.partition_by if c not in table.column_names]
@@ -345,6 +349,94 @@ class IcebergSink(SchemaChecked):
                                       "snapshot of the table carries its commit")
             return landed
         return None  # not reached
+
+    def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
+                       offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+        """Apply the change ``files`` (``--cdc``) in one Iceberg transaction: a row-level delete
+        of every key the changes touch (pyiceberg's copy-on-write ``Transaction.delete``: the data
+        files holding such rows are rewritten without them), then an append of the last change per
+        key that is not a delete (:func:`~chandy.connectors.lake.changes.latest_changes`), with the
+        snapshot summaries and table properties :meth:`commit` records. pyiceberg writes no
+        equality or position delete files (it cannot), so readers need no merge-on-read support.
+
+        A checkpoint the table holds is skipped (None) before anything is read: a replay changes
+        nothing. A table that does not exist is created from the changes' schema. The change
+        files are deleted once applied.
+
+        Raises:
+            LakeSchemaError: the changes do not fit the table; LakeCommitError: the catalog refused
+                the commit, or the files disagree on the key.
+        """
+        from chandy.connectors.lake.changes import OP_COLUMN, id_columns_of, latest_changes, read_change_files
+
+        files = list(files)
+        table = self._load()
+        if table is not None and (self._record_of(table, job_id)[0] or -1) >= checkpoint_id:
+            log.info("checkpoint %d of job %s is already in %s: skipped", checkpoint_id, job_id, self.table_uri)
+            return None
+        if not files:
+            return self.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id)
+        changes = latest_changes(read_change_files(self.fs, self.root, files), id_columns_of(files, self.table_uri))
+        token = uuid.uuid4().hex
+        key = f"{PROPERTY_PREFIX}{job_id}."
+        summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token,
+                   RECORDS_KEY: str(changes.latest.num_rows), FILES_KEY: "0", "chandy.changes": str(changes.changes),
+                   "chandy.upserts": str(changes.upserts.num_rows), "chandy.deletes": str(changes.deletes.num_rows)}
+        properties = {key + "checkpoint_id": str(checkpoint_id), key + "commit_token": token}
+        if offsets:
+            summary["chandy.offsets"] = properties[key + "offsets"] = offsets_to_json(offsets)
+        if cluster_id:
+            summary["chandy.kafka_cluster_id"] = properties[key + "kafka_cluster_id"] = cluster_id
+        where = f"checkpoint {checkpoint_id}: "
+        rows = changes.upserts
+        shape = changes.latest.drop_columns([OP_COLUMN]).schema  # the change files' columns, deletes' too
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            table = self._load()
+            done = None if table is None else self._record_of(table, job_id)[0]
+            if done is not None and done >= checkpoint_id:  # found done after a conflict
+                ours = table.properties.get(key + "commit_token") == token
+                return commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id) if ours else None
+            fields = None if table is None else self._fields_of(table)
+            self.check_schema(shape, fields, where=where)
+            try:
+                if table is None:
+                    table = self._create(shape)
+                    fields = self._fields_of(table)
+                transaction = table.transaction()
+                if self.add_columns and set(shape.names) - set(fields or {}):
+                    with transaction.update_schema() as update:
+                        update.union_by_name(shape)
+                keys = changes.keys
+                if keys.num_rows and table.current_snapshot() is not None:
+                    with warnings.catch_warnings():  # "Delete operation did not match any records": new keys
+                        warnings.simplefilter("ignore", UserWarning)
+                        transaction.delete(_keys_filter(keys), snapshot_properties=summary)
+                if rows.num_rows:
+                    transaction.append(_as_table_schema(rows, transaction.table_metadata.schema()),
+                                       snapshot_properties=summary)
+                transaction.set_properties(properties)
+                table = transaction.commit_transaction()
+            except Exception as exc:  # pyiceberg and the catalogs raise many types
+                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+                    raise LakeCommitError(f"applying checkpoint {checkpoint_id}'s changes to {self.table_uri} failed "
+                                          f"(attempt {attempt}): {type(exc).__name__}: {exc}") from exc
+                log.warning("checkpoint %d: concurrent commit to %s (%s): retrying", checkpoint_id, self.table_uri, exc)
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+                continue
+            landed = commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id) or without_snapshot(table, checkpoint_id)
+            first = next((snap for snap in table.snapshots() if (snap.summary or {}).get(COMMIT_TOKEN) == token), None)
+            if first is not None:  # the version before the delete, so the event's diff spans the whole change
+                landed = dataclasses.replace(landed, previous_table_version=first.parent_snapshot_id)
+            self._delete_change_files(files)
+            return landed
+        return None  # not reached
+
+    def _delete_change_files(self, files: Iterable[DataFile]) -> None:
+        for f in files:
+            try:
+                self.fs.rm(f"{self.root}/{f.path}")
+            except OSError as exc:
+                log.info("could not delete applied change file %s: %s", f.path, exc)
 
     def _all_referenced(self, table: Any) -> set[str]:
         """Paths (relative to the table root) of the data files any snapshot references."""
@@ -564,3 +656,28 @@ class IcebergSink(SchemaChecked):
                 [data.column(f.name).cast(f.type) if f.name in data.schema.names else pa.nulls(data.num_rows, f.type)
                  for f in schema], schema=schema))
         return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _keys_filter(keys: pa.Table) -> Any:
+    """A pyiceberg row filter matching the rows whose key columns equal one of ``keys``' rows:
+    ``In`` for a one-column key, else an ``Or`` of ``And``s of ``EqualTo``."""
+    from pyiceberg.expressions import And, BooleanExpression, EqualTo, In, Or
+
+    columns = keys.column_names
+    if len(columns) == 1:
+        return In(term=columns[0], values=set(keys.column(0).to_pylist()))
+    rows = {tuple(r[c] for c in columns) for r in keys.to_pylist()}
+    terms: list[BooleanExpression] = []
+    for row in rows:
+        equal: list[BooleanExpression] = [EqualTo(term=c, value=v) for c, v in zip(columns, row, strict=True)]
+        terms.append(equal[0] if len(equal) == 1 else And(*equal))
+    return terms[0] if len(terms) == 1 else Or(*terms)
+
+
+def _as_table_schema(rows: pa.Table, schema: Any) -> pa.Table:
+    """``rows`` with the table's columns in the table's order and Arrow types (pyiceberg's append
+    wants them so); a column the rows lack is null."""
+    target = schema.as_arrow()
+    arrays = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+              for f in target]
+    return pa.Table.from_arrays(arrays, schema=target)

@@ -183,17 +183,27 @@ class DataFile:
     partition_values: Mapping[str, str | None]
     modification_time: int
     schema: str
+    #: the table the file belongs to when the job routes records to many tables (None: the job's own)
+    table_uri: str | None = None
+    #: a change file (``--cdc``): the key columns its rows are merged on (None: a data file to append)
+    id_columns: tuple[str, ...] | None = None
 
     def to_state_handle(self) -> StateHandle:
-        return StateHandle(FILE_KIND, self.path, None, self.size, {
-            "records": str(self.records), "partition_values": json.dumps(dict(self.partition_values)),
-            "modification_time": str(self.modification_time), "schema": self.schema})
+        properties = {"records": str(self.records), "partition_values": json.dumps(dict(self.partition_values)),
+                      "modification_time": str(self.modification_time), "schema": self.schema}
+        if self.table_uri is not None:
+            properties["table_uri"] = self.table_uri
+        if self.id_columns is not None:
+            properties["id_columns"] = json.dumps(list(self.id_columns))
+        return StateHandle(FILE_KIND, self.path, None, self.size, properties)
 
     @classmethod
     def from_state_handle(cls, handle: StateHandle) -> DataFile:
         p = handle.properties
+        id_columns = p.get("id_columns")
         return cls(handle.path or "", handle.state_size, int(p["records"]), json.loads(p["partition_values"]),
-                   int(p["modification_time"]), p["schema"])
+                   int(p["modification_time"]), p["schema"], p.get("table_uri"),
+                   None if id_columns is None else tuple(json.loads(id_columns)))
 
 
 def schema_to_b64(schema: pa.Schema) -> str:
@@ -243,7 +253,7 @@ class LakeSink(Protocol):
     fs: Any
 
     def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int,
-                    attempt: int) -> list[DataFile]: ...
+                    attempt: int, partitioned: bool = True) -> list[DataFile]: ...
 
     def exists(self) -> bool: ...
 
@@ -258,6 +268,10 @@ class LakeSink(Protocol):
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[tuple[str, int], int] | None = None,
                cluster_id: str | None = None) -> LakeCommit | None: ...
+
+    def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
+                       offsets: Mapping[tuple[str, int], int] | None = None,
+                       cluster_id: str | None = None) -> LakeCommit | None: ...
 
     def commits_after(self, job_id: str, checkpoint_id: int) -> list[LakeCommit]: ...
 

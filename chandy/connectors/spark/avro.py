@@ -128,6 +128,26 @@ def value_struct(schema_json: str) -> Any:
     return _spark_type(schema, {}, schema.get("name", "value"))
 
 
+def change_row_schema(schema_json: str) -> str:
+    """The row record of a Debezium change event's Avro envelope (``--cdc debezium``): the
+    record type of its ``before`` or ``after`` field (a union of null and the row, Debezium's
+    ``<server>.<schema>.<table>.Value``), as JSON, so its fields become the table's columns.
+
+    Raises:
+        AvroValueSchemaError: not a record, or neither field is a union holding a record.
+    """
+    envelope = _record(schema_json)
+    for field in envelope.get("fields", []):
+        if field.get("name") not in ("before", "after"):
+            continue
+        kinds = field.get("type")
+        for kind in kinds if isinstance(kinds, list) else [kinds]:
+            if isinstance(kind, dict) and kind.get("type") == "record":
+                return json.dumps(kind)
+    raise AvroValueSchemaError("the value schema is not a Debezium envelope: neither its before nor its after field "
+                               "is a union of null and a record (the row)")
+
+
 def value_fields(schema_json: str) -> list[tuple[str, str]]:
     """(field name, Spark type as ``simpleString``) of the value schema's fields.
 

@@ -23,7 +23,8 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
 
-from chandy.connectors.lake.sink import SOURCE_METRICS_KIND
+from chandy.connectors.lake.routing import Router
+from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeSink
 from chandy.connectors.spark.decode import SchemaChangeError, ValueDecoder, concat_evolving, decode_batches, offset_ranges
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
 from chandy.coordinator.messages import StateHandle
@@ -67,6 +68,12 @@ class TaskOptions:
     add_columns: bool = False
     table_location: str | None = None  # Iceberg: the table's root URL, so tasks need no catalog
     write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES  # Arrow bytes a subtask holds before writing them as files
+    #: routing to many tables (``--route``): rows go to the table their rule names, unrouted ones
+    #: to ``table_uri`` (None: every row to ``table_uri``)
+    router: Router | None = None
+    unrouted: str = "table"  # "table": unrouted rows go to table_uri; "dead-letter": they are bad records
+    #: ``--cdc``: rows are changes, written as change files (merged at the lake commit, never appended)
+    changes: bool = False
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -143,10 +150,53 @@ def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBa
     assert options.decoder is not None
     dead = DeadLetterFile(options.checkpoint_dir, options.job_id, options.checkpoint_id, subtask,
                           options.storage_options)
-    yield from decode_batches(batches, options.decoder, dead.add, dead.add_skipped)
+    if options.router is not None and options.unrouted == "dead-letter":
+        yield from without_unrouted(options, _with_raw(batches, options.decoder, dead), dead.add)
+    else:
+        yield from decode_batches(batches, options.decoder, dead.add, dead.add_skipped)
     dead.close()
     if counts is not None and (dead.count or dead.skipped):
         counts.add((dead.count, dead.skipped))
+
+
+def _with_raw(batches: Iterator[pa.RecordBatch], decoder: ValueDecoder,
+              dead: Any) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch]]:
+    """(raw batch, decoded batch) pairs, bad records and skipped tombstones noted in ``dead``."""
+    for batch in batches:
+        decoded, bad, skipped = decoder.decode(batch)
+        if bad is not None:
+            dead.add(bad)
+        if skipped:
+            dead.add_skipped(skipped)
+        yield batch, decoded
+
+
+def without_unrouted(options: TaskOptions, batches: Iterator[tuple[pa.RecordBatch, pa.RecordBatch]],
+                     on_bad: Callable[[pa.RecordBatch], None]) -> Iterator[pa.RecordBatch]:
+    """``--unrouted dead-letter``: the decoded rows no ``--route`` rule matches are bad records
+    (dead letters, or the micro-batch fails under ``--errors-tolerance none``); the rest pass."""
+    import pyarrow.compute as pc
+
+    assert options.router is not None and options.decoder is not None
+    router = options.router
+    rule = f"route {router.field or 'topic'}"
+    for raw, batch in batches:
+        table = pa.Table.from_batches([batch])
+        keys = router.keys(table)
+        distinct = pc.unique(keys).to_pylist()
+        unrouted = [k for k in distinct if router.table_for(k) is None]
+        if not unrouted:
+            yield batch
+            continue
+        mask = pc.fill_null(pc.is_in(keys, value_set=pa.array(unrouted, pa.string())), True)
+        gone = table.filter(mask)
+        where = set(zip(gone["topic"].to_pylist(), gone["partition"].to_pylist(), gone["offset"].to_pylist(),
+                        strict=True))
+        rows = [i for i, tpo in enumerate(zip(raw.column("topic").to_pylist(), raw.column("partition").to_pylist(),
+                                              raw.column("offset").to_pylist(), strict=True)) if tpo in where]
+        on_bad(options.decoder.refuse(raw, rows, "Unrouted",
+                                      f"no --route rule matches its {rule} (--unrouted dead-letter)"))
+        yield batch.filter(pc.invert(mask).combine_chunks())
 
 
 def buffered(batches: Iterator[pa.RecordBatch], limit_bytes: int) -> Iterator[list[pa.RecordBatch]]:
@@ -208,19 +258,20 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
         sink = task_sink(o.table_uri, partition_by=tuple(o.partition_by), storage_options=o.storage_options,
                          catalog_properties=o.catalog_properties, add_columns=o.add_columns,
                          location=o.table_location)
-        files, rows = [], 0
+        files: list[DataFile] = []
+        rows = 0
         seen: dict[str, tuple[pa.DataType, str]] = {}  # a column's type in the parts before, where it came from
+        routed = RoutedTables(o)
         for part in buffered(batches, o.write_buffer_bytes):
             table = concat_evolving(part, where=where)
             del part
             _check_same_types(table, seen, where)
-            if o.table_fields is not None:
-                sink.check_schema(table.schema, o.table_fields,
-                                  where=f"checkpoint {o.checkpoint_id} ({offset_ranges(table)}): ")
-            files += sink.write_files(table, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask,
-                                      attempt=attempt)
+            destinations = o.router.split(table) if o.router is not None else [(None, table)]
+            for table_uri, data in destinations:
+                files += routed.write(sink if table_uri in (None, o.table_uri) else routed.sink(table_uri), data,
+                                      subtask, attempt)
             rows += table.num_rows
-            del table
+            del table, destinations
         crash_point("task-written", o.checkpoint_id)
         handles = [f.to_state_handle() for f in files]
         metrics = fetch_clock.state_handle() if fetch_clock is not None else None
@@ -237,6 +288,60 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
                 pass
         discard_sender(sender)
         raise
+
+
+class RoutedTables:
+    """What one subtask writes to each table of a checkpoint: the job's own table (``sink``) or a
+    routed one (opened once per process, its columns read once per subtask and checkpoint), as
+    data files, or as change files with ``changes`` (``--cdc``)."""
+
+    def __init__(self, options: TaskOptions) -> None:
+        self.options = options
+        self._fields: dict[str, Mapping[str, Any] | None] = {}
+
+    def sink(self, table_uri: str) -> LakeSink:
+        from chandy.connectors.spark.clients import task_sink
+
+        o = self.options
+        return task_sink(table_uri, partition_by=tuple(o.partition_by), storage_options=o.storage_options,
+                         catalog_properties=o.catalog_properties, add_columns=o.add_columns)
+
+    def _table_fields(self, sink: LakeSink) -> Mapping[str, Any] | None:
+        if sink.table_uri == self.options.table_uri:
+            return self.options.table_fields
+        if sink.table_uri not in self._fields:
+            self._fields[sink.table_uri] = sink.table_fields()
+        return self._fields[sink.table_uri]
+
+    def write(self, sink: LakeSink, data: pa.Table, subtask: int, attempt: int) -> list[DataFile]:
+        """Check ``data`` against ``sink``'s table and write it. Returns the files, each naming
+        its table when it is a routed one, and its key columns when it is a change file.
+
+        Raises:
+            LakeSchemaError: the data does not fit the table.
+        """
+        from chandy.connectors.lake.changes import OP_COLUMN
+        from chandy.connectors.spark.debezium import ChangeEventError
+        from chandy.connectors.spark.decode import BadRecordError
+
+        o = self.options
+        fields = self._table_fields(sink)
+        shape = data.schema.remove(data.schema.get_field_index(OP_COLUMN)) if o.changes else data.schema
+        if fields is not None:
+            sink.check_schema(shape, fields, where=f"checkpoint {o.checkpoint_id} ({offset_ranges(data)}): ")
+        written = sink.write_files(data, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask,
+                                   attempt=attempt, partitioned=not o.changes)
+        changes: dict[str, Any] = {}
+        if o.changes and written:
+            assert o.decoder is not None
+            try:
+                changes["id_columns"] = o.decoder.key_fields(data.column("key")[0].as_py())
+            except ChangeEventError as exc:
+                raise BadRecordError(f"checkpoint {o.checkpoint_id} ({offset_ranges(data)}): the key columns of "
+                                     f"table {sink.table_uri} are unknown: {exc} (give --id-columns)") from exc
+        if sink.table_uri != o.table_uri:
+            changes["table_uri"] = sink.table_uri
+        return [dataclasses.replace(f, **changes) for f in written] if changes else written
 
 
 def read_write_and_acknowledge(options: TaskOptions, counts: Any = None) -> Callable[[int, Iterator[list]], Iterator[tuple[int, int]]]:

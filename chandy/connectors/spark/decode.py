@@ -32,6 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from chandy.connectors.lake.changes import OP_COLUMN
 from chandy.connectors.type_mapping import Unfit, json_converter, parse_json, plain_numbers
 from chandy.coordinator.errors import ChandyError
 
@@ -89,6 +90,14 @@ class ValueDecoder:
         errors_tolerance: ``"none"`` or ``"all"`` (Kafka Connect's ``errors.tolerance``).
         session_time_zone: the zone of JSON timestamps without an offset (Spark's
             ``spark.sql.session.timeZone``, as ``from_json``).
+        cdc: ``"debezium"``: values are Debezium change events (:mod:`chandy.connectors.spark.debezium`);
+            ``columns`` are the *row*'s (``after``/``before``) and each decoded row gets the
+            change's operation in :data:`~chandy.connectors.lake.changes.OP_COLUMN`; a tombstone
+            is a delete of the row its key names (``tombstones`` does not apply). None: plain values.
+        key_schema: with ``cdc``, the Avro schema of the keys (JSON), read with ``avro_framing``;
+            None: keys are JSON, or, with the Confluent framing and a Schema Registry, Avro
+            whose writer schema the registry gives.
+        id_columns: with ``cdc``, the key columns of the rows (empty: the key's fields).
 
     Values become columns as :mod:`chandy.connectors.type_mapping` says, exactly: a value that
     does not fit its column (a fraction into an integer, a number beyond its column's range) is
@@ -107,26 +116,64 @@ class ValueDecoder:
     tombstones: str = "error"
     errors_tolerance: str = "none"
     session_time_zone: str = "UTC"
+    cdc: str | None = None
+    key_schema: str | None = None
+    id_columns: tuple[str, ...] = ()
 
     @property
     def output_schema(self) -> pa.Schema:
-        """The decoded batches' schema: the kept Kafka columns, then the value columns."""
+        """The decoded batches' schema: the kept Kafka columns, then the value columns (and,
+        with ``cdc``, the operation column)."""
         from chandy.connectors.spark.records import ARROW_SCHEMA
 
-        return pa.schema([ARROW_SCHEMA.field(c) for c in self.keep] + list(self.columns))
+        fields = [ARROW_SCHEMA.field(c) for c in self.keep] + list(self.columns)
+        return pa.schema(fields + ([_op_field()] if self.cdc else []))
 
     def _parser(self) -> Callable[[bytes], dict[str, Any]]:
         if self.value_format == "json":
             return _parse_json
+        assert self.avro_schema is not None
+        return self._avro_parser(self.avro_schema)
+
+    def key_parser(self) -> Callable[[bytes | None], dict[str, Any]]:
+        """With ``cdc``: a function from a record's key to its fields (see ``key_schema``).
+
+        It raises ``ChangeEventError`` for a missing or unreadable key."""
+        from chandy.connectors.spark.debezium import ChangeEventError, json_key
+
+        avro = None
+        if self.key_schema is not None:
+            avro = self._avro_parser(self.key_schema)
+        elif self.avro_framing == "confluent" and self.schema_registry:
+            avro = self._avro_parser(None)
+
+        def parse(raw: bytes | None) -> dict[str, Any]:
+            if avro is None or raw is None or raw[:1] == b"{":
+                return json_key(raw)
+            try:
+                return avro(raw)
+            except _Bad as exc:
+                raise ChangeEventError(f"the key is not Avro of the key schema: {exc}") from exc
+
+        return parse
+
+    def key_fields(self, raw: bytes | None) -> tuple[str, ...]:
+        """With ``cdc``: the key columns of a change whose key is ``raw``: ``id_columns``, else
+        the key's fields (raises ``ChangeEventError`` for a key that does not parse)."""
+        return self.id_columns or tuple(self.key_parser()(raw))
+
+    def _avro_parser(self, schema_text: str | None) -> Callable[[bytes], dict[str, Any]]:
+        """A parser of Avro records of ``schema_text`` in ``avro_framing`` (None: the Confluent
+        framing's writer schema, from the Schema Registry, read as written)."""
         import fastavro
 
         from chandy.connectors.spark.avro import reader_schema
         from chandy.schemas.codec import WireFormatError, fingerprint, split_single_object
 
-        assert self.avro_schema is not None
-        definition = json.loads(self.avro_schema)
-        parsed = fastavro.parse_schema(reader_schema(definition))  # the same bytes, read into the columns' values
-        expected_fp = fingerprint(definition)
+        definition = json.loads(schema_text) if schema_text is not None else None
+        # the same bytes, read into the columns' values
+        parsed = fastavro.parse_schema(reader_schema(definition)) if definition is not None else None
+        expected_fp = fingerprint(definition) if definition is not None else b""
         framing, schema_id = self.avro_framing, self.avro_schema_id
         registry = dict(self.schema_registry)
         writers: dict[int, Any] = {}
@@ -166,9 +213,12 @@ class ValueDecoder:
                     raise _Bad("WireFormatError", f"schema ID {found}, expected {schema_id}")
                 body = raw[5:]
                 writer = writer_schema(found) if registry else parsed
+            if writer is None:
+                raise _Bad("WireFormatError", "no Avro schema to read the record with")
             stream = io.BytesIO(body)
             try:
-                value = fastavro.schemaless_reader(stream, writer, parsed if writer is not parsed else None)
+                reader = parsed if parsed is not None and writer is not parsed else None
+                value = fastavro.schemaless_reader(stream, writer, reader)
             except Exception as exc:  # fastavro raises many types on bad bytes
                 raise _Bad(type(exc).__name__, f"not Avro of the value schema: {exc}") from exc
             if stream.tell() != len(body):
@@ -190,7 +240,7 @@ class ValueDecoder:
         Raises:
             BadRecordError: a bad record under ``errors_tolerance="none"``.
         """
-        if vectorized and self.value_format == "json":
+        if vectorized and self.value_format == "json" and self.cdc is None:
             from chandy.connectors.spark.json_batch import decode_json_batch
 
             columns = decode_json_batch(batch.column("value"), self.columns, self.source_names,
@@ -203,11 +253,20 @@ class ValueDecoder:
         known = set(self.source_names)
         extra_names: list[str] = []
         rows: list[dict[str, Any] | None] = []
+        ops: list[str] = []  # with cdc: each row's operation
         keep_rows: list[int] = []
         bad: dict[int, _Bad] = {}
         skipped = 0
+        change = self._change_reader(batch) if self.cdc else None
         for i, raw in enumerate(raws):
             try:
+                if change is not None:
+                    row, op = change(i, raw, parse)
+                    value = self._checked_fields(row, known, extra_names)
+                    rows.append(value)
+                    ops.append(op)
+                    keep_rows.append(i)
+                    continue
                 if raw is None:
                     if self.tombstones == "skip":
                         skipped += 1
@@ -219,16 +278,7 @@ class ValueDecoder:
                     raise _Bad("Tombstone", "a tombstone (null value); choose what tombstones do with --tombstones skip|null")
                 if not raw:
                     raise _Bad("EmptyValue", "an empty value")
-                value = parse(raw)
-                if self.unknown_fields == "add":
-                    for name in value:
-                        if name not in known and name not in extra_names:
-                            extra_names.append(name)
-                elif self.unknown_fields == "error":
-                    extra = sorted(set(value) - known)
-                    if extra:
-                        raise _Bad("UnknownField", f"field(s) {', '.join(extra)} have no column in the table "
-                                                   "(--schema-evolution adds them; a transform fixes the columns)")
+                value = self._checked_fields(parse(raw), known, extra_names)
                 rows.append(value)
                 keep_rows.append(i)
             except _Bad as exc:
@@ -248,12 +298,84 @@ class ValueDecoder:
                 self._check_tolerance(batch, keep_rows[position], unfit)
             good = [p for p in range(len(rows)) if p not in type_bad]
             keep_rows = [keep_rows[p] for p in good]
+            ops = [ops[p] for p in good] if ops else ops
             columns, _ = self._columns([rows[p] for p in good], fields, names)
         taken = pa.array(keep_rows, pa.int64())
         kafka = [batch.column(c).take(taken) for c in self.keep]
-        schema = pa.schema(list(self.output_schema) + fields[len(self.columns):])
+        base = [f for f in self.output_schema if f.name != OP_COLUMN]
+        extra = fields[len(self.columns):]
+        if self.cdc:
+            schema = pa.schema(base + extra + [_op_field()])
+            columns = columns + [pa.array(ops, pa.string())]
+        else:
+            schema = pa.schema(base + extra)
         decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
         return decoded, (_bad_batch(batch, bad) if bad else None), skipped
+
+    def _checked_fields(self, value: dict[str, Any], known: set[str], extra_names: list[str]) -> dict[str, Any]:
+        """``value`` after the ``unknown_fields`` rule: new names noted for ``add``; a bad record
+        for ``error`` when it has fields without a column."""
+        if self.unknown_fields == "add":
+            for name in value:
+                if name not in known and name not in extra_names:
+                    extra_names.append(name)
+        elif self.unknown_fields == "error":
+            extra = sorted(set(value) - known)
+            if extra:
+                raise _Bad("UnknownField", f"field(s) {', '.join(extra)} have no column in the table "
+                                           "(--schema-evolution adds them; a transform fixes the columns)")
+        return value
+
+    def _change_reader(self, batch: pa.RecordBatch) -> Callable[[int, bytes | None, Callable], tuple[dict, str]]:
+        """With ``cdc``: (row index, raw value, value parser) -> (the change's row, its operation),
+        raising ``_Bad`` for what is not a change event (see :mod:`chandy.connectors.spark.debezium`)."""
+        from chandy.connectors.spark.debezium import DELETE_OP, ChangeEventError, change_row, unwrap_payload
+
+        keys = batch.column("key")
+        key_of = self.key_parser()
+        id_columns = self.id_columns
+
+        def key_row(i: int) -> dict[str, Any]:
+            fields = key_of(keys[i].as_py())
+            if id_columns:
+                missing = [c for c in id_columns if c not in fields]
+                if missing:
+                    raise ChangeEventError(f"the key has no field(s) {missing} (--id-columns); it has {sorted(fields)}")
+                return {c: fields[c] for c in id_columns}
+            return fields
+
+        def read(i: int, raw: bytes | None, parse: Callable[[bytes], dict[str, Any]]) -> tuple[dict, str]:
+            try:
+                if raw is None:
+                    return key_row(i), DELETE_OP  # a tombstone: the key's row is gone
+                if not raw:
+                    raise _Bad("EmptyValue", "an empty value")
+                envelope = unwrap_payload(_parse_json_any(raw) if self.value_format == "json" else parse(raw))
+                if envelope is None:  # the JSON converter's tombstone with schemas: a null payload
+                    return key_row(i), DELETE_OP
+                if not isinstance(envelope, dict):
+                    raise _Bad("JsonParseError", f"not a JSON object but {type(envelope).__name__}")
+                row, op = change_row(envelope, lambda: key_row(i))
+                missing = [c for c in (id_columns or ()) if row.get(c) is None]
+                if missing:
+                    raise ChangeEventError(f"the {op!r} change's row has no value for key column(s) {missing}")
+                return row, op
+            except ChangeEventError as exc:
+                raise _Bad("ChangeEventError", str(exc)) from exc
+
+        return read
+
+    def refuse(self, batch: pa.RecordBatch, rows: list[int], kind: str, message: str) -> pa.RecordBatch:
+        """Make ``rows`` of the raw Kafka ``batch`` bad records of ``kind`` (e.g. a record no
+        ``--route`` rule matches): returned as :data:`BAD_RECORDS_SCHEMA` rows.
+
+        Raises:
+            BadRecordError: under ``errors_tolerance="none"``, naming the first of them.
+        """
+        bad = {row: _Bad(kind, message) for row in rows}
+        for row in rows[:1]:
+            self._check_tolerance(batch, row, bad[row])
+        return _bad_batch(batch, bad)
 
     def _check_tolerance(self, batch: pa.RecordBatch, row: int, exc: _Bad) -> None:
         if self.errors_tolerance == "none":
@@ -363,6 +485,17 @@ def location(batch: pa.RecordBatch, row: int) -> str:
     """``topic <t> partition <p> offset <o>`` of a row of a Kafka batch."""
     return (f"topic {batch.column('topic')[row].as_py()} partition {batch.column('partition')[row].as_py()} "
             f"offset {batch.column('offset')[row].as_py()}")
+
+
+def _op_field() -> pa.Field:
+    return pa.field(OP_COLUMN, pa.string())
+
+
+def _parse_json_any(raw: bytes) -> Any:
+    try:
+        return parse_json(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Bad("JsonParseError", f"invalid JSON: {exc}") from exc
 
 
 def _parse_json(raw: bytes) -> dict[str, Any]:

@@ -41,7 +41,8 @@ class PipelineDecoding(PipelineCore):
                             if opts.value_format == "avro" else None, avro_framing=opts.avro_framing,
                             avro_schema_id=opts.avro_schema_id, unknown_fields=unknown_fields,
                             tombstones=opts.tombstones, errors_tolerance=opts.errors_tolerance,
-                            schema_registry=tuple(sorted(opts.schema_registry.items())))
+                            schema_registry=tuple(sorted(opts.schema_registry.items())), cdc=opts.cdc,
+                            key_schema=opts.key_schema, id_columns=tuple(opts.id_columns))
 
     def _decoder_from_known_schema(self) -> ValueDecoder | None:
         """The decoder when the value's columns are known before reading: a DDL, an Avro schema,
@@ -50,9 +51,10 @@ class PipelineDecoding(PipelineCore):
         if opts.value_format is None:
             return None
         if opts.value_format == "avro":
-            from chandy.connectors.spark.avro import value_struct
+            from chandy.connectors.spark.avro import change_row_schema, value_struct
 
-            columns, names = self._value_columns(value_struct(opts.value_schema or ""))
+            row_schema = change_row_schema(opts.value_schema or "") if opts.cdc else opts.value_schema
+            columns, names = self._value_columns(value_struct(row_schema or ""))
             return self._make_decoder(columns, names, "ignore")
         if opts.value_schema:
             from chandy.connectors.spark.ddl import parse_ddl
@@ -76,6 +78,10 @@ class PipelineDecoding(PipelineCore):
         return self.decoder.output_schema if self.decoder is not None else ARROW_SCHEMA
 
     def _check_output_schema(self, schema: pa.Schema) -> None:
+        from chandy.connectors.lake.changes import OP_COLUMN
+
+        if OP_COLUMN in schema.names and self.options.cdc:  # the change's operation is not a column of the table
+            schema = schema.remove(schema.get_field_index(OP_COLUMN))
         try:
             self.sink.check_schema(schema, self.table_fields)
         except LakeSchemaError as exc:
@@ -94,6 +100,11 @@ class PipelineDecoding(PipelineCore):
                 value = json.loads(raw)
             except (ValueError, UnicodeDecodeError):
                 continue
+            if self.options.cdc and isinstance(value, dict):  # infer the row's columns, not the envelope's
+                from chandy.connectors.spark.debezium import unwrap_payload
+
+                envelope = unwrap_payload(value)
+                value = envelope.get("after") or envelope.get("before") if isinstance(envelope, dict) else None
             if isinstance(value, dict):
                 lines.append(json.dumps(value))
         if not lines:

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
+from chandy.connectors.lake.routing import Router
 from chandy.connectors.lake.sink import TP, TableProgress
 from chandy.connectors.lake.sinks import LakeSink, open_sink
 from chandy.connectors.spark.cluster import (
@@ -58,6 +59,8 @@ class PipelineCore:
                                         storage_options=options.storage_options,
                                         catalog_properties=options.catalog_properties, add_columns=self.add_columns)
         self._transform = load_transform(options.transform) if options.transform else None
+        #: ``--route``'s rules, relative table paths made absolute here (None: one table)
+        self.router: Router | None = Router.parse(options.routes, options.route_field).resolved() if options.routes else None
         self.service: CoordinatorService | None = None
         self.parallelism = 0
         self.topic_names: list[str] = list(options.topics)

@@ -216,6 +216,26 @@ class PipelineOptions:
         "ms the running pipeline rides through Kafka being unavailable (a broker's death, a leader election: "
         "retriable errors, retried with backoff) before it stops."))
 
+    routes: tuple[str, ...] = _opt((), "--route", kind="multiple", metavar="PATTERN=TABLE", help=(
+        "Route records to many tables (repeatable, first match wins): PATTERN, a regex, must match the whole topic "
+        "(or --route-field's value); TABLE is a Delta or iceberg:// URI that may name its groups as $1 or ${name}, "
+        "e.g. 'cdc\\.sales\\.(.*)=lake/sales/$1'. Tables that do not exist are created."))
+    route_field: str | None = _opt(None, "--route-field", metavar="FIELD", help=(
+        "Route by this decoded field's value instead of the topic (a static map: 'eu=lake/eu'; the value as the "
+        "table's name, allowed by a pattern: '([a-z_]+)=lake/$1')."))
+    unrouted: str = _opt("table", "--unrouted", choices=("table", "dead-letter"), help=(
+        "Records no --route rule matches land in --table, or are bad records (dead-lettered with "
+        "--errors-tolerance all --dead-letter-topic, else they fail the micro-batch)."))
+    cdc: str | None = _opt(None, "--cdc", choices=("debezium",), help=(
+        "Values are Debezium change events (before/after/op, JSON with or without schema/payload, or Avro): each "
+        "checkpoint upserts the last change per key (Delta MERGE, Iceberg delete + insert); op d and tombstones "
+        "delete. --value-schema then describes the row (JSON: DDL of the row; Avro: the envelope schema)."))
+    id_columns: tuple[str, ...] = _opt((), "--id-columns", kind="multiple", metavar="COLUMN[,COLUMN]", help=(
+        "With --cdc: the row's key columns (repeatable or comma-separated)  [default: the Kafka key's fields]"))
+    key_schema: str | None = _opt(None, "--key-schema", read_at_file=True, help=(
+        "With --cdc and Avro keys: the key's Avro schema (JSON or @file), read with --avro-framing  [default: JSON "
+        "keys, or the Schema Registry's schema with --avro-framing confluent]"))
+
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
             raise PipelineError("give topics (a list) or a topic pattern (a regex), not both and not neither")
@@ -256,6 +276,7 @@ class PipelineOptions:
             raise PipelineError(f"--metrics-port takes a port 0-65535, got {self.metrics_port}")
         if self.optimize_target_size is not None and self.optimize_target_size < 1:
             raise PipelineError(f"--optimize-target-size takes bytes >= 1, got {self.optimize_target_size}")
+        self._check_routing_and_cdc()
         object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
         if self.value_format == "json" and self.value_schema:
             from chandy.connectors.spark.ddl import parse_ddl
@@ -265,6 +286,35 @@ class PipelineOptions:
             from chandy.connectors.spark.avro import value_fields
 
             value_fields(self.value_schema or "")
+
+    def _check_routing_and_cdc(self) -> None:
+        if self.routes:
+            from chandy.connectors.lake.routing import RouteError, Router
+
+            try:
+                Router.parse(self.routes, self.route_field)
+            except RouteError as exc:
+                raise PipelineError(str(exc)) from exc
+        if self.route_field and not self.routes:
+            raise PipelineError("--route-field needs --route rules (PATTERN=TABLE) to route by its value")
+        if self.route_field and self.value_format is None:
+            raise PipelineError("--route-field needs a value format (--value-format): raw values have no fields")
+        if self.unrouted not in ("table", "dead-letter"):
+            raise PipelineError(f"--unrouted must be table or dead-letter, got {self.unrouted!r}")
+        if self.unrouted == "dead-letter" and (self.value_format is None or self.transform):
+            raise PipelineError("--unrouted dead-letter needs a value format (--value-format) and no --transform: "
+                                "unrouted records are found as they are decoded")
+        if self.cdc not in (None, "debezium"):
+            raise PipelineError(f"--cdc takes debezium, got {self.cdc!r}")
+        if self.cdc and self.value_format is None:
+            raise PipelineError("--cdc debezium needs --value-format json or avro: the change events are decoded")
+        if self.cdc and self.transform:
+            raise PipelineError("--cdc cannot take a --transform: the merge needs the change records as decoded "
+                                "(their key, operation, partition and offset)")
+        if (self.id_columns or self.key_schema) and not self.cdc:
+            raise PipelineError("--id-columns and --key-schema go with --cdc debezium")
+        columns = tuple(c.strip() for text in self.id_columns for c in text.split(",") if c.strip())
+        object.__setattr__(self, "id_columns", columns)
 
     @property
     def resolved_job_id(self) -> str:

@@ -51,6 +51,7 @@ from chandy.connectors.kafka.source.enumerator import (
     KafkaSourceOptions,
 )
 from chandy.connectors.lake.committer import LakeCommitterProvider, OffsetRanges
+from chandy.connectors.lake.sinks import LakeSink, open_sink
 from chandy.connectors.spark.cluster import (
     default_parallelism,
     root_cause,
@@ -161,7 +162,9 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             # order matters: the lake commit happens before the offset commit (notification order)
             coordinator_providers=[LakeCommitterProvider(SINK_OPERATOR, self.sink, storage, offsets_of=self.offsets_of,
                                                          cluster_id=self.cluster_id, optimize_every=opts.optimize_every,
-                                                         optimize_target_size=opts.optimize_target_size),
+                                                         optimize_target_size=opts.optimize_target_size,
+                                                         open_table=self._routed_table if opts.routes else None,
+                                                         changes=opts.cdc is not None),
                                    KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
             prefix=opts.prefix, producer_overrides=opts.driver_producer_overrides,
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
@@ -180,6 +183,12 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         except ChandyError as exc:
             service.stop()
             raise PipelineError(f"job {self.job_id} cannot start: {exc}") from exc
+
+    def _routed_table(self, table_uri: str) -> LakeSink:
+        """The sink of a table ``--route`` names (created at its first commit, with ``--partition-by``)."""
+        opts = self.options
+        return open_sink(table_uri, partition_by=tuple(opts.partition_by), storage_options=dict(opts.storage_options),
+                         catalog_properties=dict(opts.catalog_properties), add_columns=self.add_columns)
 
     def _release_savepoint_ranges(self, checkpoint_id: int) -> None:
         """An intermediate savepoint's ranges are read again by the next checkpoint (nobody is
