@@ -101,6 +101,7 @@ class LakeCommitter:
         self._routed: dict[str, LakeSink] = {}  # the routed tables this run met, by URI
         self._routed_offsets: dict[str, dict[TP, int]] = {}  # what each routed table holds for the job
         self._cleaned: set[str] = set()  # routed tables whose unreferenced files this run deleted
+        self._committed_through: int | None = None  # the newest checkpoint this run committed and announced
         self.sink = sink
         self.storage = storage
         self._foreign_checkpoint: int | None = None  # restored from another table's savepoint
@@ -226,6 +227,8 @@ class LakeCommitter:
         return sink
 
     def _commit(self, checkpoint_id: int) -> None:
+        if self._committed_through is not None and checkpoint_id <= self._committed_through:
+            return  # this run committed it already (a restore's commit, then its completion notice)
         crash_point("before-lake-commit", checkpoint_id)
         metadata = self._metadata(checkpoint_id)
         files = self.files_of(checkpoint_id, metadata)
@@ -250,6 +253,7 @@ class LakeCommitter:
         crash_point("before-lake-event", checkpoint_id)
         for sink, committed, table_ranges in landed:
             self._announce(sink, checkpoint_id, committed, table_ranges)
+        self._committed_through = checkpoint_id
         crash_point("before-offset-commit", checkpoint_id)
 
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
