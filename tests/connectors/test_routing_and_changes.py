@@ -163,3 +163,29 @@ def test_id_columns_may_be_given_comma_separated() -> None:
     options = PipelineOptions(table_uri="/tmp/t", bootstrap_servers="b:1", topics=("t",), cdc="debezium",
                               value_format="json", id_columns=("id, region", "flight"))
     assert options.id_columns == ("id", "region", "flight")
+
+
+def test_the_json_converters_logical_types_are_read_as_their_schema_says() -> None:
+    """Debezium's JSON converter with schemas: a Decimal is base64 of its unscaled bytes, a
+    MicroTimestamp microseconds since the epoch, a Date days since it (Debezium's defaults)."""
+    row_schema = {"type": "struct", "optional": True, "fields": [
+        {"field": "id", "type": "int64", "optional": False},
+        {"field": "price", "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+         "version": 1, "parameters": {"scale": "2", "connect.decimal.precision": "10"}},
+        {"field": "seen", "type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "version": 1},
+        {"field": "day", "type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1},
+        {"field": "loss", "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+         "parameters": {"scale": "1"}}]}
+    schema = {"type": "struct", "name": "db.public.t.Envelope", "fields": [
+        {**row_schema, "field": "before"}, {**row_schema, "field": "after"}, {"field": "op", "type": "string"}]}
+    after = {"id": 1, "price": "MDk=", "seen": 1_764_000_000_123_456, "day": 20_000, "loss": "/4U="}
+    value = json.dumps({"schema": schema, "payload": {"before": None, "after": after, "op": "c"}}).encode()
+    columns = pa.schema([("id", pa.int64()), ("price", pa.decimal128(10, 2)), ("seen", pa.timestamp("us", tz="UTC")),
+                         ("day", pa.date32()), ("loss", pa.decimal128(10, 1))])
+    decoder = ValueDecoder("json", columns, tuple(columns.names), ("key", "partition", "offset"), cdc="debezium")
+    decoded, bad, _ = decoder.decode(_kafka_batch([b'{"id": 1}'], [value]))
+    assert bad is None
+    row = decoded.to_pylist()[0]
+    assert str(row["price"]) == "123.45" and str(row["loss"]) == "-12.3"
+    assert row["seen"] == datetime.datetime(2025, 11, 24, 16, 0, 0, 123456, tzinfo=datetime.UTC)
+    assert row["day"] == datetime.date(2024, 10, 4)

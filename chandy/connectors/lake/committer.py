@@ -128,8 +128,9 @@ class LakeCommitter:
         if self._optimizer is not None:
             self._optimizer.shutdown(wait=True)
 
-    def _maybe_optimize(self, checkpoint_id: int) -> None:
-        """Start a compaction after every ``optimize_every``-th checkpoint, unless one still runs."""
+    def _maybe_optimize(self, checkpoint_id: int, sinks: list[LakeSink]) -> None:
+        """Start a compaction of ``sinks`` (the tables the checkpoint committed to) after every
+        ``optimize_every``-th checkpoint, unless one still runs."""
         if not self.optimize_every or checkpoint_id % self.optimize_every:
             return
         if self._optimizing is not None and not self._optimizing.done():
@@ -140,10 +141,12 @@ class LakeCommitter:
         target_size = self.optimize_target_size
 
         def optimize() -> None:
-            try:
-                self.optimizations.append(self.sink.optimize(target_size=target_size))
-            except Exception as exc:  # noqa: BLE001 - storage and delta-rs errors alike: the next one may succeed
-                log.warning("compaction after checkpoint %d failed (the pipeline goes on): %s", checkpoint_id, exc)
+            for sink in sinks:
+                try:
+                    self.optimizations.append(sink.optimize(target_size=target_size))
+                except Exception as exc:  # noqa: BLE001 - storage and delta-rs errors alike: the next one may succeed
+                    log.warning("compaction of %s after checkpoint %d failed (the pipeline goes on): %s",
+                                sink.table_uri, checkpoint_id, exc)
 
         self._optimizing = self._optimizer.submit(optimize)
 
@@ -248,8 +251,9 @@ class LakeCommitter:
         self.table_offsets = offsets
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
-        if own:
-            self._maybe_optimize(checkpoint_id)
+        committed_to = [sink for sink, committed, _ in landed if committed]
+        if committed_to:
+            self._maybe_optimize(checkpoint_id, committed_to)
         crash_point("before-lake-event", checkpoint_id)
         for sink, committed, table_ranges in landed:
             self._announce(sink, checkpoint_id, committed, table_ranges)

@@ -73,3 +73,66 @@ def json_key(raw: bytes | None) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ChangeEventError(f"the key is not a JSON object but {type(value).__name__}")
     return value
+
+
+def _decimal(raw: Any, scale: int) -> Any:
+    """A Connect Decimal: base64 of the big-endian two's-complement unscaled value."""
+    import base64
+    import decimal
+
+    if not isinstance(raw, str):
+        return raw  # decimal.handling.mode=double or string wrote it as a number or its text already
+    unscaled = int.from_bytes(base64.b64decode(raw), "big", signed=True)
+    return decimal.Decimal(unscaled).scaleb(-scale)
+
+
+def _instant(value: Any, per_second: int) -> Any:
+    import datetime
+
+    if not isinstance(value, int) or isinstance(value, bool):
+        return value
+    seconds, fraction = divmod(value, per_second)
+    stamp = datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    digits = len(str(per_second)) - 1
+    return f"{stamp}.{fraction:0{digits}d}Z" if digits else f"{stamp}Z"
+
+
+def _date(value: Any) -> Any:
+    import datetime
+
+    if not isinstance(value, int) or isinstance(value, bool):
+        return value
+    return (datetime.date(1970, 1, 1) + datetime.timedelta(days=value)).isoformat()
+
+
+#: Connect's and Debezium's logical types in the JSON converter's schema -> how the payload's value
+#: becomes the JSON value Chandy's type mapping reads (a number, an ISO timestamp or date)
+_LOGICAL: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
+    "org.apache.kafka.connect.data.Decimal": lambda v, s: _decimal(v, int(s.get("parameters", {}).get("scale", 0))),
+    "io.debezium.data.VariableScaleDecimal": lambda v, s: (
+        _decimal(v.get("value"), int(v.get("scale", 0))) if isinstance(v, dict) else v),
+    "org.apache.kafka.connect.data.Timestamp": lambda v, s: _instant(v, 1000),
+    "io.debezium.time.Timestamp": lambda v, s: _instant(v, 1000),
+    "io.debezium.time.MicroTimestamp": lambda v, s: _instant(v, 1_000_000),
+    "io.debezium.time.NanoTimestamp": lambda v, s: _instant(v, 1_000_000_000),
+    "org.apache.kafka.connect.data.Date": lambda v, s: _date(v),
+    "io.debezium.time.Date": lambda v, s: _date(v),
+}
+
+
+def with_logical_types(schema: Any, side: str, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (the ``side`` field, ``before`` or ``after``, of an envelope whose JSON converter
+    ``schema`` is given) with the values of Connect's and Debezium's logical types made plain:
+    ``Decimal`` and ``VariableScaleDecimal`` (base64 bytes) become numbers, ``Timestamp``,
+    ``MicroTimestamp`` and ``NanoTimestamp`` (epoch counts) ISO timestamps in UTC, ``Date`` (days)
+    ISO dates; a row without such fields, or a schema of another shape, is returned as it is."""
+    if not isinstance(schema, dict):
+        return row
+    struct = next((f for f in schema.get("fields", ()) if isinstance(f, dict) and f.get("field") == side), None)
+    if not isinstance(struct, dict):
+        return row
+    for field in struct.get("fields", ()):
+        name, logical = field.get("field"), _LOGICAL.get(field.get("name", ""))
+        if logical is not None and row.get(name) is not None:
+            row[name] = logical(row[name], field)
+    return row

@@ -329,7 +329,13 @@ class ValueDecoder:
     def _change_reader(self, batch: pa.RecordBatch) -> Callable[[int, bytes | None, Callable], tuple[dict, str]]:
         """With ``cdc``: (row index, raw value, value parser) -> (the change's row, its operation),
         raising ``_Bad`` for what is not a change event (see :mod:`chandy.connectors.spark.debezium`)."""
-        from chandy.connectors.spark.debezium import DELETE_OP, ChangeEventError, change_row, unwrap_payload
+        from chandy.connectors.spark.debezium import (
+            DELETE_OP,
+            ChangeEventError,
+            change_row,
+            unwrap_payload,
+            with_logical_types,
+        )
 
         keys = batch.column("key")
         key_of = self.key_parser()
@@ -350,12 +356,15 @@ class ValueDecoder:
                     return key_row(i), DELETE_OP  # a tombstone: the key's row is gone
                 if not raw:
                     raise _Bad("EmptyValue", "an empty value")
-                envelope = unwrap_payload(_parse_json_any(raw) if self.value_format == "json" else parse(raw))
+                value = _parse_json_any(raw) if self.value_format == "json" else parse(raw)
+                envelope = unwrap_payload(value)
                 if envelope is None:  # the JSON converter's tombstone with schemas: a null payload
                     return key_row(i), DELETE_OP
                 if not isinstance(envelope, dict):
                     raise _Bad("JsonParseError", f"not a JSON object but {type(envelope).__name__}")
                 row, op = change_row(envelope, lambda: key_row(i))
+                if envelope is not value:  # the JSON converter's schema says which fields are logical types
+                    row = with_logical_types(value.get("schema"), "before" if op == DELETE_OP else "after", row)
                 missing = [c for c in (id_columns or ()) if row.get(c) is None]
                 if missing:
                     raise ChangeEventError(f"the {op!r} change's row has no value for key column(s) {missing}")
