@@ -240,6 +240,14 @@ class ValueDecoder:
         Raises:
             BadRecordError: a bad record under ``errors_tolerance="none"``.
         """
+        if vectorized and self.value_format == "json" and self.cdc is not None and self.unknown_fields == "ignore":
+            from chandy.connectors.spark.json_batch import decode_json_change_batch
+
+            changes = decode_json_change_batch(batch.column("value"), self.columns, self.source_names,
+                                               session_time_zone=self.session_time_zone)
+            if changes is not None:
+                kafka = [batch.column(c) for c in self.keep]
+                return pa.RecordBatch.from_arrays(kafka + changes[0] + [changes[1]], schema=self.output_schema), None, 0
         if vectorized and self.value_format == "json" and self.cdc is None:
             from chandy.connectors.spark.json_batch import decode_json_batch
 

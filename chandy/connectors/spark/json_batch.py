@@ -104,8 +104,15 @@ def decode_json_batch(values: pa.Array, columns: pa.Schema, source_names: Sequen
     if plan is None:
         return None
     read_schema, converters = plan
-    # one value per line: no line break inside a value, no blank value (Arrow skips blank lines,
-    # and two objects on one line would make two rows: the row count then tells)
+    table = _read_lines(values, read_schema, "ignore" if unknown_fields == "ignore" else "error")
+    if table is None or table.num_columns != len(columns):
+        return None
+    return _converted(columns, converters, [c.combine_chunks() for c in table.columns])
+
+
+def _read_lines(values: pa.Array, schema: pa.Schema, unexpected: str) -> pa.Table | None:
+    """``values`` (one JSON object each, no line break inside) read by Arrow with ``schema``;
+    None when a value has a line break, is blank, or Arrow refuses the batch."""
     if pc.any(pc.match_substring_regex(values, r"[\r\n]|^[ \t]*$")).as_py():
         return None
     text = b"\n".join(values.to_pylist())
@@ -113,20 +120,51 @@ def decode_json_batch(values: pa.Array, columns: pa.Schema, source_names: Sequen
         table = pa_json.read_json(
             pa.py_buffer(text),
             read_options=pa_json.ReadOptions(use_threads=False, block_size=max(1 << 20, len(text) + 1)),
-            parse_options=pa_json.ParseOptions(explicit_schema=read_schema, newlines_in_values=False,
-                                               unexpected_field_behavior="ignore" if unknown_fields == "ignore"
-                                               else "error"))
+            parse_options=pa_json.ParseOptions(explicit_schema=schema, newlines_in_values=False,
+                                               unexpected_field_behavior=unexpected))
+        table.validate(full=True)  # Arrow's reader scales an integer into a DECIMAL without checking its precision
     except (pa.ArrowException, UnicodeDecodeError, ValueError):
         return None
-    if table.num_rows != len(values) or table.num_columns != len(columns):
+    return table if table.num_rows == len(values) else None
+
+
+def decode_json_change_batch(values: pa.Array, columns: pa.Schema, source_names: Sequence[str], *,
+                             session_time_zone: str) -> tuple[list[pa.Array], pa.Array] | None:
+    """A batch of Debezium JSON change events (``--cdc debezium``) read by Arrow's JSON reader:
+    (the row columns, as :func:`decode_json_batch` gives them, and the operations), each row
+    ``after`` for ``c``, ``u`` and ``r`` and ``before`` for ``d``; None when the batch must go
+    record by record (a tombstone, the converter's ``schema``/``payload`` wrapper, another
+    operation, a missing row, or anything :func:`decode_json_batch` would refuse), which also
+    reads and names what is bad. Fields without a column are ignored, as with a value schema."""
+    if len(values) == 0 or values.null_count:
         return None
-    try:
-        table.validate(full=True)  # Arrow's reader scales an integer into a DECIMAL without checking its precision
-    except pa.ArrowInvalid:
+    plan = _plan(columns, tuple(source_names), session_time_zone)
+    if plan is None:
         return None
+    row_schema, converters = plan
+    row = pa.struct(list(row_schema))
+    table = _read_lines(values, pa.schema([("before", row), ("after", row), ("op", pa.string())]), "ignore")
+    if table is None:
+        return None
+    ops = table.column("op").combine_chunks()
+    if ops.null_count or not pc.all(pc.is_in(ops, value_set=pa.array(["c", "u", "r", "d"]))).as_py():
+        return None
+    is_delete = pc.equal(ops, "d")
+    before, after = table.column("before").combine_chunks(), table.column("after").combine_chunks()
+    chosen_null = pc.if_else(is_delete, pc.is_null(before), pc.is_null(after))
+    if pc.any(chosen_null).as_py():
+        return None
+    arrays = [pc.if_else(is_delete, before.field(i), after.field(i)) for i in range(len(columns))]
+    converted = _converted(columns, converters, arrays)
+    return None if converted is None else (converted, ops)
+
+
+def _converted(columns: pa.Schema, converters: Sequence[Callable[[Any], Any] | None],
+               read: Sequence[pa.Array]) -> list[pa.Array] | None:
+    """Arrow's columns as ``columns``: the type mapping's converter applied where the plan says,
+    FLOAT rounded from DOUBLE; None when a value does not fit (the batch goes record by record)."""
     arrays: list[pa.Array] = []
-    for field, converter, column in zip(columns, converters, table.columns, strict=True):
-        array = column.combine_chunks()
+    for field, converter, array in zip(columns, converters, read, strict=True):
         try:
             if converter is not None:
                 array = pa.array([converter(v) for v in array.to_pylist()], field.type)
