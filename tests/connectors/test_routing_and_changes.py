@@ -203,18 +203,30 @@ def test_change_batches_read_by_arrow_equal_the_record_by_record_path() -> None:
     columns = to_arrow_schema(parse_ddl(debezium.ROW_DDL), timezone="UTC")
     decoder = ValueDecoder("json", columns, tuple(columns.names), tuple(c for c in KAFKA_COLUMNS if c != "value"),
                            cdc="debezium")
-    events = [e for e in debezium.change_stream(keys=60) if e[2] is not None]  # no tombstones
+    events = debezium.change_stream(keys=60)
     messages = [debezium.json_message(i, row, op, with_schema=False) for i, row, op in events]
     batch = _kafka_batch([k for k, _ in messages], [v for _, v in messages])
-    assert decode_json_change_batch(batch.column("value"), columns, tuple(columns.names),
-                                    session_time_zone="UTC") is not None
-    fast, bad, _ = decoder.decode(batch)
-    slow, slow_bad, _ = decoder.decode(batch, vectorized=False)
-    assert bad is None and slow_bad is None
-    assert fast.to_pylist() == slow.to_pylist()
+    assert batch.column("value").null_count > 0  # tombstones too
+    for id_columns in ((), ("id",)):
+        keyed = ValueDecoder("json", columns, tuple(columns.names), decoder.keep, cdc="debezium",
+                             id_columns=id_columns)
+        assert decode_json_change_batch(batch.column("value"), columns, tuple(columns.names), session_time_zone="UTC",
+                                        keys=batch.column("key"), id_columns=id_columns) is not None
+        fast, bad, _ = keyed.decode(batch)
+        slow, slow_bad, _ = keyed.decode(batch, vectorized=False)
+        assert bad is None and slow_bad is None
+        assert fast.to_pylist() == slow.to_pylist()
     assert {"c", "u", "r", "d"} <= set(fast.column("__op").to_pylist())
-    deleted = [r for r in fast.to_pylist() if r["__op"] == "d"]
+    deleted = [r for r, v in zip(fast.to_pylist(), batch.column("value").to_pylist(), strict=True)
+               if r["__op"] == "d" and v is not None]
     assert deleted and all(r["carrier"] is not None for r in deleted)  # a delete lands its before row
+    tombstone = next(r for r, v in zip(fast.to_pylist(), batch.column("value").to_pylist(), strict=True) if v is None)
+    assert tombstone["id"] is not None and tombstone["carrier"] is None and tombstone["__op"] == "d"
+    # a tombstone whose key has the converter's schema/payload wrapper: the record path unwraps it
+    wrapped = [json.dumps({"schema": {}, "payload": {"id": 9}}).encode()]
+    assert decode_json_change_batch(pa.array([None], pa.binary()), columns, tuple(columns.names),
+                                    session_time_zone="UTC", keys=pa.array(wrapped, pa.binary())) is None
+    assert decoder.decode(_kafka_batch(wrapped, [None]))[0].to_pylist()[0]["id"] == 9
     # a delete without its before row needs the key: the record path reads it
     gone = json.dumps({"before": None, "after": None, "op": "d"}).encode()
     assert decode_json_change_batch(pa.array([gone], pa.binary()), columns, tuple(columns.names),

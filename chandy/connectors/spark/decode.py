@@ -244,7 +244,8 @@ class ValueDecoder:
             from chandy.connectors.spark.json_batch import decode_json_change_batch
 
             changes = decode_json_change_batch(batch.column("value"), self.columns, self.source_names,
-                                               session_time_zone=self.session_time_zone)
+                                               session_time_zone=self.session_time_zone, keys=batch.column("key"),
+                                               id_columns=self.id_columns)
             if changes is not None:
                 kafka = [batch.column(c) for c in self.keep]
                 return pa.RecordBatch.from_arrays(kafka + changes[0] + [changes[1]], schema=self.output_schema), None, 0

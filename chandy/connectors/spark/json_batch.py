@@ -129,34 +129,76 @@ def _read_lines(values: pa.Array, schema: pa.Schema, unexpected: str) -> pa.Tabl
 
 
 def decode_json_change_batch(values: pa.Array, columns: pa.Schema, source_names: Sequence[str], *,
-                             session_time_zone: str) -> tuple[list[pa.Array], pa.Array] | None:
+                             session_time_zone: str, keys: pa.Array | None = None,
+                             id_columns: Sequence[str] = ()) -> tuple[list[pa.Array], pa.Array] | None:
     """A batch of Debezium JSON change events (``--cdc debezium``) read by Arrow's JSON reader:
     (the row columns, as :func:`decode_json_batch` gives them, and the operations), each row
-    ``after`` for ``c``, ``u`` and ``r`` and ``before`` for ``d``; None when the batch must go
-    record by record (a tombstone, the converter's ``schema``/``payload`` wrapper, another
-    operation, a missing row, or anything :func:`decode_json_batch` would refuse), which also
-    reads and names what is bad. Fields without a column are ignored, as with a value schema."""
-    if len(values) == 0 or values.null_count:
+    ``after`` for ``c``, ``u`` and ``r``, ``before`` for ``d``, and for a tombstone (a null
+    value) its key's fields (``keys``: the Kafka keys, plain JSON objects; only ``id_columns``
+    when given). None when the batch must go record by record (the converter's
+    ``schema``/``payload`` wrapper on a value or a tombstone's key, another operation, a missing
+    row, or anything :func:`decode_json_batch` would refuse), which also reads and names what is
+    bad. Fields without a column are ignored, as with a value schema."""
+    if len(values) == 0:
         return None
     plan = _plan(columns, tuple(source_names), session_time_zone)
     if plan is None:
         return None
     row_schema, converters = plan
     row = pa.struct(list(row_schema))
-    table = _read_lines(values, pa.schema([("before", row), ("after", row), ("op", pa.string())]), "ignore")
+    tombstones = pc.is_null(values)
+    table = _read_lines(pc.fill_null(values, b"{}"), pa.schema([("before", row), ("after", row), ("op", pa.string())]),
+                        "ignore")
     if table is None:
         return None
-    ops = table.column("op").combine_chunks()
+    ops = pc.if_else(tombstones, "d", table.column("op").combine_chunks())
     if ops.null_count or not pc.all(pc.is_in(ops, value_set=pa.array(["c", "u", "r", "d"]))).as_py():
         return None
     is_delete = pc.equal(ops, "d")
     before, after = table.column("before").combine_chunks(), table.column("after").combine_chunks()
     chosen_null = pc.if_else(is_delete, pc.is_null(before), pc.is_null(after))
-    if pc.any(chosen_null).as_py():
+    if pc.any(pc.and_(chosen_null, pc.invert(tombstones))).as_py():
         return None
     arrays = [pc.if_else(is_delete, before.field(i), after.field(i)) for i in range(len(columns))]
+    if values.null_count:
+        key_rows = _tombstone_keys(keys, tombstones, row_schema, id_columns)
+        if key_rows is None:
+            return None
+        arrays = [pc.if_else(tombstones, key_rows.field(i), array) for i, array in enumerate(arrays)]
     converted = _converted(columns, converters, arrays)
     return None if converted is None else (converted, ops)
+
+
+def _tombstone_keys(keys: pa.Array | None, tombstones: pa.Array, row_schema: pa.Schema,
+                    id_columns: Sequence[str]) -> pa.StructArray | None:
+    """The rows tombstones delete: their keys read with the row's schema (other columns null),
+    only ``id_columns`` when given; None when a tombstone's key is missing, wrapped in
+    ``schema``/``payload``, or lacks an ID column."""
+    if keys is None or pc.any(pc.and_(tombstones, pc.is_null(keys))).as_py():
+        return None
+    texts = pc.if_else(tombstones, pc.fill_null(keys, b"{}"), b"{}")
+    if pc.any(pc.match_substring(texts, '"payload"')).as_py():
+        return None
+    read = _read_lines(texts, row_schema, "ignore")
+    if read is None:
+        return None
+    names = list(id_columns) or list(row_schema.names)
+    key_fields = [read.column(n).combine_chunks() if n in names else pa.nulls(len(texts), read.schema.field(n).type)
+                  for n in row_schema.names]
+    if id_columns and any(pc.any(pc.and_(tombstones, pc.is_null(key_fields[row_schema.names.index(n)]))).as_py()
+                          for n in id_columns if n in row_schema.names):
+        return None
+    if not id_columns and not pc.all(pc.or_(pc.invert(tombstones), _any_valid(key_fields))).as_py():
+        return None
+    return pa.StructArray.from_arrays(key_fields, fields=list(row_schema))
+
+
+def _any_valid(arrays: Sequence[pa.Array]) -> pa.Array:
+    """Per row, whether any of ``arrays`` is not null there."""
+    valid = pc.is_valid(arrays[0])
+    for array in arrays[1:]:
+        valid = pc.or_(valid, pc.is_valid(array))
+    return valid
 
 
 def _converted(columns: pa.Schema, converters: Sequence[Callable[[Any], Any] | None],
