@@ -149,3 +149,30 @@ def test_the_cdc_demo_ends_with_the_flights_final_state(kafka_bootstrap_servers,
     assert rows[0]["dep_delay"] == 2 + 30 and rows[0]["arr_delay"] == 11 + 30  # flight 0's delays, updated
     assert rows[1]["dep_delay"] == 4  # flight 1: not updated
     assert all(r["dep_time"] is not None for r in rows.values())  # the cancelled flights are deleted
+
+
+def test_debezium_streams_routed_to_two_tables_each_equal_their_final_state(
+        kafka_bootstrap_servers, stream, tmp_path) -> None:
+    """Routing with CDC: two shards of one source table (same columns, own topics) routed by a
+    regex template to a Delta and an Iceberg table, each merged on its own."""
+    base = f"dbz{uuid.uuid4().hex[:6]}"
+    shards = {0: f"{base}.shard0.flights", 1: f"{base}.shard1.flights"}
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    for topic in shards.values():
+        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result()
+    producer = kafka_config.producer(kafka_bootstrap_servers)
+    for i, row, op in stream:
+        key, value = debezium.json_message(i, row, op, with_schema=False)
+        producer.produce(shards[i % 2], value, key, partition=(i // 2) % PARTITIONS)
+    producer.flush(30)
+    lake, warehouse = tmp_path / "lake", tmp_path / "warehouse"
+    finished = exactly_once.run_cli([
+        "--table", str(lake / "unrouted"), "--topic-pattern", rf"{base}\..*", "-b", kafka_bootstrap_servers,
+        "--prefix", PREFIX, "--cdc", "debezium", "--value-format", "json", "--value-schema", debezium.ROW_DDL,
+        "--route", rf"{base}\.shard0\.flights=delta:{lake}/shard0", "--route", rf"{base}\.(shard1)\.flights=iceberg://local/cdc.$1",
+        "--catalog-property", f"warehouse={warehouse}", "--until-drained", "--max-records-per-checkpoint", str(CAP)])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    expected = {n: debezium.final_state([e for e in stream if e[0] % 2 == n]) for n in (0, 1)}
+    assert debezium.table_rows(DeltaTable(str(lake / "shard0")).to_pyarrow_table()) == expected[0]
+    assert _iceberg_rows(warehouse, "cdc.shard1") == expected[1]
+    assert not (lake / "unrouted").exists() or not DeltaTable.is_deltatable(str(lake / "unrouted"))

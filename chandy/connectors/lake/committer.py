@@ -102,6 +102,7 @@ class LakeCommitter:
         self._routed_offsets: dict[str, dict[TP, int]] = {}  # what each routed table holds for the job
         self._cleaned: set[str] = set()  # routed tables whose unreferenced files this run deleted
         self._committed_through: int | None = None  # the newest checkpoint this run committed and announced
+        self._restoring = False  # in reset_to_checkpoint, which cleans every table it meets itself
         self.sink = sink
         self.storage = storage
         self._foreign_checkpoint: int | None = None  # restored from another table's savepoint
@@ -293,7 +294,7 @@ class LakeCommitter:
                      len(files), records, sink.table_uri, committed.table_version)
         if routed:
             self._routed_offsets[sink.table_uri] = dict(offsets)
-            if sink.table_uri not in self._cleaned:  # files of checkpoints that crashed before this run
+            if sink.table_uri not in self._cleaned and not self._restoring:  # files of checkpoints that crashed
                 self._cleaned.add(sink.table_uri)
                 self._delete_unreferenced_async(sink, checkpoint_id)
         return committed
@@ -387,6 +388,7 @@ class LakeCommitter:
                         "offsets", checkpoint_id, source_table, self.sink.table_uri)
         elif checkpoint_id != NO_CHECKPOINT:
             try:
+                self._restoring = True
                 self._commit(checkpoint_id)
             except CheckpointStorageError as exc:
                 done = self.sink.committed_checkpoint(self.context.job_id)
@@ -396,6 +398,8 @@ class LakeCommitter:
                         f"is not readable ({exc}): its records cannot be committed") from exc
                 log.info("restored checkpoint %d is already in the table; its _metadata is gone (%s)", checkpoint_id, exc)
                 self._announce(self.sink, checkpoint_id, None, None)
+            finally:
+                self._restoring = False
         for sink in (self.sink, *self._routed.values()):
             sink.delete_unreferenced(self.context.job_id)
             self._cleaned.add(sink.table_uri)

@@ -472,7 +472,10 @@ class DeltaLakeSink(SchemaChecked):
                 continue
             if keep_checkpoints_after is not None and int(match["checkpoint"]) > keep_checkpoints_after:
                 continue
-            self.fs.rm(path)
+            try:
+                self.fs.rm(path)
+            except FileNotFoundError:  # another cleanup of the same table deleted it first
+                continue
             deleted.append(relative)
         if deleted:
             log.info("deleted %d data file(s) no completed checkpoint references", len(deleted))
