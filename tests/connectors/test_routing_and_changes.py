@@ -159,6 +159,18 @@ def test_routing_and_cdc_options_that_do_not_go_together_are_refused(extra: dict
         PipelineOptions(table_uri="/tmp/t", bootstrap_servers="b:1", topics=("t",), **extra)
 
 
+def test_an_avro_value_schema_that_is_no_envelope_and_a_bad_key_schema_are_refused() -> None:
+    from chandy.connectors.spark.avro import AvroValueSchemaError
+
+    plain = json.dumps({"type": "record", "name": "Row", "fields": [{"name": "id", "type": "long"}]})
+    with pytest.raises(AvroValueSchemaError, match="not a Debezium envelope"):
+        PipelineOptions(table_uri="/tmp/t", bootstrap_servers="b:1", topics=("t",), cdc="debezium",
+                        value_format="avro", value_schema=plain)
+    with pytest.raises(PipelineError, match="--key-schema: .*not JSON"):
+        PipelineOptions(table_uri="/tmp/t", bootstrap_servers="b:1", topics=("t",), cdc="debezium",
+                        value_format="json", key_schema="{not json")
+
+
 def test_id_columns_may_be_given_comma_separated() -> None:
     options = PipelineOptions(table_uri="/tmp/t", bootstrap_servers="b:1", topics=("t",), cdc="debezium",
                               value_format="json", id_columns=("id, region", "flight"))

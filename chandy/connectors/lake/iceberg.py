@@ -371,7 +371,8 @@ class IcebergSink(SchemaChecked):
 
         files = list(files)
         table = self._load()
-        if table is not None and (self._record_of(table, job_id)[0] or -1) >= checkpoint_id:
+        held = None if table is None else self._record_of(table, job_id)[0]
+        if held is not None and held >= checkpoint_id:
             log.info("checkpoint %d of job %s is already in %s: skipped", checkpoint_id, job_id, self.table_uri)
             return None
         if not files:

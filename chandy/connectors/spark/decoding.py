@@ -104,7 +104,7 @@ class PipelineDecoding(PipelineCore):
                 from chandy.connectors.spark.debezium import unwrap_payload
 
                 envelope = unwrap_payload(value)
-                value = envelope.get("after") or envelope.get("before") if isinstance(envelope, dict) else None
+                value = (envelope.get("after") or envelope.get("before")) if isinstance(envelope, dict) else None
             if isinstance(value, dict):
                 lines.append(json.dumps(value))
         if not lines:

@@ -283,9 +283,17 @@ class PipelineOptions:
 
             parse_ddl(self.value_schema)
         if self.value_format == "avro":
-            from chandy.connectors.spark.avro import value_fields
+            from chandy.connectors.spark.avro import change_row_schema, value_fields
 
-            value_fields(self.value_schema or "")
+            # with --cdc the columns are the envelope's row (its source block may hold any type)
+            value_fields(change_row_schema(self.value_schema or "") if self.cdc else self.value_schema or "")
+        if self.key_schema:
+            from chandy.connectors.spark.avro import AvroValueSchemaError, value_fields
+
+            try:
+                value_fields(self.key_schema)
+            except AvroValueSchemaError as exc:
+                raise PipelineError(f"--key-schema: {exc}") from exc
 
     def _check_routing_and_cdc(self) -> None:
         if self.routes:
