@@ -62,6 +62,26 @@ def topic_record_count(bootstrap_servers: str, topic: str) -> int | None:
         consumer.close()
 
 
+def _topic_holds(bootstrap_servers: str, topic: str, partitions: int, records: int, what: str,
+                 config: dict[str, str] | None = None) -> bool:
+    """True when ``topic`` already holds the ``records`` demo records; else make sure it exists
+    (created with ``partitions`` and ``config``) and is empty.
+
+    Raises:
+        DemoDataError: the topic holds other records.
+    """
+    existing = topic_record_count(bootstrap_servers, topic)
+    if existing == records:
+        return True
+    if existing:
+        raise DemoDataError(f"topic {topic} already holds {existing} records, not the {records} {what}; "
+                            "delete it or choose another --topic")
+    if existing is None:
+        admin = kafka_config.admin_client(bootstrap_servers)
+        admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})])[topic].result()
+    return False
+
+
 def load_flights(bootstrap_servers: str, topic: str = "flights", partitions: int = 8,
                  on_progress: Callable[[int], None] | None = None) -> int:
     """Create ``topic`` (``partitions`` partitions) and produce every flight as JSON keyed by carrier.
@@ -71,15 +91,8 @@ def load_flights(bootstrap_servers: str, topic: str = "flights", partitions: int
     Raises:
         DemoDataError: the topic exists with other content.
     """
-    existing = topic_record_count(bootstrap_servers, topic)
-    if existing == FLIGHTS:
-        return existing
-    if existing:
-        raise DemoDataError(f"topic {topic} already holds {existing} records, not the {FLIGHTS} flights; "
-                            "delete it or choose another --topic")
-    admin = kafka_config.admin_client(bootstrap_servers)
-    if existing is None:
-        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+    if _topic_holds(bootstrap_servers, topic, partitions, FLIGHTS, "flights"):
+        return FLIGHTS
     table = pv.read_csv(io.BytesIO(flights_csv()), convert_options=pv.ConvertOptions(strings_can_be_null=True))
     producer = kafka_config.producer(bootstrap_servers, overrides={"linger.ms": 20, "compression.type": "lz4",
                                                                   "queue.buffering.max.messages": 500_000})
@@ -164,15 +177,9 @@ def load_flight_changes(bootstrap_servers: str, topic: str = "flights-cdc", part
     cancelled = [r for r in rows if r["dep_time"] is None]
     counts = {"creates": len(rows), "updates": len(updated), "deletes": len(cancelled),
               "records": len(rows) + len(updated) + 2 * len(cancelled)}
-    existing = topic_record_count(bootstrap_servers, topic)
-    if existing == counts["records"]:
+    if _topic_holds(bootstrap_servers, topic, partitions, counts["records"], "flight changes",
+                    config={"cleanup.policy": "compact"}):
         return counts
-    if existing:
-        raise DemoDataError(f"topic {topic} already holds {existing} records, not the {counts['records']} flight "
-                            "changes; delete it or choose another --topic")
-    admin = kafka_config.admin_client(bootstrap_servers)
-    if existing is None:
-        admin.create_topics([NewTopic(topic, partitions, 1, config={"cleanup.policy": "compact"})])[topic].result()
     producer = kafka_config.producer(bootstrap_servers, overrides={"linger.ms": 20, "compression.type": "lz4",
                                                                   "queue.buffering.max.messages": 500_000})
     sent = 0

@@ -334,12 +334,8 @@ class IcebergSink(SchemaChecked):
                                           check_duplicate_files=False)
                 transaction.set_properties(properties)
                 table = transaction.commit_transaction()
-            except Exception as exc:  # pyiceberg and the catalogs raise many types
-                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
-                    raise LakeCommitError(f"committing checkpoint {checkpoint_id} to {self.table_uri} failed "
-                                          f"(attempt {attempt}): {type(exc).__name__}: {exc}") from exc
-                log.warning("checkpoint %d: concurrent commit to %s (%s): retrying", checkpoint_id, self.table_uri, exc)
-                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+            except Exception as exc:  # noqa: BLE001 - pyiceberg and the catalogs raise many types; re-raised unless a conflict
+                self._back_off_or_raise(exc, attempt, f"committing checkpoint {checkpoint_id} to {self.table_uri}")
                 continue
             if not files:
                 return without_snapshot(table, checkpoint_id)
@@ -417,12 +413,8 @@ class IcebergSink(SchemaChecked):
                                        snapshot_properties=summary)
                 transaction.set_properties(properties)
                 table = transaction.commit_transaction()
-            except Exception as exc:  # pyiceberg and the catalogs raise many types
-                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
-                    raise LakeCommitError(f"applying checkpoint {checkpoint_id}'s changes to {self.table_uri} failed "
-                                          f"(attempt {attempt}): {type(exc).__name__}: {exc}") from exc
-                log.warning("checkpoint %d: concurrent commit to %s (%s): retrying", checkpoint_id, self.table_uri, exc)
-                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+            except Exception as exc:  # noqa: BLE001 - pyiceberg and the catalogs raise many types; re-raised unless a conflict
+                self._back_off_or_raise(exc, attempt, f"applying checkpoint {checkpoint_id}'s changes to {self.table_uri}")
                 continue
             landed = commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id) or without_snapshot(table, checkpoint_id)
             first = next((snap for snap in table.snapshots() if (snap.summary or {}).get(COMMIT_TOKEN) == token), None)
@@ -431,6 +423,19 @@ class IcebergSink(SchemaChecked):
             self._delete_change_files(files)
             return landed
         return None  # not reached
+
+    @staticmethod
+    def _back_off_or_raise(exc: Exception, attempt: int, action: str) -> None:
+        """After commit attempt ``attempt`` failed with ``exc``: wait before the next one when it
+        lost to a concurrent commit and attempts remain.
+
+        Raises:
+            LakeCommitError: any other failure, or the last attempt's ("<action> failed ...").
+        """
+        if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+            raise LakeCommitError(f"{action} failed (attempt {attempt}): {type(exc).__name__}: {exc}") from exc
+        log.warning("%s met a concurrent commit (%s): retrying", action, exc)
+        time.sleep(min(2.0, 0.05 * 2 ** attempt))
 
     def _delete_change_files(self, files: Iterable[DataFile]) -> None:
         for f in files:
