@@ -43,6 +43,10 @@ def test_nested_values_decode_to_those_types() -> None:
     ({"type": "bytes", "logicalType": "decimal", "precision": 39, "scale": 2}, r"field R.f: decimal\(39, 2\) has no column type"),
     ({"type": "array", "items": "R"}, r"field R.f\[\]: record R contains itself"),
     ("Nope", r"field R.f: unknown Avro type 'Nope'"),
+    # the Avro spec: one branch per type in a union (a date is an int): fastavro would write an
+    # int to the date branch, and reading it back would fail record by record
+    ([{"type": "int", "logicalType": "date"}, "int"], r"field R.f: the union has two branches of type int"),
+    (["null", "string", "null"], r"field R.f: the union has two branches of type null"),
 ])
 def test_types_without_a_column_type_are_refused_naming_the_field(field_type, message) -> None:
     schema = {"type": "record", "name": "R", "fields": [{"name": "f", "type": field_type}]}

@@ -39,6 +39,13 @@ def _spark_type(avro_type: Any, named: dict[str, Any], path: str, stack: tuple[s
     from pyspark.sql import types as T
 
     if isinstance(avro_type, list):
+        seen: dict[str, Any] = {}
+        for branch in avro_type:
+            key = _union_key(branch, named)
+            if key in seen:
+                raise AvroValueSchemaError(f"field {path}: the union has two branches of type {key} ({seen[key]!r} and "
+                                           f"{branch!r}); the Avro spec allows one of each type but the named ones")
+            seen[key] = branch
         kinds = [t for t in avro_type if t != "null"]
         if not kinds:
             raise AvroValueSchemaError(f"field {path}: a union of null alone has no column type")
@@ -103,6 +110,18 @@ def _spark_type(avro_type: Any, named: dict[str, Any], path: str, stack: tuple[s
     if isinstance(kind, (str, list, dict)):
         return _spark_type(kind, named, path, stack)  # {"type": "string"} and the like
     raise AvroValueSchemaError(f"field {path}: unsupported Avro type {avro_type!r}")
+
+
+def _union_key(branch: Any, named: dict[str, Any]) -> str:
+    """What the Avro spec tells a union's branches apart by: the type (``{"type": "int",
+    "logicalType": "date"}`` is an int), or a named type's (record, enum, fixed) name."""
+    if isinstance(branch, dict):
+        if branch.get("type") in ("record", "enum", "fixed"):
+            return str(branch.get("name"))
+        return _union_key(branch.get("type"), named)
+    if isinstance(branch, list):
+        return "union"
+    return str(branch)
 
 
 def _record(schema_json: str) -> dict[str, Any]:
