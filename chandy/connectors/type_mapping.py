@@ -67,6 +67,9 @@ AVRO_TYPES: tuple[TypeRow, ...] = (
     TypeRow("union of float and double (and null)", "DOUBLE", "float64", "double", "double", "-"),
     TypeRow("union of two or more other non-null types", "STRUCT<member0, member1, ...> (one nullable field per "
             "non-null branch, in order; the branch written is set, the others null)", "struct", "struct", "struct", "-"),
+    TypeRow("union with two branches of one type (e.g. `{\"type\": \"int\", \"logicalType\": \"date\"}` and "
+            "`\"int\"`: both int)", "-", "-", "-", "-",
+            "refused at start, naming the field: the Avro spec allows one branch per type but the named ones"),
     TypeRow("decimal (bytes or fixed), precision p ≤ 38, scale s (default 0)", "DECIMAL(p, s)", "decimal128(p, s)",
             "decimal(p,s)", "decimal(p, s)", f"more digits than p: {_BAD}; p > 38: refused at start"),
     TypeRow("uuid (string)", "STRING", "string", "string", "string", "-"),
