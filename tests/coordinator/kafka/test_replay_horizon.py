@@ -72,7 +72,10 @@ def as_logged(records: list, *, versions: bool = True) -> list[LoggedRecord]:
 
 def compact(logged: list[LoggedRecord], cleaner_point: int, purge_point: int) -> list[LoggedRecord]:
     """Kafka's cleaner: below ``cleaner_point`` a record whose key has a later record goes; below
-    ``purge_point`` (<= the cleaner point) a deletion marker goes as well."""
+    ``purge_point`` (<= the cleaner point) a deletion marker goes as well. The log's last record
+    is in the active segment, which Kafka's cleaner never cleans, so both points stop before it."""
+    cleaner_point = min(cleaner_point, len(logged) - 1)
+    purge_point = min(purge_point, cleaner_point)
     last = {item.record.key(): item.offset for item in logged}
     return [item for item in logged
             if not (item.offset < cleaner_point and last[item.record.key()] > item.offset)
