@@ -207,6 +207,8 @@ def _converted(columns: pa.Schema, converters: Sequence[Callable[[Any], Any] | N
     FLOAT rounded from DOUBLE; None when a value does not fit (the batch goes record by record)."""
     arrays: list[pa.Array] = []
     for field, converter, array in zip(columns, converters, read, strict=True):
+        if _negative_zero(array):  # an integer -0 reads as -0.0 here, 0.0 in the type mapping (as Jackson)
+            return None
         try:
             if converter is not None:
                 array = pa.array([converter(v) for v in array.to_pylist()], field.type)
@@ -221,3 +223,16 @@ def _converted(columns: pa.Schema, converters: Sequence[Callable[[Any], Any] | N
             return None
         arrays.append(array)
     return arrays
+
+
+def _negative_zero(array: pa.Array) -> bool:
+    """Whether a floating-point value of ``array``, at any depth, is -0.0."""
+    kind = array.type
+    if pa.types.is_floating(kind):
+        zero = pc.equal(array, 0)
+        return bool(pc.any(pc.and_(zero, pc.less(pc.divide(pa.scalar(1.0, kind), array), 0))).as_py())
+    if pa.types.is_struct(kind):
+        return any(_negative_zero(array.field(i)) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _negative_zero(array.flatten())
+    return False
