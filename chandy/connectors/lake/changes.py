@@ -13,6 +13,7 @@ live in one partition, in order. The sink then applies that change set in one ta
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from chandy.connectors.lake.sink import DataFile, LakeCommitError
+
+log = logging.getLogger(__name__)
 
 #: the change file column holding Debezium's operation (the name Debezium's ExtractNewRecordState gives it)
 OP_COLUMN = "__op"
@@ -99,3 +102,13 @@ def latest_changes(changes: pa.Table, id_columns: Sequence[str]) -> ChangeSet:
     upserts = latest.filter(pc.invert(is_delete)).drop_columns([OP_COLUMN])
     deletes = latest.filter(is_delete).select(columns)
     return ChangeSet(tuple(columns), latest, upserts, deletes, changes.num_rows)
+
+
+def delete_change_files(fs: Any, root: str, files: Iterable[DataFile]) -> None:
+    """Delete applied change ``files`` (paths relative to ``root`` on ``fs``), best effort: a file
+    left behind is deleted with the unreferenced files at the next restore or abort."""
+    for f in files:
+        try:
+            fs.rm(f"{root}/{f.path}")
+        except OSError as exc:
+            log.info("could not delete applied change file %s: %s", f.path, exc)

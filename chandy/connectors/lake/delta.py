@@ -352,7 +352,13 @@ class DeltaLakeSink(SchemaChecked):
         from deltalake import Schema as DeltaSchema
         from deltalake.transaction import CommitProperties, Transaction
 
-        from chandy.connectors.lake.changes import OP_COLUMN, id_columns_of, latest_changes, read_change_files
+        from chandy.connectors.lake.changes import (
+            OP_COLUMN,
+            delete_change_files,
+            id_columns_of,
+            latest_changes,
+            read_change_files,
+        )
 
         files = list(files)
         table = self._open()
@@ -407,17 +413,8 @@ class DeltaLakeSink(SchemaChecked):
                 log.warning("checkpoint %d: concurrent commit to %s (%s): retrying the merge (attempt %d of %d)",
                             checkpoint_id, self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))
-        self.delete_change_files(files)
+        delete_change_files(self.fs, self.root, files)
         return landed
-
-    def delete_change_files(self, files: Iterable[DataFile]) -> None:
-        """Delete merged change files (best effort: a file left behind is deleted with the
-        unreferenced files at the next restore or abort)."""
-        for f in files:
-            try:
-                self.fs.rm(f"{self.root}/{f.path}")
-            except OSError as exc:
-                log.info("could not delete merged change file %s: %s", f.path, exc)
 
     def _add_columns(self, table: Any, data: pa.Schema, checkpoint_id: int) -> Any:
         """Schema evolution: add ``data``'s columns the table lacks (one ADD COLUMN commit, made

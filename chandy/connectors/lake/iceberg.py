@@ -21,13 +21,11 @@ and is retried (or found done).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
 import time
 import uuid
-import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -35,7 +33,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from chandy.connectors.lake.iceberg_catalog import catalog_properties_for, parse_iceberg_uri
-from chandy.connectors.lake.iceberg_commits import commit_in, commits_after, without_snapshot
+from chandy.connectors.lake.iceberg_commits import PROPERTY_PREFIX, commit_in, commits_after, without_snapshot
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
@@ -62,7 +60,6 @@ __all__ = ["IcebergSink", "catalog_properties_for", "default_checkpoint_dir", "p
 
 log = logging.getLogger(__name__)
 
-PROPERTY_PREFIX = "chandy.job."
 DATA_DIR = "data"
 
 
@@ -334,8 +331,10 @@ class IcebergSink(SchemaChecked):
                                           check_duplicate_files=False)
                 transaction.set_properties(properties)
                 table = transaction.commit_transaction()
-            except Exception as exc:  # noqa: BLE001 - pyiceberg and the catalogs raise many types; re-raised unless a conflict
-                self._back_off_or_raise(exc, attempt, f"committing checkpoint {checkpoint_id} to {self.table_uri}")
+            except Exception as exc:  # pyiceberg and the catalogs raise many types
+                failure = self._commit_failure(exc, attempt, f"committing checkpoint {checkpoint_id} to {self.table_uri}")
+                if failure is not None:
+                    raise failure from exc
                 continue
             if not files:
                 return without_snapshot(table, checkpoint_id)
@@ -348,101 +347,22 @@ class IcebergSink(SchemaChecked):
 
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
-        """Apply the change ``files`` (``--cdc``) in one Iceberg transaction: a row-level delete
-        of every key the changes touch (pyiceberg's copy-on-write ``Transaction.delete``: the data
-        files holding such rows are rewritten without them), then an append of the last change per
-        key that is not a delete (:func:`~chandy.connectors.lake.changes.latest_changes`), with the
-        snapshot summaries and table properties :meth:`commit` records. pyiceberg writes no
-        equality or position delete files (it cannot), so readers need no merge-on-read support.
+        """Apply the change ``files`` (``--cdc``) in one Iceberg transaction (a row-level delete
+        of every key the changes touch, then an append of the upserted rows; see
+        :func:`chandy.connectors.lake.iceberg_changes.apply_changes`, which documents it)."""
+        from chandy.connectors.lake.iceberg_changes import apply_changes
 
-        A checkpoint the table holds is skipped (None) before anything is read: a replay changes
-        nothing. A table that does not exist is created from the changes' schema. The change
-        files are deleted once applied.
+        return apply_changes(self, job_id, checkpoint_id, files, offsets=offsets, cluster_id=cluster_id)
 
-        Raises:
-            LakeSchemaError: the changes do not fit the table; LakeCommitError: the catalog refused
-                the commit, or the files disagree on the key.
-        """
-        from chandy.connectors.lake.changes import OP_COLUMN, id_columns_of, latest_changes, read_change_files
-
-        files = list(files)
-        table = self._load()
-        held = None if table is None else self._record_of(table, job_id)[0]
-        if held is not None and held >= checkpoint_id:
-            log.info("checkpoint %d of job %s is already in %s: skipped", checkpoint_id, job_id, self.table_uri)
-            return None
-        if not files:
-            return self.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id)
-        changes = latest_changes(read_change_files(self.fs, self.root, files), id_columns_of(files, self.table_uri))
-        token = uuid.uuid4().hex
-        key = f"{PROPERTY_PREFIX}{job_id}."
-        summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token,
-                   RECORDS_KEY: str(changes.latest.num_rows), FILES_KEY: "0", "chandy.changes": str(changes.changes),
-                   "chandy.upserts": str(changes.upserts.num_rows), "chandy.deletes": str(changes.deletes.num_rows)}
-        properties = {key + "checkpoint_id": str(checkpoint_id), key + "commit_token": token}
-        if offsets:
-            summary["chandy.offsets"] = properties[key + "offsets"] = offsets_to_json(offsets)
-        if cluster_id:
-            summary["chandy.kafka_cluster_id"] = properties[key + "kafka_cluster_id"] = cluster_id
-        where = f"checkpoint {checkpoint_id}: "
-        rows = changes.upserts
-        shape = changes.latest.drop_columns([OP_COLUMN]).schema  # the change files' columns, deletes' too
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            table = self._load()
-            done = None if table is None else self._record_of(table, job_id)[0]
-            if done is not None and done >= checkpoint_id:  # found done after a conflict
-                ours = table.properties.get(key + "commit_token") == token
-                return commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id) if ours else None
-            fields = None if table is None else self._fields_of(table)
-            self.check_schema(shape, fields, where=where)
-            try:
-                if table is None:
-                    table = self._create(shape)
-                    fields = self._fields_of(table)
-                transaction = table.transaction()
-                if self.add_columns and set(shape.names) - set(fields or {}):
-                    with transaction.update_schema() as update:
-                        update.union_by_name(shape)
-                keys = changes.keys
-                if keys.num_rows and table.current_snapshot() is not None:
-                    with warnings.catch_warnings():  # "Delete operation did not match any records": new keys
-                        warnings.simplefilter("ignore", UserWarning)
-                        transaction.delete(_keys_filter(keys), snapshot_properties=summary)
-                if rows.num_rows:
-                    transaction.append(_as_table_schema(rows, transaction.table_metadata.schema()),
-                                       snapshot_properties=summary)
-                transaction.set_properties(properties)
-                table = transaction.commit_transaction()
-            except Exception as exc:  # noqa: BLE001 - pyiceberg and the catalogs raise many types; re-raised unless a conflict
-                self._back_off_or_raise(exc, attempt, f"applying checkpoint {checkpoint_id}'s changes to {self.table_uri}")
-                continue
-            landed = commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id) or without_snapshot(table, checkpoint_id)
-            first = next((snap for snap in table.snapshots() if (snap.summary or {}).get(COMMIT_TOKEN) == token), None)
-            if first is not None:  # the version before the delete, so the event's diff spans the whole change
-                landed = dataclasses.replace(landed, previous_table_version=first.parent_snapshot_id)
-            self._delete_change_files(files)
-            return landed
-        return None  # not reached
-
-    @staticmethod
-    def _back_off_or_raise(exc: Exception, attempt: int, action: str) -> None:
-        """After commit attempt ``attempt`` failed with ``exc``: wait before the next one when it
-        lost to a concurrent commit and attempts remain.
-
-        Raises:
-            LakeCommitError: any other failure, or the last attempt's ("<action> failed ...").
-        """
+    def _commit_failure(self, exc: Exception, attempt: int, action: str) -> LakeCommitError | None:
+        """After commit attempt ``attempt`` failed with ``exc``: the error to raise (any failure
+        but a lost race with a concurrent commit, or the last attempt's), else None after waiting
+        before the next attempt."""
         if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
-            raise LakeCommitError(f"{action} failed (attempt {attempt}): {type(exc).__name__}: {exc}") from exc
+            return LakeCommitError(f"{action} failed (attempt {attempt}): {type(exc).__name__}: {exc}")
         log.warning("%s met a concurrent commit (%s): retrying", action, exc)
         time.sleep(min(2.0, 0.05 * 2 ** attempt))
-
-    def _delete_change_files(self, files: Iterable[DataFile]) -> None:
-        for f in files:
-            try:
-                self.fs.rm(f"{self.root}/{f.path}")
-            except OSError as exc:
-                log.info("could not delete applied change file %s: %s", f.path, exc)
+        return None
 
     def _all_referenced(self, table: Any) -> set[str]:
         """Paths (relative to the table root) of the data files any snapshot references."""
@@ -666,27 +586,3 @@ class IcebergSink(SchemaChecked):
                  for f in schema], schema=schema))
         return pa.concat_tables(parts) if parts else schema.empty_table()
 
-
-def _keys_filter(keys: pa.Table) -> Any:
-    """A pyiceberg row filter matching the rows whose key columns equal one of ``keys``' rows:
-    ``In`` for a one-column key, else an ``Or`` of ``And``s of ``EqualTo``."""
-    from pyiceberg.expressions import And, BooleanExpression, EqualTo, In, Or
-
-    columns = keys.column_names
-    if len(columns) == 1:
-        return In(term=columns[0], values=set(keys.column(0).to_pylist()))
-    rows = {tuple(r[c] for c in columns) for r in keys.to_pylist()}
-    terms: list[BooleanExpression] = []
-    for row in rows:
-        equal: list[BooleanExpression] = [EqualTo(term=c, value=v) for c, v in zip(columns, row, strict=True)]
-        terms.append(equal[0] if len(equal) == 1 else And(*equal))
-    return terms[0] if len(terms) == 1 else Or(*terms)
-
-
-def _as_table_schema(rows: pa.Table, schema: Any) -> pa.Table:
-    """``rows`` with the table's columns in the table's order and Arrow types (pyiceberg's append
-    wants them so); a column the rows lack is null."""
-    target = schema.as_arrow()
-    arrays = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-              for f in target]
-    return pa.Table.from_arrays(arrays, schema=target)

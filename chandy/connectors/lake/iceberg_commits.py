@@ -14,6 +14,9 @@ from typing import Any
 
 from chandy.connectors.lake.sink import FILES_KEY, RECORDS_KEY, LakeCommit
 
+#: the table properties that hold a job's record: ``chandy.job.<job id>.checkpoint_id``, ``.offsets``, ...
+PROPERTY_PREFIX = "chandy.job."
+
 
 def snapshot_commit(snapshot: Any, checkpoint_id: int) -> LakeCommit:
     """The :class:`LakeCommit` of ``snapshot``, which committed ``checkpoint_id`` (records and
