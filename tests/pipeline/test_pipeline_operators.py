@@ -73,6 +73,16 @@ def test_a_lost_coordinator_log_resumes_from_the_table(spark, kafka_bootstrap_se
     assert len(rows) == len(set(rows)) == 300 and set(rows) == all_offsets(kafka_bootstrap_servers, topic)
     ends = {p: max(o for t, q, o in rows if q == p) + 1 for p in range(2)}
     assert group_offsets(kafka_bootstrap_servers, f"chandy-{first.job_id}", topic) == ends
+    # issue 44, item 1: lost again, with each --starting-offsets: the table's offsets always win
+    # (with `latest` the records produced while the job was down used to be skipped, silently)
+    for i, starting in enumerate(("latest", "committed", "earliest")):
+        produce(kafka_bootstrap_servers, topic, [f"{starting}-{j}".encode() for j in range(30)])
+        again = options(kafka_bootstrap_servers, topic, table, f"op{uuid.uuid4().hex[:6]}",
+                        max_records_per_checkpoint=40, starting_offsets=starting)
+        assert Pipeline(again, spark=spark).run().records_landed == 30, starting
+        rows = landed(table)
+        assert len(rows) == len(set(rows)) == 330 + 30 * i, starting
+        assert set(rows) == all_offsets(kafka_bootstrap_servers, topic), starting
 
 
 def test_another_job_on_the_same_partitions_is_refused(spark, kafka_bootstrap_servers, tmp_path) -> None:

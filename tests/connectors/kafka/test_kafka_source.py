@@ -501,3 +501,34 @@ def test_a_range_read_takes_no_record_past_its_end_from_the_consumer(kafka_boots
                 for m in batch] == list(range(90, 100))
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize("initializer", ["earliest", "latest", "committed"])
+def test_the_sinks_offsets_win_over_every_starting_offsets_initializer(
+        kafka_bootstrap_servers, names, tmp_path, initializer) -> None:
+    """Issue 44, item 1: with no restored checkpoint (a lost coordinator log), a partition the sink
+    holds starts exactly where the sink's records end, whatever the initializer says; a partition
+    the sink has never seen follows the initializer."""
+    orders, _ = names
+    create_topic(kafka_bootstrap_servers, orders, 3)
+    for p in range(3):
+        produce(kafka_bootstrap_servers, orders, p, 10)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    if initializer == "committed":  # a group ahead of the table must not win either
+        consumer = kafka_config.consumer(kafka_bootstrap_servers, group_id=group)
+        consumer.commit(offsets=[TopicPartition(orders, p, 9) for p in range(3)], asynchronous=False)
+        consumer.close()
+    chosen = {"earliest": offsets.earliest(), "latest": offsets.latest(),
+              "committed": offsets.committed("earliest")}[initializer]
+    # the table holds partition 0 up to 4 and partition 1 up to 10; partition 2 is new to it
+    source = Source(tmp_path, kafka_bootstrap_servers, 1, topics=(orders,), starting_offsets=chosen, group_id=group,
+                    offset_floor={(orders, 0): 4, (orders, 1): 10})
+    source.wait_for_discovery(3)
+    source.ready_all()
+    source.trigger()
+    ranges = source.ranges(1)
+    assert ranges[(orders, 0)].starting_offset == 4
+    assert ranges[(orders, 1)].starting_offset == 10
+    expected_new = {"earliest": 0, "latest": 10, "committed": 9}[initializer]
+    assert ranges[(orders, 2)].starting_offset == expected_new
+    assert all(r.stopping_offset == 10 for r in ranges.values())

@@ -81,9 +81,12 @@ class KafkaSourceOptions:
         starting_offsets: offsets initializer of the first discovery (default earliest).
         max_records_per_checkpoint: ``max.records.per.checkpoint`` per partition (None: no cap).
         consumer_overrides: librdkafka settings under their own names.
-        offset_floor: per (topic, partition), the lowest offset a range may start at, whatever the
-            initializer or a restored checkpoint says: what the sink already holds (the pipeline
-            passes the lake table's recorded offsets, so no range is landed twice).
+        offset_floor: per (topic, partition), the offset the sink already holds (the pipeline
+            passes the lake table's recorded offsets). A partition whose start an initializer
+            chooses (no restored checkpoint holds it: a lost coordinator log, a new partition)
+            starts exactly there, whatever ``starting_offsets`` says (the option applies only to
+            partitions the sink has never seen), so nothing is skipped or landed twice; a
+            restored checkpoint's end below it is raised to it.
     """
 
     bootstrap_servers: str
@@ -261,7 +264,14 @@ class KafkaSourceEnumerator:
         self.initial_discovery_finished = self.initial_discovery_finished or initial
         if not added:
             return
-        for split in added:
+        for i, split in enumerate(added):
+            held = self.options.offset_floor.get(split.topic_partition)
+            if held is not None and held != split.starting_offset and split.topic_partition not in self.committed_end:
+                # the sink holds this partition up to `held`: the table's offsets win over the initializer
+                log.info("Kafka source %s: %s-%d starts at %d, where the sink's records end (the starting-offsets "
+                         "initializer said %d)", self.context.operator_id, split.topic, split.partition, held,
+                         split.starting_offset)
+                split = added[i] = dataclasses.replace(split, starting_offset=held)
             self.splits[split.topic_partition] = split
             self.committed_end.setdefault(split.topic_partition, split.starting_offset)
         self._apply_offset_floor()
