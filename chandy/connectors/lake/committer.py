@@ -113,6 +113,7 @@ class LakeCommitter:
         self.committed_checkpoints: list[int] = []
         self.records_committed = 0
         self.table_offsets: dict[TP, int] = {}  # what the table holds for this job, per partition
+        self._table_checkpoint: int | None = None  # the job's checkpoint in the table that table_offsets reflect
         self.optimizations: list[dict[str, Any]] = []  # metrics of the compactions this run did
         self.last_commit_ms: float | None = None  # the latest notify_checkpoint_complete's lake commit, in ms
         self.last_commit_ended_ms: float | None = None  # when it ended, in ms since the epoch
@@ -238,6 +239,7 @@ class LakeCommitter:
         files = self.files_of(checkpoint_id, metadata)
         self._note_fetch_lag(metadata)
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
+        own_done = self._refresh_table_offsets()
         offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
         by_table: dict[str, list[DataFile]] = {}
         for f in files:
@@ -247,9 +249,11 @@ class LakeCommitter:
             sink = self._sink_of(table_uri)
             landed.append((sink, self._commit_table(sink, checkpoint_id, by_table[table_uri], ranges, offsets), None))
             crash_point("between-table-commits", checkpoint_id)
-        own = self._commit_table(self.sink, checkpoint_id, by_table.get(self.sink.table_uri, []), ranges, offsets)
+        own = self._commit_table(self.sink, checkpoint_id, by_table.get(self.sink.table_uri, []), ranges, offsets,
+                                 done=own_done)
         landed.append((self.sink, own, ranges))
-        self.table_offsets = offsets
+        if self._table_checkpoint is None or self._table_checkpoint <= checkpoint_id:
+            self.table_offsets, self._table_checkpoint = offsets, checkpoint_id  # else: the table's, already read
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
         committed_to = [sink for sink, committed, _ in landed if committed]
@@ -261,15 +265,60 @@ class LakeCommitter:
         self._committed_through = checkpoint_id
         crash_point("before-offset-commit", checkpoint_id)
 
+    def _refresh_table_offsets(self) -> int | None:
+        """Read what the job's table holds again when it is not what this committer last wrote or
+        read (another coordinator of the job committed since: a run it did not fence, a zombie, one
+        job under two coordinator logs): the table decides, never this committer's memory."""
+        done = self.sink.committed_checkpoint(self.context.job_id)
+        if done is None or done == self._table_checkpoint:
+            return done
+        progress = self.sink.progress(self.context.job_id)
+        log.warning("job %s: table %s holds checkpoint %s, not %s as this coordinator last saw: reading its offsets "
+                    "again (another coordinator of the job committed to it)", self.context.job_id, self.sink.table_uri,
+                    progress.checkpoint_id, self._table_checkpoint)
+        self.table_offsets = dict(progress.offsets)
+        self._table_checkpoint = progress.checkpoint_id
+        return progress.checkpoint_id
+
+    def _check_recorded(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges) -> None:
+        """The table holds ``checkpoint_id`` already: its commit of it must record exactly the ends
+        of this committer's ranges, or the two disagree about what landed (another coordinator of
+        the job committed other ranges under the same ID) and skipping it, announcing these ranges
+        or committing them to the consumer group would lose or duplicate records.
+
+        Raises:
+            LakeCommitError: naming the partition, both ends and both sides.
+        """
+        recorded = next((c.offsets for c in sink.commits_after(self.context.job_id, checkpoint_id - 1)
+                         if c.checkpoint_id == checkpoint_id), None)
+        if recorded is None:
+            return  # no commit of its own (a routed table it routed nothing to), or its history is gone: held checks
+        for (topic, partition), (start, end) in sorted(ranges.items()):
+            has = recorded.get((topic, partition))
+            if has == end or (has is None and end <= start):
+                continue
+            raise LakeCommitError(
+                f"table {sink.table_uri} holds checkpoint {checkpoint_id} of job {self.context.job_id} with "
+                f"{topic}-{partition} up to offset {has}, but this coordinator's checkpoint {checkpoint_id} reads "
+                f"[{start}, {end}) of it: another coordinator of the job committed other ranges under the same "
+                "checkpoint ID (a run that was not fenced, or one job under two coordinator logs); nothing is "
+                "announced or committed to the consumer group")
+
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
-                      offsets: Mapping[TP, int]) -> LakeCommit | None:
+                      offsets: Mapping[TP, int], *, done: int | None | object = ...) -> LakeCommit | None:
         """Commit one table's files of ``checkpoint_id`` (append, or apply changes), recording the
-        job's cumulative ``offsets``; None when the table holds it already or there was nothing."""
+        job's cumulative ``offsets``; None when the table holds it already or there was nothing.
+        A table that holds it already must hold exactly these ranges (:meth:`_check_recorded`).
+        ``done``: the job's newest checkpoint in the table, when just read (else it is read)."""
         routed = sink is not self.sink
-        done = sink.committed_checkpoint(self.context.job_id)
+        if done is ...:
+            done = sink.committed_checkpoint(self.context.job_id)
+        assert done is None or isinstance(done, int)
         if routed and sink.table_uri not in self._routed_offsets:
             self._routed_offsets[sink.table_uri] = dict(sink.progress(self.context.job_id).offsets)
         held = self._routed_offsets[sink.table_uri] if routed else self.table_offsets
+        if done is not None and done >= checkpoint_id:
+            self._check_recorded(sink, checkpoint_id, ranges)
         self._check_ranges(sink, checkpoint_id, ranges, done, held, gaps=not routed)
         missing = sink.missing_files(files) if done is None or done < checkpoint_id else []
         if missing:
@@ -287,6 +336,9 @@ class LakeCommitter:
             where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
                               if end > start)
             raise LakeSchemaError(f"{exc} (records: {where or 'none'})") from exc
+        if committed is None and ranges and (after := sink.committed_checkpoint(self.context.job_id)) is not None \
+                and after >= checkpoint_id:
+            self._check_recorded(sink, checkpoint_id, ranges)  # another coordinator committed it meanwhile
         if committed:
             records = sum(f.records for f in files)
             self.records_committed += records
@@ -374,7 +426,8 @@ class LakeCommitter:
             LakeCommitError: the restored checkpoint disagrees with the table (see step 3), or
                 its ``_metadata`` is unreadable while the table does not hold it.
         """
-        self.table_offsets = dict(self.sink.progress(self.context.job_id).offsets)
+        progress = self.sink.progress(self.context.job_id)
+        self.table_offsets, self._table_checkpoint = dict(progress.offsets), progress.checkpoint_id
         source_table = _table_of(checkpoint_data)
         if checkpoint_id != NO_CHECKPOINT and source_table not in (None, self.sink.table_uri):
             # a savepoint of another table (Flink's `flink run -s` into a new sink): its files stay
@@ -383,6 +436,7 @@ class LakeCommitter:
             offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
             self.sink.commit(self.context.job_id, checkpoint_id, [], offsets=offsets or None, cluster_id=self.cluster_id)
             self.table_offsets = offsets  # the next commit records them (a new table gets no empty commit)
+            self._table_checkpoint = checkpoint_id
             self._foreign_checkpoint = checkpoint_id  # its completion notice (restoring implies it) lands nothing
             log.warning("restored checkpoint %d of table %s: its records stay in that table; %s starts at its "
                         "offsets", checkpoint_id, source_table, self.sink.table_uri)

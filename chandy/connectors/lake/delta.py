@@ -206,9 +206,10 @@ class DeltaLakeSink(SchemaChecked):
         """The :class:`LakeCommit` of one ``history()`` entry made by Chandy."""
         version = int(entry["version"])
         records, files = entry.get(RECORDS_KEY), entry.get(FILES_KEY)
+        offsets = entry.get("chandy.offsets")
         return LakeCommit(int(entry["chandy.checkpoint_id"]), version, version - 1 if version > 0 else None,
                           None if records is None else int(records), None if files is None else int(files),
-                          int(entry.get("timestamp") or 0))
+                          int(entry.get("timestamp") or 0), None if offsets is None else offsets_from_json(offsets))
 
     @classmethod
     def _commit_in(cls, history: Iterable[Mapping[str, Any]], match: Mapping[str, str]) -> LakeCommit | None:

@@ -273,7 +273,8 @@ class IcebergSink(SchemaChecked):
         table = self._load()
         if table is None:
             return []
-        return commits_after(table, job_id, checkpoint_id, self._record_of(table, job_id)[0])
+        newest, offsets, _ = self._record_of(table, job_id)
+        return commits_after(table, job_id, checkpoint_id, newest, offsets or None)
 
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from chandy.connectors.lake.sink import FILES_KEY, RECORDS_KEY, LakeCommit
+from chandy.connectors.lake.sink import FILES_KEY, RECORDS_KEY, TP, LakeCommit, offsets_from_json
 
 #: the table properties that hold a job's record: ``chandy.job.<job id>.checkpoint_id``, ``.offsets``, ...
 PROPERTY_PREFIX = "chandy.job."
@@ -24,9 +24,10 @@ def snapshot_commit(snapshot: Any, checkpoint_id: int) -> LakeCommit:
     summary = snapshot.summary
     records = summary.get(RECORDS_KEY) or summary.get("added-records")
     files = summary.get(FILES_KEY) or summary.get("added-data-files")
+    offsets = summary.get("chandy.offsets")
     return LakeCommit(checkpoint_id, snapshot.snapshot_id, snapshot.parent_snapshot_id,
                       None if records is None else int(records), None if files is None else int(files),
-                      snapshot.timestamp_ms)
+                      snapshot.timestamp_ms, None if offsets is None else offsets_from_json(offsets))
 
 
 def commit_in(table: Any, match: Mapping[str, str], checkpoint_id: int) -> LakeCommit | None:
@@ -39,15 +40,17 @@ def commit_in(table: Any, match: Mapping[str, str], checkpoint_id: int) -> LakeC
     return None
 
 
-def without_snapshot(table: Any, checkpoint_id: int) -> LakeCommit:
+def without_snapshot(table: Any, checkpoint_id: int, offsets: Mapping[TP, int] | None = None) -> LakeCommit:
     """A commit that added no data file: Iceberg makes no snapshot for it, so the table's current
-    snapshot (unchanged) is the version that holds the checkpoint (0 records, 0 files, now)."""
+    snapshot (unchanged) is the version that holds the checkpoint (0 records, 0 files, now);
+    ``offsets``: what the table's properties record for it, when it is the job's newest."""
     current = table.current_snapshot()
     version = None if current is None else current.snapshot_id
-    return LakeCommit(checkpoint_id, version, version, 0, 0, int(time.time() * 1000))
+    return LakeCommit(checkpoint_id, version, version, 0, 0, int(time.time() * 1000), offsets)
 
 
-def commits_after(table: Any, job_id: str, checkpoint_id: int, newest: int | None) -> list[LakeCommit]:
+def commits_after(table: Any, job_id: str, checkpoint_id: int, newest: int | None,
+                  newest_offsets: Mapping[TP, int] | None = None) -> list[LakeCommit]:
     """``table``'s commits of ``job_id``'s checkpoints after ``checkpoint_id``, oldest first: the
     snapshots whose summary names them (newest first, until an earlier checkpoint of the job), and
     the job's ``newest`` checkpoint (from the table's properties) when its commit added no data
@@ -63,5 +66,5 @@ def commits_after(table: Any, job_id: str, checkpoint_id: int, newest: int | Non
         if landed not in found:  # newest first: the first snapshot met is the checkpoint's commit
             found[landed] = snapshot_commit(snapshot, landed)
     if newest is not None and newest > checkpoint_id and newest not in found:
-        found[newest] = without_snapshot(table, newest)
+        found[newest] = without_snapshot(table, newest, newest_offsets)
     return [commit for _, commit in sorted(found.items())]

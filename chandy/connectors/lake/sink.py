@@ -80,7 +80,9 @@ class LakeCommit:
     before it (Delta: ``table_version - 1``; Iceberg: the parent snapshot; None for a table's
     first commit; equal to ``table_version`` for an Iceberg commit that added no data file and so
     made no snapshot). ``records`` and ``files`` the commit added (None when an older Chandy
-    made the commit without recording them); ``timestamp`` in ms since the epoch.
+    made the commit without recording them); ``timestamp`` in ms since the epoch; ``offsets`` the
+    job's cumulative end offsets the commit recorded (``chandy.offsets``; None when it recorded
+    none, or the table keeps them elsewhere).
     """
 
     checkpoint_id: int
@@ -89,6 +91,7 @@ class LakeCommit:
     records: int | None
     files: int | None
     timestamp: int
+    offsets: Mapping[TP, int] | None = None
 
 
 def offsets_to_json(offsets: Mapping[TP, int]) -> str:

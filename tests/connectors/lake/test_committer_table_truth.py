@@ -1,0 +1,122 @@
+"""Issue 44, item 3: the lake committer believes the table, not its memory. When the table
+already holds checkpoint N (another coordinator of the job committed it: a run that was not
+fenced, a zombie, one job under two coordinator logs), its record of N must equal this
+committer's ranges of N, else a LakeCommitError names both and nothing is announced (so nothing
+reaches the consumer group, notified after the committer). A committer whose memory is behind the
+table reads the table again before it commits. Real Delta (delta-rs) and Iceberg (pyiceberg's SQL
+catalog) tables, no Kafka."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from chandy.connectors.lake.committer import LakeCommitter
+from chandy.connectors.lake.sink import LakeCommitError, LakeSink
+from chandy.connectors.lake.sinks import open_sink
+from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
+
+JOB = "0123456789abcdef0123456789abcdef"
+TP0 = ("t", 0)
+
+
+class Context:
+    """The committer's operator coordinator context, recording what it publishes."""
+
+    job_id, operator_id = JOB, "lake"
+
+    def __init__(self) -> None:
+        self.published: list[tuple[int, str, dict[str, Any]]] = []
+
+    def checkpoint_pointer(self, checkpoint_id: int) -> None:
+        return None
+
+    def log_records(self, kind: str) -> dict:
+        return {}
+
+    def publish_event(self, checkpoint_id: int, event_type: str, **fields: Any) -> None:
+        self.published.append((checkpoint_id, event_type, fields))
+
+    def call_async(self, call: Any, handler: Any) -> None:
+        handler(call(), None)
+
+
+def rows(start: int, end: int) -> pa.Table:
+    n = end - start
+    return pa.table({"topic": ["t"] * n, "partition": pa.array([0] * n, pa.int32()),
+                     "offset": pa.array(range(start, end), pa.int64())})
+
+
+class Run:
+    """One coordinator of the job: its checkpoint storage (``_metadata`` with its files) and the
+    ranges it read per checkpoint, and a committer over the shared table."""
+
+    def __init__(self, tmp_path: Path, name: str, table: str, catalog: dict[str, str]) -> None:
+        self.sink = open_sink(table, catalog_properties=catalog)
+        self.storage = CheckpointStorage(f"file://{tmp_path}/{name}-chk", JOB)
+        self.ranges: dict[int, dict[tuple[str, int], tuple[int, int]]] = {}
+        self.context = Context()
+        self.committer = LakeCommitter(self.context, self.sink, self.storage,
+                                       offsets_of=lambda m: self.ranges[m.checkpoint_id])
+
+    def complete(self, checkpoint_id: int, start: int, end: int) -> None:
+        """Write checkpoint ``checkpoint_id``'s files of offsets [start, end) and its _metadata,
+        then notify the committer of its completion."""
+        files = self.sink.write_files(rows(start, end), job_id=JOB, checkpoint_id=checkpoint_id, subtask=0, attempt=0)
+        self.storage.write_metadata(self.storage.initialize_location_for_checkpoint(checkpoint_id), CheckpointMetadata(
+            job_id=JOB, checkpoint_id=checkpoint_id, checkpoint_type="CHECKPOINT", trigger_timestamp=1,
+            completion_timestamp=2, operator_states=(OperatorState("lake", None, (SubtaskState(
+                0, 0, tuple(f.to_state_handle() for f in files)),)),)))
+        self.ranges[checkpoint_id] = {TP0: (start, end)}
+        self.committer.notify_checkpoint_complete(checkpoint_id)
+
+
+def offsets(sink: LakeSink) -> list[int]:
+    return sorted(sink.read_table().column("offset").to_pylist())
+
+
+@pytest.fixture(params=["delta", "iceberg"])
+def table(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    if request.param == "delta":
+        return str(tmp_path / "t"), {}
+    return "iceberg://local/lake.t", {"warehouse": str(tmp_path / "wh")}
+
+
+def test_a_checkpoint_another_coordinator_committed_with_other_ranges_is_refused(tmp_path, table) -> None:
+    uri, catalog = table
+    a, b = Run(tmp_path, "a", uri, catalog), Run(tmp_path, "b", uri, catalog)
+    a.committer.reset_to_checkpoint(-1, None)
+    a.complete(1, 0, 5)
+    b.committer.reset_to_checkpoint(-1, None)
+    b.complete(2, 5, 12)  # the other coordinator's checkpoint 2: [5, 12)
+    published = len(a.context.published)
+    with pytest.raises(LakeCommitError, match=r"holds checkpoint 2 of job .* t-0 up to offset 12, but this "
+                                              r"coordinator's checkpoint 2 reads \[5, 10\)"):
+        a.complete(2, 5, 10)  # this one's checkpoint 2: [5, 10)
+    assert len(a.context.published) == published  # no LAKE_COMMITTED for ranges the table does not hold
+    assert offsets(a.sink) == list(range(12))  # every offset once: the other coordinator's commit stands
+    # the same ranges under the same ID: the commit is skipped, and that is right
+    a2 = Run(tmp_path, "a2", uri, catalog)
+    a2.committer.reset_to_checkpoint(-1, None)
+    a2.complete(2, 5, 12)
+    assert offsets(a2.sink) == list(range(12))
+
+
+def test_a_committer_whose_memory_is_behind_the_table_reads_it_again(tmp_path, table) -> None:
+    """A zombie: it committed checkpoint 1, then another coordinator committed 2 and 3. The
+    zombie's next checkpoint (4, from its memory at offset 5) would land [5, 9) again: refused,
+    because the committer reads the table's offsets again (12), not its own (5)."""
+    uri, catalog = table
+    zombie, newer = Run(tmp_path, "z", uri, catalog), Run(tmp_path, "n", uri, catalog)
+    zombie.committer.reset_to_checkpoint(-1, None)
+    zombie.complete(1, 0, 5)
+    newer.committer.reset_to_checkpoint(1, None)
+    newer.complete(2, 5, 8)
+    newer.complete(3, 8, 12)
+    with pytest.raises(LakeCommitError, match=r"would land t-0 offsets \[5, 9\) but table .* already holds that "
+                                              r"partition up to offset 12"):
+        zombie.complete(4, 5, 9)
+    assert offsets(zombie.sink) == list(range(12))
