@@ -69,7 +69,12 @@ class LogWriter:
     ``on_fatal`` is called once when the producer is fenced or fails fatally.
     ``still_leading`` says whether this coordinator may replace a stuck producer: a new producer's
     ``init_transactions`` fences every other of the same ``transactional.id``, so only a
-    coordinator that still leads its job's election may make one.
+    coordinator that still leads its job's election may make one. ``newest_epoch`` reads the
+    newest coordinator epoch the log holds (read committed): after the new producer's
+    ``init_transactions`` the writer writes again only if it is still this coordinator's own
+    ``epoch``, else another coordinator of the job started meanwhile (a plain restart, which the
+    stuck producer could not notice), and this one stops as fenced, writing nothing (see
+    docs/design.md, "A stuck producer").
     """
 
     def __init__(
@@ -85,9 +90,13 @@ class LogWriter:
         log_partitions: int = 1,
         retry_timeout_s: float = 180.0,
         still_leading: Callable[[], bool] = lambda: True,
+        epoch: Callable[[], int] | None = None,
+        newest_epoch: Callable[[], int] | None = None,
     ) -> None:
         self.topics = topics
         self.still_leading = still_leading
+        self.epoch = epoch
+        self.newest_epoch = newest_epoch
         self.retry_timeout_s = retry_timeout_s
         self.job_id = job_id
         self.codec = codec
@@ -118,10 +127,16 @@ class LogWriter:
 
     def _replace_stuck_producer(self, what: str) -> None:
         """A new producer for the stuck one; its ``init_transactions`` aborts the open transaction.
+        Then the log must prove that no newer coordinator of the job exists (its newest epoch is
+        this coordinator's) before anything is written again: ``init_transactions`` fences any
+        producer of the ``transactional.id``, a newer coordinator's included, and this coordinator's
+        memory is the job's truth only while no other coordinator has written.
 
         Raises:
             CoordinatorFencedError: this coordinator no longer leads its job (the new producer
-                would fence the one that does).
+                would fence the one that does), or a newer epoch is in the log (the newer
+                coordinator, fenced by the new producer, stops too; a restart resumes from the log).
+            LogWriteError: the new producer or the log's read failed (nothing was written).
         """
         if not self.still_leading():
             raise CoordinatorFencedError(f"log writer stopped: {what}, and this coordinator no longer leads its job")
@@ -135,6 +150,20 @@ class LogWriter:
             if is_fencing(error):
                 raise CoordinatorFencedError(f"log writer stopped: {error.str()}") from exc
             raise LogWriteError(f"the coordinator log could not be written: a new producer failed: {error.str()}") from exc
+        if self.epoch is None or self.newest_epoch is None:
+            return
+        mine = self.epoch()
+        try:
+            newest = self.newest_epoch()
+        except ChandyError as exc:
+            raise LogWriteError(f"the coordinator log could not be written: after replacing a stuck producer, the "
+                                f"log's newest epoch could not be read to prove no newer coordinator exists ({exc})") \
+                from exc
+        if newest > mine:
+            raise CoordinatorFencedError(
+                f"log writer stopped: {what}, and while it was stuck a newer coordinator of job {self.job_id} started "
+                f"(epoch {newest}, this one {mine}); the replacement producer fenced it, so neither writes on: "
+                "restart the job (it resumes from the log)")
 
     def init(self, timeout_s: float = 60.0) -> None:
         """``init_transactions()``: fences older producers of the same transactional.id."""

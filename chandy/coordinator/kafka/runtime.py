@@ -251,7 +251,8 @@ class CoordinatorService:
                              .topics[self.topics.coordinator_log].partitions)
         self._writer = LogWriter(self.bootstrap_servers, self.topics, self.job_id, self.codec, self.transactional_id,
                                  self.mailbox.execute, self._on_writer_failed, self._producer_overrides, log_partitions,
-                                 retry_timeout_s=self._retry_timeout_s, still_leading=self._still_leading)
+                                 retry_timeout_s=self._retry_timeout_s, still_leading=self._still_leading,
+                                 epoch=lambda: self.epoch, newest_epoch=self._newest_epoch)
         self._writer.init(timeout_s)  # fences older coordinators of this job
         state, load_stats = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id,
                                        codec=self.codec, consumer_overrides=self._consumer_overrides,
@@ -357,6 +358,16 @@ class CoordinatorService:
     def _on_mailbox_error(self, exc: BaseException) -> None:
         self.stop_reason = exc
         threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
+
+    def _newest_epoch(self) -> int:
+        """The newest coordinator epoch of the job in its log (read committed, to its end).
+
+        Raises:
+            LogLoadError: the log cannot be read.
+        """
+        state, _ = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id, codec=self.codec,
+                              consumer_overrides=self._consumer_overrides, timeout_s=30.0)
+        return state.epoch
 
     def _still_leading(self) -> bool:
         """Whether this coordinator still leads its job: it owns the election group's partition

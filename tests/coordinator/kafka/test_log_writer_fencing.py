@@ -129,6 +129,8 @@ def _offsets_writer(first: _OffsetsProducer, second: _OffsetsProducer, *, leadin
     writer._stuck_producers = []
     writer._batch_versions = {}
     writer.still_leading = lambda: leading
+    writer.epoch = lambda: 3
+    writer.newest_epoch = lambda: 3  # no newer coordinator wrote to the log
     return writer
 
 
@@ -158,4 +160,21 @@ def test_a_stuck_producer_is_not_replaced_once_the_coordinator_no_longer_leads(m
     with pytest.raises(CoordinatorFencedError, match="no longer leads"):
         writer._commit([(Batch(source_offsets=[SourceOffsets("group", (("t", 0, 5),))]), None)])
     assert fresh.calls == []  # a new producer would fence the coordinator that leads now
+    stuck.released.set()
+
+
+def test_a_stuck_producers_replacement_stops_when_the_log_holds_a_newer_epoch(monkeypatch) -> None:
+    """Issue 44, item 2: the replacement's init_transactions fenced whatever producer held the
+    transactional ID, a newer coordinator's too; the writer then reads the log's newest epoch and,
+    finding one above its own, stops as fenced before writing anything."""
+    from chandy.coordinator.environment import SourceOffsets
+    from chandy.coordinator.kafka import log_writer
+
+    monkeypatch.setattr(log_writer, "SEND_OFFSETS_STUCK_S", 0.2)
+    stuck, fresh = _OffsetsProducer(stuck=True), _OffsetsProducer(stuck=False)
+    writer = _offsets_writer(stuck, fresh, leading=True)
+    writer.newest_epoch = lambda: 4
+    with pytest.raises(CoordinatorFencedError, match=r"a newer coordinator of job job started \(epoch 4, this one 3\)"):
+        writer._commit([(Batch(source_offsets=[SourceOffsets("group", (("t", 0, 5),))]), None)])
+    assert fresh.calls == ["init"]  # nothing written by the replacement
     stuck.released.set()
