@@ -420,7 +420,9 @@ class LakeCommitter:
 
     def reset_to_checkpoint(self, checkpoint_id: int, checkpoint_data: bytes | None) -> None:
         """Restore (a restart): read what the table holds, commit ``checkpoint_id`` if the table
-        lacks it (restoring implies completion), delete files no commit references.
+        lacks it (restoring implies completion), delete the job's files no commit references of
+        checkpoints up to ``checkpoint_id`` or the table's newest (never a later checkpoint's
+        files: another coordinator of the job may be writing them).
 
         Raises:
             LakeCommitError: the restored checkpoint disagrees with the table (see step 3), or
@@ -454,8 +456,13 @@ class LakeCommitter:
                 self._announce(self.sink, checkpoint_id, None, None)
             finally:
                 self._restoring = False
+        # bounded: only files of checkpoints up to the restored one (or the newest the table holds)
+        # are the restore's to delete; a coordinator of the job that started while this restore
+        # was slow writes checkpoints above both, and its in-flight files are never touched
+        done = self.sink.committed_checkpoint(self.context.job_id)
+        keep_after = max(checkpoint_id, done if done is not None else NO_CHECKPOINT)
         for sink in (self.sink, *self._routed.values()):
-            sink.delete_unreferenced(self.context.job_id)
+            sink.delete_unreferenced(self.context.job_id, keep_checkpoints_after=keep_after)
             self._cleaned.add(sink.table_uri)
 
     def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:

@@ -120,3 +120,22 @@ def test_a_committer_whose_memory_is_behind_the_table_reads_it_again(tmp_path, t
                                               r"partition up to offset 12"):
         zombie.complete(4, 5, 9)
     assert offsets(zombie.sink) == list(range(12))
+
+
+def test_a_slow_restore_never_deletes_a_newer_coordinators_in_flight_files(tmp_path, table) -> None:
+    """Issue 44, item 6: the restore's cleanup is bounded by the restored checkpoint (or the
+    table's newest): a crashed attempt's file of checkpoint 2 goes, while the in-flight files of
+    checkpoint 3 that a newer coordinator of the job wrote meanwhile stay."""
+    uri, catalog = table
+    old, newer = Run(tmp_path, "old", uri, catalog), Run(tmp_path, "new", uri, catalog)
+    old.committer.reset_to_checkpoint(-1, None)
+    old.complete(1, 0, 5)
+    old.complete(2, 5, 10)
+    crashed = old.sink.write_files(rows(5, 10), job_id=JOB, checkpoint_id=2, subtask=0, attempt=1)
+    in_flight = newer.sink.write_files(rows(10, 15), job_id=JOB, checkpoint_id=3, subtask=0, attempt=0)
+    restoring = Run(tmp_path, "old", uri, catalog)
+    restoring.ranges = old.ranges
+    restoring.committer.reset_to_checkpoint(2, None)
+    assert restoring.sink.missing_files(crashed) == [f.path for f in crashed]  # garbage of checkpoint 2: gone
+    assert restoring.sink.missing_files(in_flight) == []  # the newer coordinator's: kept
+    assert offsets(restoring.sink) == list(range(10))
