@@ -146,6 +146,11 @@ class Mailbox:
         self._thread.start()
 
     @property
+    def thread_ident(self) -> int | None:
+        """The mailbox thread's identifier (``threading.get_ident()`` on it), None before it starts."""
+        return self._thread.ident
+
+    @property
     def is_mailbox_thread(self) -> bool:
         return threading.current_thread() is self._thread
 

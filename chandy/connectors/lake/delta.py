@@ -29,16 +29,16 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from chandy.connectors.lake.cleanup import delete_files, job_files
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
-    DATA_FILE_NAME,
     FILES_KEY,
     RECORDS_KEY,
     TP,
@@ -436,21 +436,27 @@ class DeltaLakeSink(SchemaChecked):
         log.info("checkpoint %d: added column(s) %s to %s", checkpoint_id, ", ".join(f.name for f in new), self.table_uri)
         return self._open()
 
-    def referenced_files(self) -> set[str]:
-        """Paths (relative to the table root) of the files in the table's current version."""
-        from deltalake import DeltaTable
+    @staticmethod
+    def _referenced_in(table: Any) -> set[str]:
+        """Paths (relative to the table root, as on storage) of the files in ``table``'s version.
+        The log holds each path as a URI (Delta's protocol): ``p=a%20b`` on storage is
+        ``p=a%2520b`` in the log, so the paths are decoded once."""
+        return {unquote(p) for p in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()}
 
-        if not self.exists():
-            return set()
-        table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
-        return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+    def referenced_files(self) -> set[str]:
+        """Paths (relative to the table root, as on storage) of the files in the table's current version."""
+        table = self._open()
+        return set() if table is None else self._referenced_in(table)
 
     def removed_files(self) -> set[str]:
         """Paths (relative to the table root) of files a commit removed (e.g. an OPTIMIZE) that
         are still on storage: older versions reference them until :meth:`vacuum` deletes them."""
         table = self._open()
-        if table is None:
-            return set()
+        return set() if table is None else self._removed_in(table)
+
+    @staticmethod
+    def _removed_in(table: Any) -> set[str]:
+        """:meth:`removed_files` of ``table`` (a dry-run vacuum, which replays the log's tombstones)."""
         return set(table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False))
 
     def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]:
@@ -458,26 +464,31 @@ class DeltaLakeSink(SchemaChecked):
         aborted or crashed checkpoints), except those of checkpoints above
         ``keep_checkpoints_after`` (still in flight). Files a compaction removed are left to
         :meth:`vacuum` and its retention, so readers of older versions keep working. Returns
-        what was deleted."""
-        referenced = self.referenced_files() | self.removed_files()
-        deleted = []
-        for path in self.fs.find(self.root):
-            relative = path[len(self.root):].lstrip("/")
-            if relative.startswith("_delta_log/"):
-                continue
-            match = DATA_FILE_NAME.search(relative)
-            if match is None or not job_id.startswith(match["job"]) or relative in referenced:
-                continue
-            if keep_checkpoints_after is not None and int(match["checkpoint"]) > keep_checkpoints_after:
-                continue
-            try:
-                self.fs.rm(path)
-            except FileNotFoundError:  # another cleanup of the same table deleted it first
-                continue
-            deleted.append(relative)
-        if deleted:
-            log.info("deleted %d data file(s) no completed checkpoint references", len(deleted))
-        return deleted
+        what was deleted (paths relative to the table root).
+
+        It lists first, then reads the table: a file committed after the listing is in the
+        version read, one written after it is not listed. Its cost on a large table: one
+        listing of the job's files (:func:`~chandy.connectors.lake.cleanup.job_files`: the table
+        root and its partition directories, never ``_delta_log``); one read of the table, only
+        when the job has files on storage; and the dry-run vacuum that finds removed files only
+        when an unreferenced file belongs to a checkpoint the table holds (its app transaction
+        version or below). A file of a later checkpoint was never committed (a checkpoint's files
+        land in its own commit, which records the checkpoint's app transaction), so no version
+        references it.
+        """
+        listed = job_files(self.fs, self.root, job_id, keep_checkpoints_after=keep_checkpoints_after)
+        if not listed:
+            return []
+        table = self._open()
+        unreferenced = listed
+        if table is not None:
+            referenced = self._referenced_in(table)
+            unreferenced = {path: c for path, c in listed.items() if path not in referenced}
+            done = table.transaction_version(job_id)
+            if done is not None and any(c <= done for c in unreferenced.values()):
+                removed = self._removed_in(table)
+                unreferenced = {path: c for path, c in unreferenced.items() if path not in removed}
+        return delete_files(self.fs, self.root, sorted(unreferenced))
 
     # -- maintenance -----------------------------------------------------------------------------------
     def optimize(self, *, target_size: int | None = None) -> dict[str, Any]:

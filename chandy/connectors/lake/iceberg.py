@@ -32,12 +32,12 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
+from chandy.connectors.lake.cleanup import delete_files, job_files
 from chandy.connectors.lake.iceberg_catalog import catalog_properties_for, parse_iceberg_uri
-from chandy.connectors.lake.iceberg_commits import PROPERTY_PREFIX, commit_in, commits_after, without_snapshot
+from chandy.connectors.lake.iceberg_commits import PROPERTY_PREFIX, commit_in, commits_after, landed_after, without_snapshot
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
-    DATA_FILE_NAME,
     FILES_KEY,
     RECORDS_KEY,
     TP,
@@ -333,10 +333,14 @@ class IcebergSink(SchemaChecked):
                 transaction.set_properties(properties)
                 table = transaction.commit_transaction()
             except Exception as exc:  # pyiceberg and the catalogs raise many types
-                failure = self._commit_failure(exc, attempt, f"committing checkpoint {checkpoint_id} to {self.table_uri}")
-                if failure is not None:
-                    raise failure from exc
-                continue
+                action = f"committing checkpoint {checkpoint_id} to {self.table_uri}"
+                reloaded = self._landed_after(exc, token, action)
+                if reloaded is None:
+                    failure = self._commit_failure(exc, attempt, action)
+                    if failure is not None:
+                        raise failure from exc
+                    continue
+                table = reloaded  # the catalog's answer was unknown, the table holds the commit
             if not files:
                 return without_snapshot(table, checkpoint_id)
             landed = commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id)
@@ -365,6 +369,11 @@ class IcebergSink(SchemaChecked):
         time.sleep(min(2.0, 0.05 * 2 ** attempt))
         return None
 
+    def _landed_after(self, exc: Exception, token: str, action: str) -> Any | None:
+        """The table when the commit carrying ``token`` landed despite ``exc``, else None; raises
+        LakeCommitError when no read answers (:func:`~chandy.connectors.lake.iceberg_commits.landed_after`)."""
+        return landed_after(self._load, exc, token, action)
+
     def _all_referenced(self, table: Any) -> set[str]:
         """Paths (relative to the table root) of the data files any snapshot references."""
         if table is None or table.current_snapshot() is None:
@@ -387,29 +396,16 @@ class IcebergSink(SchemaChecked):
 
     def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]:
         """Delete this job's data files that no snapshot references (aborted or crashed
-        checkpoints), except those of checkpoints above ``keep_checkpoints_after``. Returns them."""
-        referenced = self._all_referenced(self._load())
-        deleted = []
-        data = f"{self.root}/{DATA_DIR}"
-        if not self.fs.exists(data):
-            return []
-        for path in self.fs.find(data):
-            # fsspec's own form of the path: "/tmp/w/t/data/..." on a disk, "bucket/w/t/data/..." on
-            # an object store (no protocol, no leading slash), so strip the root as fsspec spells it
-            relative = path[len(self.root):].lstrip("/") if path.startswith(self.root + "/") else self._relative(path)
-            match = DATA_FILE_NAME.search(relative)
-            if match is None or not job_id.startswith(match["job"]) or relative in referenced:
-                continue
-            if keep_checkpoints_after is not None and int(match["checkpoint"]) > keep_checkpoints_after:
-                continue
-            try:
-                self.fs.rm(path)
-            except FileNotFoundError:  # another cleanup of the same table deleted it first
-                continue
-            deleted.append(relative)
-        if deleted:
-            log.info("deleted %d data file(s) no completed checkpoint references", len(deleted))
-        return deleted
+        checkpoints), except those of checkpoints above ``keep_checkpoints_after``; returns them
+        (relative to the table root). As Delta's: it lists ``data/`` first, then reads the table,
+        and every snapshot's files only for a file of a checkpoint the table holds."""
+        listed = job_files(self.fs, self.root, job_id, data_dir=DATA_DIR, keep_checkpoints_after=keep_checkpoints_after)
+        table = self._load() if listed else None
+        done = None if table is None else self._record_of(table, job_id)[0]
+        if done is not None and any(c <= done for c in listed.values()):
+            referenced = self._all_referenced(table)
+            listed = {path: c for path, c in listed.items() if path not in referenced}
+        return delete_files(self.fs, self.root, sorted(listed))
 
     # -- maintenance -----------------------------------------------------------------------------------
     def optimize(self, *, target_size: int | None = None) -> dict[str, Any]:
@@ -418,10 +414,15 @@ class IcebergSink(SchemaChecked):
         new ones (pyiceberg has no ``rewrite_data_files``: this reads and rewrites every file
         smaller than the target). The catalog's compare-and-swap makes it fail, and retry, when
         the pipeline committed meanwhile, so no appended file is lost or doubled. Returns
-        ``numFilesRemoved`` and ``numFilesAdded``.
+        ``numFilesRemoved`` and ``numFilesAdded`` (and ``commitOutcomeChecked``: True when the
+        catalog's answer left the outcome unknown and the table, read again, held the commit).
+        The new files are deleted only when the commit certainly did not land: a conflict, or an
+        error of unknown outcome (a REST 5xx, a Glue or Hive timeout) and a table, read again,
+        without this compaction's ``chandy.commit_token`` (:meth:`_landed_after`).
 
         Raises:
-            LakeCommitError: no table, or ``COMMIT_ATTEMPTS`` conflicts in a row.
+            LakeCommitError: no table, ``COMMIT_ATTEMPTS`` conflicts in a row, any other error
+                (its new files deleted), or an outcome nobody could check (its files kept).
         """
         from pyiceberg.io.pyarrow import parquet_files_to_data_files
 
@@ -434,18 +435,23 @@ class IcebergSink(SchemaChecked):
             if len(tasks) < 2:
                 return {"numFilesRemoved": 0, "numFilesAdded": 0}
             written = self._write_compacted(tasks, table.schema().as_arrow(), target)
+            token = uuid.uuid4().hex  # finds this compaction's snapshot when the catalog's answer is unknown
+            metrics = {"numFilesRemoved": len(tasks), "numFilesAdded": len(written)}
             try:
                 transaction = table.transaction()
-                with transaction.update_snapshot(snapshot_properties={"chandy.operation": "compaction"}).overwrite() as ow:
+                summary = {"chandy.operation": "compaction", COMMIT_TOKEN: token}
+                with transaction.update_snapshot(snapshot_properties=summary).overwrite() as ow:
                     for task in tasks:
                         ow.delete_data_file(task.file)
                     for data_file in parquet_files_to_data_files(table.io, table.metadata, iter(written)):
                         ow.append_data_file(data_file)
                 transaction.commit_transaction()
                 log.info("optimized %s: %d file(s) removed, %d added", self.table_uri, len(tasks), len(written))
-                return {"numFilesRemoved": len(tasks), "numFilesAdded": len(written)}
+                return metrics
             except Exception as exc:  # pyiceberg and the catalogs raise many types
-                for path in written:
+                if self._landed_after(exc, token, f"optimizing {self.table_uri}") is not None:
+                    return {**metrics, "commitOutcomeChecked": True}
+                for path in written:  # the commit certainly did not land: nothing references them
                     self.fs.rm(self._fs_path(path))
                 if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
                     raise LakeCommitError(f"optimizing {self.table_uri} failed (attempt {attempt}): {exc}") from exc

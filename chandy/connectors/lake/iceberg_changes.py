@@ -92,11 +92,14 @@ def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[Da
             transaction.set_properties(properties)
             table = transaction.commit_transaction()
         except Exception as exc:  # pyiceberg and the catalogs raise many types
-            failure = sink._commit_failure(exc, attempt, f"applying checkpoint {checkpoint_id}'s changes to "
-                                                         f"{sink.table_uri}")
-            if failure is not None:
-                raise failure from exc
-            continue
+            action = f"applying checkpoint {checkpoint_id}'s changes to {sink.table_uri}"
+            reloaded = sink._landed_after(exc, token, action)  # an unknown outcome: did it land?
+            if reloaded is None:
+                failure = sink._commit_failure(exc, attempt, action)
+                if failure is not None:
+                    raise failure from exc
+                continue
+            table = reloaded
         landed = commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id) or without_snapshot(table, checkpoint_id)
         first = next((snap for snap in table.snapshots() if (snap.summary or {}).get(COMMIT_TOKEN) == token), None)
         if first is not None:  # the version before the delete, so the event's diff spans the whole change

@@ -8,11 +8,22 @@ a predecessor did not announce.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from chandy.connectors.lake.sink import FILES_KEY, RECORDS_KEY, TP, LakeCommit, offsets_from_json
+from chandy.connectors.lake.sink import (
+    COMMIT_TOKEN,
+    FILES_KEY,
+    RECORDS_KEY,
+    TP,
+    LakeCommit,
+    LakeCommitError,
+    offsets_from_json,
+)
+
+log = logging.getLogger(__name__)
 
 #: the table properties that hold a job's record: ``chandy.job.<job id>.checkpoint_id``, ``.offsets``, ...
 PROPERTY_PREFIX = "chandy.job."
@@ -38,6 +49,71 @@ def commit_in(table: Any, match: Mapping[str, str], checkpoint_id: int) -> LakeC
         if summary is not None and all(summary.get(k) == v for k, v in match.items()):
             return snapshot_commit(snapshot, checkpoint_id)
     return None
+
+
+def holds_token(table: Any, token: str) -> bool:
+    """Whether ``table`` holds the commit that carried ``token`` (Chandy's ``chandy.commit_token``,
+    a random hex string per commit): a snapshot whose summary names it (an append, a change set,
+    a compaction), or a table property whose value it is (a commit that only set properties)."""
+    if any((snapshot.summary or {}).get(COMMIT_TOKEN) == token for snapshot in table.snapshots()):
+        return True
+    return token in table.properties.values()
+
+
+#: reads of the table that check whether a commit of unknown outcome landed, and the wait
+#: before the first retry (seconds, doubled each time), as Iceberg's ``commit.status-check.*``
+STATUS_CHECKS = 3
+STATUS_CHECK_WAIT_S = 1.0
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """A commit that certainly did not land: the catalog's compare-and-swap refused it
+    (``CommitFailedException``), or pyiceberg did before any request (``ValidationException`` of
+    its own rebase, ``ValidationError``). Any other error leaves the outcome unknown: a REST
+    catalog's 5xx (``CommitStateUnknownException``), a Glue or Hive timeout, a reset connection
+    may come after the catalog swapped the table's metadata."""
+    from pyiceberg.exceptions import CommitFailedException, ValidationError, ValidationException
+
+    return isinstance(exc, CommitFailedException | ValidationException | ValidationError)
+
+
+def landed_after(load: Callable[[], Any], exc: Exception, token: str, action: str) -> Any | None:
+    """After a commit carrying ``token`` failed with ``exc`` (``action`` names it, for messages):
+    the table (``load()``, read again) when the commit landed all the same; None when it
+    certainly did not (a refusal, :func:`is_refusal`, or a table read after the error that does
+    not hold it, :func:`holds_token`). The error of an unknown outcome is checked as Iceberg's
+    ``checkCommitStatus`` checks it: the table is read up to ``STATUS_CHECKS`` times (waiting
+    ``STATUS_CHECK_WAIT_S`` seconds, doubled, between reads that fail) until one read answers.
+
+    Raises:
+        LakeCommitError: no read of the table answered: the outcome stays unknown (whatever the
+            commit wrote must be kept: the table may reference it).
+    """
+    if is_refusal(exc):
+        return None
+    wait_s = STATUS_CHECK_WAIT_S
+    for check in range(1, STATUS_CHECKS + 1):
+        try:
+            table = load()
+        except Exception as read_error:  # noqa: BLE001 - the catalog's errors are many; each is retried, then reported
+            if check == STATUS_CHECKS:
+                raise LakeCommitError(
+                    f"{action}: the catalog's answer ({type(exc).__name__}: {exc}) leaves the outcome unknown, and "
+                    f"{STATUS_CHECKS} reads of the table to check it failed (the last: {type(read_error).__name__}: "
+                    f"{read_error}): the commit may have landed, so what it wrote is kept") from exc
+            log.warning("%s: the outcome is unknown (%s) and the table could not be read to check it (%s): "
+                        "reading it again in %.0f s", action, exc, read_error, wait_s)
+            time.sleep(wait_s)
+            wait_s *= 2
+            continue
+        if table is not None and holds_token(table, token):
+            log.warning("%s: the catalog answered %s: %s, but the table holds the commit (checked by reading it "
+                        "again): it landed", action, type(exc).__name__, exc)
+            return table
+        log.info("%s: the catalog answered %s and the table, read again, does not hold the commit: it did not land",
+                 action, type(exc).__name__)
+        return None
+    return None  # not reached
 
 
 def without_snapshot(table: Any, checkpoint_id: int, offsets: Mapping[TP, int] | None = None) -> LakeCommit:

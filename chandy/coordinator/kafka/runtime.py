@@ -24,6 +24,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -58,15 +60,25 @@ from chandy.schemas.codec import Codec, SingleObjectCodec
 
 #: the log writer's and the ack reader's names stay importable from here, where they were defined
 __all__ = ["AckReader", "CoordinatorFencedError", "CoordinatorService", "CoordinatorStoppedError", "JobTerminatedError",
-           "LogWriter", "transactional_id_for"]
+           "LogWriter", "RestoreTimeoutError", "transactional_id_for"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+#: while :meth:`CoordinatorService.start` waits for the coordinator's start (its restore), a line
+#: every this many seconds says how long it has run and what it is doing
+RESTORE_PROGRESS_INTERVAL_S = 30.0
+
 
 class CoordinatorStoppedError(ChandyError):
     """The coordinator service is not running."""
+
+
+class RestoreTimeoutError(CoordinatorStoppedError):
+    """The coordinator's start (its restore: every operator coordinator's ``reset_to_checkpoint``)
+    did not finish within the ``restore_timeout_s`` given to :meth:`CoordinatorService.start`;
+    the message names what it was doing. The service stopped."""
 
 
 class JobTerminatedError(CoordinatorStoppedError):
@@ -212,13 +224,25 @@ class CoordinatorService:
             self._writer.submit(batch, on_committed)
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def start(self, *, periodic: bool = True, timeout_s: float = 60.0) -> CoordinatorService:
+    def start(self, *, periodic: bool = True, timeout_s: float = 60.0,
+              restore_timeout_s: float | None = None) -> CoordinatorService:
         """Start (the numbered steps of the module docstring). Returns self.
+
+        ``timeout_s`` (seconds) bounds each Kafka step of the start (the topics, the producer's
+        ``init_transactions``, the log's replay, the ack reader's assignment). The coordinator's own
+        start in step 5, whose restore runs every operator coordinator's ``reset_to_checkpoint``
+        (the lake committer's commit of the restored checkpoint and its cleanup grow with the
+        table), is bounded only by ``restore_timeout_s`` (seconds; None, the default: no bound, as
+        Flink puts none on ``resetToCheckpoint``); a line every ``RESTORE_PROGRESS_INTERVAL_S``
+        (30 s) says how long it has run and what it is doing.
 
         Raises:
             TopicError: the topics are missing and cannot be created, or the log is not compacted.
             RestoreError, MetadataFormatError, CheckpointPointerError: nothing restorable.
             MetricsError: ``metrics_port`` cannot be bound (checked first).
+            RestoreTimeoutError: the coordinator's start outlasted ``restore_timeout_s``; the
+                service stopped (see :meth:`_wait_started`).
+            CoordinatorStoppedError: the service stopped while the coordinator started.
         """
         if self._metrics_port is not None and self.metrics_server is None:
             self.metrics_server = MetricsServer(self._metrics_port, self._metrics_address)
@@ -226,12 +250,12 @@ class CoordinatorService:
                 self._metrics_scope, lambda: self._call(lambda cc: cc.stats.to_json(), timeout_s=5.0), self.operators,
                 read_epoch=lambda: self.epoch, read_status=self._status_for_metrics))
         try:
-            return self._start(periodic=periodic, timeout_s=timeout_s)
+            return self._start(periodic=periodic, timeout_s=timeout_s, restore_timeout_s=restore_timeout_s)
         except BaseException:
             self._close_metrics()
             raise
 
-    def _start(self, *, periodic: bool, timeout_s: float) -> CoordinatorService:
+    def _start(self, *, periodic: bool, timeout_s: float, restore_timeout_s: float | None = None) -> CoordinatorService:
         # the same principal as the log writer and the ack reader (security.protocol, sasl.*, ssl.*)
         admin = kafka_config.admin_client(self.bootstrap_servers, kafka_config.security_settings(self._consumer_overrides))
         ensure_topics(admin, self.topics)
@@ -291,7 +315,7 @@ class CoordinatorService:
         started = self.mailbox.call(lambda: coordinator.start(
             restore_from=self._restore_from, allow_non_restored_state=self._allow_non_restored_state,
             checkpoint_id_floor=self._checkpoint_id_floor))
-        started.result(timeout_s)
+        self._wait_started(started, restore_timeout_s)
         self._acks.start()
         if self.election is not None and self._accept_requests:
             self.requests = RequestHandler(coordinator, self.mailbox.execute, self._request_executor)
@@ -305,6 +329,76 @@ class CoordinatorService:
         if periodic:
             self.mailbox.execute(coordinator.start_periodic_scheduler)
         return self
+
+    def _wait_started(self, started: concurrent.futures.Future, restore_timeout_s: float | None) -> None:
+        """Wait for the coordinator's start on the mailbox (its restore) up to ``restore_timeout_s``
+        seconds (None: no bound), logging every ``RESTORE_PROGRESS_INTERVAL_S`` seconds how long
+        it has run and what the mailbox thread is doing (:meth:`_mailbox_activity`).
+
+        Raises:
+            RestoreTimeoutError: the time ran out. The service stops first, as a fenced one does
+                (:meth:`_halt`), and its log writer commits what it was given and closes: nothing
+                more is written. The restore itself, a call on the mailbox thread, cannot be
+                interrupted: it goes on in the background until it ends or the process exits.
+            CoordinatorStoppedError: the service stopped meanwhile (fenced, or its log writer failed).
+        """
+        began = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - began
+            wait_s = RESTORE_PROGRESS_INTERVAL_S
+            if restore_timeout_s is not None:
+                wait_s = min(wait_s, max(0.0, restore_timeout_s - elapsed))
+            try:
+                started.result(wait_s)
+                if elapsed >= RESTORE_PROGRESS_INTERVAL_S:
+                    log.info("job %s: the coordinator started (its restore took %.0f s)", self.job_id,
+                             time.monotonic() - began)
+                return
+            except concurrent.futures.TimeoutError:
+                pass
+            elapsed = time.monotonic() - began
+            if self.stopped.is_set():
+                raise CoordinatorStoppedError(f"the coordinator of job {self.job_id} stopped while it started "
+                                              f"({self.stop_reason})")
+            if restore_timeout_s is not None and elapsed >= restore_timeout_s:
+                error = RestoreTimeoutError(
+                    f"job {self.job_id}: the coordinator's start (its restore) did not finish within "
+                    f"{restore_timeout_s:.0f} s; it was in {self._mailbox_activity()}. The coordinator stopped; "
+                    "start the job again with a larger restore timeout, or none")
+                log.error("%s", error)
+                self.stop_reason = error
+                self._halt(mailbox_wait_s=0.0)  # the mailbox thread is busy with the restore
+                if self._writer is not None:
+                    self._writer.close(5.0)
+                raise error
+            log.info("job %s: the coordinator's start (its restore) has run %.0f s; it is in %s", self.job_id,
+                     elapsed, self._mailbox_activity())
+
+    def _mailbox_activity(self) -> str:
+        """What the mailbox thread runs now, for a person: the innermost calls of Chandy's own
+        code on its stack, outermost first (``Class.method``), the file and line of the innermost,
+        and the library function it is in, if any."""
+        frame = sys._current_frames().get(self.mailbox.thread_ident or -1)
+        if frame is None:
+            return "nothing (the mailbox thread is not running)"
+        package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        ours: list[Any] = []
+        library = None
+        while frame is not None:
+            filename = os.path.abspath(frame.f_code.co_filename)
+            if filename.startswith(package + os.sep):
+                ours.append(frame)
+            elif not ours and library is None:
+                library = frame
+            frame = frame.f_back
+        if not ours:
+            return "code outside Chandy"
+        innermost = ours[0]
+        calls = " > ".join(f.f_code.co_qualname for f in reversed(ours[:4]))
+        where = f"{calls} ({os.path.relpath(innermost.f_code.co_filename, os.path.dirname(package))}:{innermost.f_lineno})"
+        if library is not None:
+            where += f", in {library.f_code.co_qualname} of {os.path.basename(library.f_code.co_filename)}"
+        return where
 
     def _dispatch(self, messages: list[Any]) -> None:
         """Post a batch of decoded acks-topic messages to the mailbox as one action; each is
@@ -356,6 +450,9 @@ class CoordinatorService:
                     pass
 
     def _on_mailbox_error(self, exc: BaseException) -> None:
+        if self.stopped.is_set():  # e.g. a restore that outlived its timeout, failing in the background
+            log.warning("job %s: a mailbox action of the stopped coordinator failed: %s", self.job_id, exc)
+            return
         self.stop_reason = exc
         threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
 
@@ -385,13 +482,14 @@ class CoordinatorService:
         self.job_status = status
         log.warning("job %s is %s: %s", self.job_id, status, reason)
 
-    def _halt(self) -> None:
-        """Stop everything without writing (fenced or broken)."""
+    def _halt(self, *, mailbox_wait_s: float = 10.0) -> None:
+        """Stop everything without writing (fenced or broken), waiting up to ``mailbox_wait_s``
+        seconds for the mailbox thread to end its current action."""
         if self._acks is not None:
             self._acks.close()
         if self.election is not None:
             self.election.close()  # a fenced coordinator must not keep the requests partition
-        self.mailbox.close(discard=True)
+        self.mailbox.close(mailbox_wait_s, discard=True)
         self.io_executor.shutdown(wait=False, cancel_futures=True)
         self._close_metrics()
         self.stopped.set()

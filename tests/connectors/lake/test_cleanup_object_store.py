@@ -1,0 +1,50 @@
+"""Issue 44, item 7: the cleanup of a job's unreferenced files lists only the table's data
+directories (``chandy.connectors.lake.cleanup.job_files``), with each file system's own listing:
+on S3 (moto) and Azure (Azurite) it deletes exactly the aborted checkpoint's files, in every
+partition, and keeps the committed ones and everything that is not the job's. No Kafka, no Spark."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from chandy.connectors.lake.cleanup import job_files
+from chandy.connectors.lake.sinks import open_sink
+from tests.fixtures.object_store import AzuriteServer, S3Server
+
+JOB = "0123456789abcdef0123456789abcdef"
+OTHER_JOB = "fedcba9876543210fedcba9876543210"
+TP0 = ("t", 0)
+
+
+@pytest.fixture(params=["s3", "azure"])
+def store(request: pytest.FixtureRequest) -> S3Server | AzuriteServer:
+    return request.getfixturevalue("s3_server" if request.param == "s3" else "azurite_server")
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_cleanup_on_an_object_store_deletes_exactly_the_jobs_unreferenced_files(store, fmt, tmp_path) -> None:
+    bucket = store.new_bucket()
+    if fmt == "delta":
+        uri, catalog = f"{store.table_scheme}://{bucket}/lake/t", {}
+    else:
+        uri = "iceberg://objcat/lake.t"
+        catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
+                   "warehouse": f"{store.warehouse_scheme}://{bucket}/warehouse"}
+    options = store.environment()
+    sink = open_sink(uri, partition_by=["p"], catalog_properties=catalog, storage_options=options)
+    data = pa.table({"offset": pa.array(range(4), pa.int64()), "p": ["a", "b c", "a", "é"]})
+    committed = sink.write_files(data, job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+    assert sink.commit(JOB, 1, committed, offsets={TP0: 4})
+    aborted = sink.write_files(data, job_id=JOB, checkpoint_id=2, subtask=0, attempt=0)
+    third = sink.write_files(data, job_id=JOB, checkpoint_id=3, subtask=1, attempt=0)
+    assert sink.commit(JOB, 3, third, offsets={TP0: 8})
+    in_flight = sink.write_files(data, job_id=JOB, checkpoint_id=4, subtask=0, attempt=0)
+    foreign = sink.write_files(data, job_id=OTHER_JOB, checkpoint_id=2, subtask=0, attempt=0)
+    data_dir = "" if fmt == "delta" else "data"
+    listed = job_files(sink.fs, sink.root, JOB, data_dir=data_dir)
+    assert set(listed) == {f.path for f in committed + aborted + third + in_flight}
+    assert sorted(sink.delete_unreferenced(JOB, keep_checkpoints_after=3)) == sorted(f.path for f in aborted)
+    assert sink.missing_files(committed + third + in_flight + foreign) == []
+    assert sink.missing_files(aborted) == [f.path for f in aborted]
+    assert sorted(sink.read_table().column("offset").to_pylist()) == [0, 0, 1, 1, 2, 2, 3, 3]
