@@ -22,8 +22,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
+from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.control_request import ControlRequest
+from chandy.coordinator.kafka.log import load_state
 from chandy.coordinator.kafka.topics import ChandyTopics
 from chandy.schemas.codec import Codec, SingleObjectCodec, WireFormatError, location_of
 
@@ -63,6 +65,11 @@ class LeaderElection:
         self.group_id = election_group(topics.prefix, job_id)
         self.codec = codec or SingleObjectCodec()
         self.standby = standby
+        self.bootstrap_servers = bootstrap_servers
+        self._consumer_overrides = dict(consumer_overrides or {})
+        #: the epoch of the coordinator this process runs, when its runtime tells (compared with the
+        #: log's newest when leadership is lost: :meth:`_explain_loss`)
+        self.coordinator_epoch: Callable[[], int | None] | None = None
         self._admin = kafka_config.admin_client(bootstrap_servers, kafka_config.security_settings(consumer_overrides))
         overrides = {"partition.assignment.strategy": "cooperative-sticky",
                      "session.timeout.ms": ELECTION_SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 300,
@@ -88,7 +95,7 @@ class LeaderElection:
     def join(self) -> LeaderElection:
         """Join the group (non-blocking); returns self."""
         self.consumer.subscribe([self.topics.requests], on_assign=self._assigned, on_revoke=self._revoked,
-                                on_lost=self._revoked)
+                                on_lost=self._lost)
         self._thread.start()
         return self
 
@@ -145,16 +152,65 @@ class LeaderElection:
             log.info("job %s: this process leads (group %s)", self.job_id, self.group_id)
             self.is_leader.set()
 
-    def _revoked(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+    def _revoked(self, consumer: Any, partitions: list[TopicPartition], *, lost: bool = False) -> None:
         if partitions and self.is_leader.is_set() and self._stop.is_set():
             self.is_leader.clear()  # leaving the group on close: a standby leads next
             log.info("job %s: left group %s", self.job_id, self.group_id)
         elif partitions and self.is_leader.is_set():
-            log.warning("job %s: leadership lost (group %s); a newer coordinator fences this one", self.job_id,
-                        self.group_id)
             self.is_leader.clear()
+            # why, in a thread of its own: the answer may take Kafka's timeout, and this one heartbeats
+            threading.Thread(target=self._explain_loss, args=(lost,), name=f"chandy-election-loss-{self.job_id[:8]}",
+                             daemon=True).start()
             if self.on_lost is not None:
                 self.on_lost()
+
+    def _lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._revoked(consumer, partitions, lost=True)
+
+    def _explain_loss(self, lost: bool) -> None:
+        """Log, in one line, why this process no longer leads, as far as Kafka can tell: a loss
+        (the session ended) happens when the broker is gone as much as when a newer coordinator
+        takes over, so a newer coordinator is named only when the log holds a newer epoch than
+        this process's coordinator (:attr:`coordinator_epoch`) or another member owns the requests
+        partition; with Kafka unreachable, that is what the line says."""
+        how = (f"its session in group {self.group_id} ended (Kafka heard nothing from it for "
+               f"{ELECTION_SESSION_TIMEOUT_MS} ms)" if lost else f"group {self.group_id} revoked its partition")
+        security = kafka_config.security_settings(self._consumer_overrides)
+        try:
+            state, _ = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id,
+                                  consumer_overrides=security, timeout_s=10.0)
+            leaders = [f"{m.client_id}@{m.host}" for m in self._members_owning_requests()]
+        except kafka_config.KafkaUnreachableError as exc:
+            log.warning("job %s: this process no longer leads: %s; %s: whether a newer coordinator leads cannot be "
+                        "known until Kafka answers", self.job_id, how, exc)
+            return
+        except (ChandyError, KafkaException, concurrent.futures.TimeoutError) as exc:
+            log.warning("job %s: this process no longer leads: %s; the coordinator log or the group could not be "
+                        "read to tell whether a newer coordinator leads (%s)", self.job_id, how, exc)
+            return
+        mine = self.coordinator_epoch() if self.coordinator_epoch is not None else None
+        if mine is not None and state.epoch > mine:
+            log.warning("job %s: leadership lost: %s, and a newer coordinator (epoch %d, this one %d) leads; it "
+                        "fences this one", self.job_id, how, state.epoch, mine)
+        elif leaders:
+            log.warning("job %s: leadership lost: %s, and another member leads group %s (%s); the log's newest "
+                        "coordinator epoch is %d", self.job_id, how, self.group_id, ", ".join(leaders), state.epoch)
+        else:
+            log.warning("job %s: this process no longer leads: %s; no other member leads group %s and the log's "
+                        "newest coordinator epoch is %d%s: no newer coordinator is known, and this process rejoins",
+                        self.job_id, how, self.group_id, state.epoch,
+                        "" if mine is None else f" (this coordinator's is {mine})")
+
+    def _members_owning_requests(self) -> list[Any]:
+        """The other members of the group that own the requests partition now.
+
+        Raises:
+            KafkaException, concurrent.futures.TimeoutError: the group could not be described.
+        """
+        description = self._admin.describe_consumer_groups([self.group_id], request_timeout=10)[self.group_id].result(10)
+        me = self.consumer.memberid()
+        return [m for m in description.members if m.member_id != me and m.assignment is not None
+                and any(tp.topic == self.topics.requests for tp in m.assignment.topic_partitions)]
 
     def _run(self) -> None:
         key = self.job_id.encode()

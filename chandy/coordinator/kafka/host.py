@@ -36,12 +36,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.failure import CheckpointFailureReason
 from chandy.coordinator.kafka import config as kafka_config
-from chandy.coordinator.kafka.participant import Snapshot, deliver_control, run_snapshot
+from chandy.coordinator.kafka.participant import AckTooLargeError, Snapshot, ack_too_large, deliver_control, run_snapshot
 from chandy.coordinator.kafka.topics import ChandyTopics, TopicError, watermark_offsets
 from chandy.coordinator.messages import (
     MESSAGE_TYPES,
@@ -124,8 +124,9 @@ class ParticipantHost:
         self.max_epoch: dict[str, int] = {}
         self.dropped_stale = 0
         self.bad_messages = 0
-        self.producer = kafka_config.producer(bootstrap_servers, overrides={**kafka_config.REPORTS_PRODUCER, "linger.ms": 1,
-                                                                             **(producer_overrides or {})})
+        overrides = {**kafka_config.REPORTS_PRODUCER, "linger.ms": 1, **(producer_overrides or {})}
+        self._producer_settings = kafka_config.producer_config(bootstrap_servers, overrides=overrides)
+        self.producer = kafka_config.producer(bootstrap_servers, overrides=overrides)
         self.consumer = kafka_config.consumer(bootstrap_servers, overrides={"fetch.wait.max.ms": 10,
                                                                              **(consumer_overrides or {})})
         # watermark queries on the polling consumer from another thread wait behind its poll
@@ -234,6 +235,11 @@ class ParticipantHost:
 
     # -- sending -----------------------------------------------------------------------------------
     def _send(self, message: Any, *, flush: bool = False) -> None:
+        """Produce ``message`` to the acks topic (and wait for every message with ``flush``).
+
+        Raises:
+            AckTooLargeError: ``message`` is over the producer's ``message.max.bytes``.
+        """
         value = self.codec.encode(message.SCHEMA, message.to_avro(), topic=self.topics.acks)
         while True:
             try:
@@ -241,6 +247,11 @@ class ParticipantHost:
                 break
             except BufferError:
                 self.producer.poll(0.05)
+            except KafkaException as exc:
+                if exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise ack_too_large(message, len(value), self.topics.acks, self._producer_settings,
+                                        exc.args[0]) from None
+                raise
         if flush:
             self.flush()
 
@@ -329,9 +340,13 @@ class ParticipantHost:
         if outcome.decline is not None:
             self._decline(slot, trigger, *outcome.decline)
             return
-        self._send(AcknowledgeCheckpoint(slot.job_id, trigger.epoch, trigger.checkpoint_id, slot.operator_id,
-                                         slot.subtask_index, slot.attempt_number, outcome.handles, outcome.metrics,
-                                         _now()))
+        try:
+            self._send(AcknowledgeCheckpoint(slot.job_id, trigger.epoch, trigger.checkpoint_id, slot.operator_id,
+                                             slot.subtask_index, slot.attempt_number, outcome.handles, outcome.metrics,
+                                             _now()))
+        except AckTooLargeError as exc:  # decline now, naming why, rather than let the checkpoint expire
+            log.error("%s", exc)
+            self._decline(slot, trigger, CheckpointFailureReason.CHECKPOINT_DECLINED, str(exc))
 
     def _decline(self, slot: SubtaskSlot, trigger: TriggerCheckpoint, reason: CheckpointFailureReason,
                  message: str) -> None:

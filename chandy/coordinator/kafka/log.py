@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
@@ -62,6 +62,11 @@ def key_version_of(message: Any) -> int | None:
 
 class LogLoadError(ChandyError):
     """The coordinator log could not be read to its end."""
+
+
+class LogUnreachableError(LogLoadError, kafka_config.KafkaUnreachableError):
+    """The coordinator log could not be read because no broker answered (Kafka is down or
+    unreachable): nothing is known of the log, a newer coordinator's epoch included."""
 
 
 class LogRecordCorruptError(LogLoadError):
@@ -127,6 +132,7 @@ def raw_messages(
     group that never commits.
 
     Raises:
+        LogUnreachableError: no broker answered within ``timeout_s`` seconds.
         LogLoadError: the topic is missing, or no progress for ``timeout_s`` seconds.
     """
     for batch in raw_batches(bootstrap_servers, topic, job_id=job_id, consumer_overrides=consumer_overrides,
@@ -147,6 +153,7 @@ def raw_batches(
     partition) at a time: the per-record work of a long log's load stays in the caller's loop.
 
     Raises:
+        LogUnreachableError: no broker answered within ``timeout_s`` seconds.
         LogLoadError: the topic is missing, or no progress for ``timeout_s`` seconds.
     """
     stats = stats if stats is not None else LoadStats()
@@ -155,7 +162,14 @@ def raw_batches(
                  **(consumer_overrides or {})}
     consumer = kafka_config.consumer(bootstrap_servers, overrides=overrides)
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s)
+        try:
+            metadata = consumer.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if kafka_config.is_unreachable(error):
+                raise LogUnreachableError(f"coordinator log {topic}: Kafka is unreachable: no metadata from "
+                                          f"{bootstrap_servers} within {timeout_s:g} s ({error.str()})") from None
+            raise LogLoadError(f"coordinator log {topic}: metadata: {error.str()}") from exc
         if topic not in metadata.topics or metadata.topics[topic].error is not None:
             raise LogLoadError(f"coordinator log topic {topic} does not exist")
         partitions = sorted(metadata.topics[topic].partitions)
@@ -326,6 +340,7 @@ def load_state(
     as compaction would have removed it).
 
     Raises:
+        LogUnreachableError: no broker answered (Kafka is down or unreachable).
         LogLoadError: the log cannot be read to its end.
         LogRecordCorruptError: a record of this job cannot be read.
     """

@@ -22,10 +22,10 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
@@ -102,10 +102,47 @@ def deliver_control(subtask: Any, control: Any, take_checkpoint: Callable[[Trigg
             subtask.on_event(OperatorEvent(control.event_type, control.payload))
     return False
 
+class AckTooLargeError(ChandyError):
+    """A message to ``<prefix>.acks`` (an acknowledgement, with its state handles) does not fit in a
+    Kafka message even compressed: over the producer's ``message.max.bytes`` before compression,
+    or refused by the broker (``max.message.bytes`` of the acks topic) after. It fails the same way
+    however often it is sent again, so nothing retries it."""
+
+
+def _sent_by(message: Any) -> str:
+    """Who sent ``message``, for an error: the checkpoint and subtask of an acknowledgement."""
+    if isinstance(message, AcknowledgeCheckpoint):
+        return (f"the acknowledgement of checkpoint {message.checkpoint_id} by subtask {message.subtask_index} of "
+                f"operator {message.operator_id} (attempt {message.attempt_number}, {len(message.state_handles)} state "
+                f"handles) of job {message.job_id}")
+    return f"{type(message).__name__} of job {getattr(message, 'job_id', '?')}"
+
+
+def ack_too_large(message: Any, size: int, topic: str, settings: Mapping[str, Any], error: KafkaError) -> AckTooLargeError:
+    """The :class:`AckTooLargeError` of ``message`` (``size`` bytes encoded) that Kafka refused with
+    ``error`` (MSG_SIZE_TOO_LARGE), by a producer of ``settings``: at ``produce()``, over its
+    ``message.max.bytes`` before compression; in the delivery report, over the topic's limit after."""
+    limit = int(settings.get("message.max.bytes", 1_000_000))
+    compression = settings.get("compression.type", "none")
+    if size > limit:
+        why = (f"over the producer's message.max.bytes ({limit:,} bytes, checked before compression; raise it "
+               "with --worker-property / --producer-property message.max.bytes=N)")
+    else:
+        how = "not compressed (compression.type none)" if compression == "none" else f"even compressed ({compression})"
+        why = (f"the broker refused it {how}: over the max.message.bytes of topic {topic} (1,048,588 bytes by "
+               "default; raise it with kafka-configs --alter)")
+    return AckTooLargeError(f"{_sent_by(message)} is {size:,} bytes, too large for Kafka ({error.str()}): {why}; "
+                            "fewer files per checkpoint (--max-records-per-checkpoint, fewer partition values) make "
+                            "smaller acks")
+
+
 class AckSender:
     """Sends a subtask attempt's acknowledgements, declines and reports to ``<prefix>.acks``
     without reading the control topic: for workers that learn of a checkpoint some other way
-    (a Spark task is handed its checkpoint ID by the driver). Keyed by job ID, like every Chandy message."""
+    (a Spark task is handed its checkpoint ID by the driver). Keyed by job ID, like every Chandy
+    message. Its producer is :data:`~chandy.coordinator.kafka.config.REPORTS_PRODUCER` (zstd,
+    ``message.max.bytes`` :data:`~chandy.coordinator.kafka.config.ACK_MESSAGE_MAX_BYTES`) under
+    ``producer_overrides``."""
 
     def __init__(self, bootstrap_servers: str, job_id: str, *, prefix: str = "chandy", codec: Codec | None = None,
                  producer_overrides: dict[str, Any] | None = None) -> None:
@@ -113,21 +150,32 @@ class AckSender:
         self.topic = ChandyTopics(prefix).acks
         self.codec = codec or SingleObjectCodec()
         self._key = job_id.encode()
-        self.producer = kafka_config.producer(bootstrap_servers,
-                                              overrides={**kafka_config.REPORTS_PRODUCER, **(producer_overrides or {})})
+        overrides = {**kafka_config.REPORTS_PRODUCER, **(producer_overrides or {})}
+        self.settings = kafka_config.producer_config(bootstrap_servers, overrides=overrides)  # its limits, for errors
+        self.producer = kafka_config.producer(bootstrap_servers, overrides=overrides)
 
     def send(self, message: Any, timeout_s: float = 30.0) -> None:
         """Produce one message and wait until the broker has it.
 
         Raises:
+            AckTooLargeError: the message does not fit in a Kafka message (names the checkpoint,
+                the subtask and the size in bytes); sending it again would fail the same way.
             ChandyError: the message was not delivered within ``timeout_s`` seconds, or the
                 broker refused it (the message says why, e.g. an authorization error).
         """
         errors: list[Any] = []
-        self.producer.produce(self.topic, self.codec.encode(message.SCHEMA, message.to_avro(), topic=self.topic),
-                              self._key, on_delivery=lambda error, _: errors.append(error))
+        value = self.codec.encode(message.SCHEMA, message.to_avro(), topic=self.topic)
+        try:
+            self.producer.produce(self.topic, value, self._key, on_delivery=lambda error, _: errors.append(error))
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                raise ack_too_large(message, len(value) + len(self._key), self.topic, self.settings, error) from None
+            raise
         if self.producer.flush(timeout_s) > 0:
             raise ChandyError(f"{type(message).__name__} for job {self.job_id} not delivered within {timeout_s} s")
+        if errors and errors[0] is not None and errors[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            raise ack_too_large(message, len(value) + len(self._key), self.topic, self.settings, errors[0])
         if errors and errors[0] is not None:  # e.g. TOPIC_AUTHORIZATION_FAILED: this principal may not write acks
             raise ChandyError(f"{type(message).__name__} for job {self.job_id} not delivered to {self.topic}: "
                               f"{errors[0].str()}")
@@ -284,8 +332,12 @@ class CheckpointParticipant:
         if outcome.decline is not None:
             self._decline(trigger, *outcome.decline)
             return
-        self.sender.acknowledge(trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
-                                self.attempt_number, outcome.handles, outcome.metrics)
+        try:
+            self.sender.acknowledge(trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
+                                    self.attempt_number, outcome.handles, outcome.metrics)
+        except AckTooLargeError as exc:  # decline now, naming why, rather than let the checkpoint expire
+            log.error("%s", exc)
+            self._decline(trigger, CheckpointFailureReason.CHECKPOINT_DECLINED, str(exc))
 
     def _decline(self, trigger: TriggerCheckpoint, reason: CheckpointFailureReason, message: str) -> None:
         self.sender.decline(trigger.epoch, trigger.checkpoint_id, self.operator_id, self.subtask_index,
