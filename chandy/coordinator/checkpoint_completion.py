@@ -278,7 +278,8 @@ class CheckpointCompletion(CoordinatorCore):
         why = None
         if self.state.job_status == JobStatus.RUNNING:
             why = self.failure_manager.job_failure(record, self.state.continuous_failures)
-        if why is not None:
+        failover = why is not None and self.on_failover is not None  # the restart strategy decides, not this abort
+        if why is not None and not failover:
             job_record = JobStatusRecord(self.job_id, JobStatus.FAILED, self.state.epoch, why, now)
             apply(self.state, job_record)
             batch.records.append(job_record)
@@ -288,7 +289,9 @@ class CheckpointCompletion(CoordinatorCore):
 
         def after_commit() -> None:
             self._after_abort(pending, reason, message)
-            if why is not None:
+            if failover and why is not None:
+                self._failover(why)
+            elif why is not None:
                 self._job_status_changed(JobStatus.FAILED, why)
             elif restart_periodic and self.state.job_status == JobStatus.RUNNING:
                 # Flink's StopWithSavepointTerminationHandlerImpl restarts the checkpoint scheduler

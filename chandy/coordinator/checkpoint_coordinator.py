@@ -88,6 +88,9 @@ class CheckpointCoordinator(CheckpointRestore, SubtaskAttempts, JobLifecycle, Ch
         state: the state replayed from the log (a fresh one for a new job).
         transactional_id: the log writer's ``transactional.id``, recorded with the epoch.
         on_job_status: called with (status, reason) when the job fails or finishes.
+        on_failover: with a restart strategy in the host: called once with the reason of a global
+            failure (a failing operator coordinator, more failed checkpoints than tolerated)
+            instead of recording FAILED; the host restarts the job or fails it.
     """
 
     def add_master_hook(self, hook: MasterTriggerRestoreHook[Any]) -> bool:

@@ -12,7 +12,7 @@ from chandy.coordinator.completed_checkpoint_store import (
 )
 from chandy.coordinator.coordinator_core import CoordinatorCore
 from chandy.coordinator.environment import Batch
-from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.errors import ChandyError, SuppressRestartsError
 from chandy.coordinator.failure import CheckpointFailureReason
 from chandy.coordinator.messages import (
     COORDINATOR_ELECTED_EVENT,
@@ -126,8 +126,14 @@ class CheckpointRestore(CoordinatorCore):
             self._restore(metadata, directory, allow_non_restored_state=allow_non_restored_state, from_savepoint=True)
             return
         self.hooks.reset()
-        for holder in self.holders.values():
-            holder.coordinator.reset_to_checkpoint(NO_CHECKPOINT, None)
+        try:
+            for holder in self.holders.values():
+                holder.coordinator.reset_to_checkpoint(NO_CHECKPOINT, None)
+        except Exception as exc:
+            if self.on_failover is None or isinstance(exc, SuppressRestartsError):
+                raise
+            log.error("job %s: resetting its operator coordinators failed: %s", self.job_id, exc)
+            self._fail_job(exc)  # a global failure: the restart strategy decides (see _restore)
 
     def _restore(self, metadata: CheckpointMetadata, directory: str, *, allow_non_restored_state: bool,
                  from_savepoint: bool = False) -> None:
@@ -147,6 +153,16 @@ class CheckpointRestore(CoordinatorCore):
             for operator_id, holder in self.holders.items():
                 op = metadata.operator(operator_id)
                 holder.coordinator.reset_to_checkpoint(metadata.checkpoint_id, op.coordinator_state if op else None)
+        except Exception as exc:
+            if self.on_failover is None or isinstance(exc, SuppressRestartsError):
+                raise
+            # with a restart strategy, a failed restore (the lake unreachable while it commits the
+            # restored checkpoint) is one more global failure: the coordinators after it are not
+            # reset (the Kafka source would commit offsets past what the lake holds), nothing is
+            # notified, and the strategy restarts the job again or fails it
+            log.error("job %s: restoring checkpoint %d failed: %s", self.job_id, metadata.checkpoint_id, exc)
+            self._fail_job(exc)
+            return
         finally:
             self._restoring = None
         now = self.env.now_ms()

@@ -73,6 +73,7 @@ class CoordinatorCore:
         on_job_status: Callable[[JobStatus, str | None], None] | None = None,
         completion_outputs: Callable[[CheckpointMetadata], Sequence[OutboundMessage]] | None = None,
         job_name: str | None = None,
+        on_failover: Callable[[str], None] | None = None,
     ) -> None:
         """Args (beyond the obvious):
             job_name: the job's name (Flink's), published with the ``JOB_STARTED`` event.
@@ -93,6 +94,10 @@ class CoordinatorCore:
         self.state = state or CoordinatorState(job_id)
         self.transactional_id = transactional_id
         self.on_job_status = on_job_status
+        #: a restart strategy decides global failures (a failing operator coordinator, too many
+        #: failed checkpoints): called once with the reason instead of recording FAILED
+        self.on_failover = on_failover
+        self.failover_reason: str | None = None
         self.hooks = MasterHooks()
         self.listeners: list[CheckpointListener] = []
         self.stats = CheckpointStatsTracker()
@@ -218,6 +223,9 @@ class CoordinatorCore:
         raise NotImplementedError  # :mod:`chandy.coordinator.checkpoint_coordinator`
 
     def _job_status_changed(self, status: JobStatus, reason: str | None) -> None:
+        raise NotImplementedError  # :mod:`chandy.coordinator.job_lifecycle`
+
+    def _failover(self, reason: str) -> None:
         raise NotImplementedError  # :mod:`chandy.coordinator.job_lifecycle`
 
     def _maybe_finalize(self, pending: PendingCheckpoint) -> None:

@@ -10,6 +10,7 @@ import random
 
 from chandy.coordinator.coordinator_core import CoordinatorCore
 from chandy.coordinator.environment import Batch
+from chandy.coordinator.errors import SuppressRestartsError
 from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
 from chandy.coordinator.records import (
     CheckpointType,
@@ -102,8 +103,29 @@ class JobLifecycle(CoordinatorCore):
             return
         now = self.env.now_ms()
         reason = f"{type(cause).__name__}: {cause}"
+        if (self.state.job_status == JobStatus.RUNNING and self.on_failover is not None
+                and not isinstance(cause, SuppressRestartsError)):
+            self._failover(reason)
+            return
         self._commit(Batch(records=[JobStatusRecord(self.job_id, JobStatus.FAILED, self.state.epoch, reason, now)]),
                      lambda: self._job_status_changed(JobStatus.FAILED, reason))
+
+    def _failover(self, reason: str) -> None:
+        """A global failure with a restart strategy in charge (Flink's ``handleGlobalFailure``):
+        nothing is decided in the log now; periodic checkpoints stop, pending ones abort, and
+        ``on_failover`` tells the host, which stops this coordinator (SUSPENDED, with ``reason``)
+        and restarts the job from its latest completed checkpoint, or records FAILED once its
+        restart strategy gives up. Once per coordinator."""
+        if self.failover_reason is not None:
+            return
+        self.failover_reason = reason
+        log.warning("job %s: global failure, the restart strategy decides: %s", self.job_id, reason)
+        self.stop_periodic_scheduler()
+        self.decider.abort_all(R.CHECKPOINT_COORDINATOR_SUSPEND, f"job failing over: {reason}")
+        for pending in list(self.pending.values()):
+            self._abort(pending, R.CHECKPOINT_COORDINATOR_SUSPEND, f"job failing over: {reason}")
+        assert self.on_failover is not None
+        self.on_failover(reason)
 
     def _job_status_changed(self, status: JobStatus, reason: str | None) -> None:
         self.stop_periodic_scheduler()
@@ -126,8 +148,9 @@ class JobLifecycle(CoordinatorCore):
             self._abort(pending, R.CHECKPOINT_COORDINATOR_SHUTDOWN, "coordinator shut down")
         if self.state.job_status == JobStatus.RUNNING:
             # a clean stop, told apart in the log from a coordinator that was fenced or died
-            self._commit(Batch(records=[JobStatusRecord(self.job_id, JobStatus.SUSPENDED, self.state.epoch,
-                                                        "coordinator stopped", self.env.now_ms())]))
+            why = "coordinator stopped" if self.failover_reason is None else f"restarting: {self.failover_reason}"
+            self._commit(Batch(records=[JobStatusRecord(self.job_id, JobStatus.SUSPENDED, self.state.epoch, why,
+                                                        self.env.now_ms())]))
         self._shutdown = True
         for holder in self.holders.values():
             holder.close()

@@ -949,3 +949,65 @@ def test_a_starting_coordinator_announces_its_epoch_to_the_running_attempts(tmp_
     assert (announced.epoch, announced.operator_id, announced.subtask_index, announced.attempt_number) == (
         cc.state.epoch, "", -1, -1)
     assert announced.epoch == 1
+
+
+class _FailingOnComplete(RecordingCoordinator):
+    """Its ``notify_checkpoint_complete`` raises ``error`` (a lake commit that failed)."""
+
+    def __init__(self, operator_id: str, error: BaseException) -> None:
+        super().__init__(operator_id)
+        self.error = error
+
+    def checkpoint_coordinator(self, checkpoint_id, result_future):
+        result_future.set_result(self.state)
+
+    def notify_checkpoint_complete(self, checkpoint_id):
+        raise self.error
+
+
+def _failover_coordinator(tmp_path: Path, error: BaseException, **options):
+    failovers: list[str] = []
+    cc, env, _ = make(tmp_path, providers=[_FailingOnComplete("src", error)], start=False, **options)
+    cc.on_failover = failovers.append
+    cc.start()
+    env.run()
+    ready_all(cc)
+    return cc, env, failovers
+
+
+def test_with_a_restart_strategy_a_global_failure_is_handed_over_not_recorded_as_failed(tmp_path: Path) -> None:
+    """Issue 44, item 5 (Flink's global failover): a failing operator coordinator's notification
+    hands its reason to the host's restart strategy once; the job is not FAILED in the log, no new
+    checkpoint starts, and the shutdown that follows records SUSPENDED with the reason."""
+    from chandy.connectors.lake.sink import LakeCommitError
+
+    cc, env, failovers = _failover_coordinator(tmp_path, LakeCommitError("S3 answered 503"))
+    trigger(cc)
+    ack_all(cc, 1)
+    assert failovers == ["LakeCommitError: S3 answered 503"]
+    assert cc.job_status == "RUNNING"
+    assert not any(isinstance(r, JobStatusRecord) and r.status == "FAILED" for r in env.log)
+    cc.shutdown()
+    env.run()
+    suspended = [r for r in env.log if isinstance(r, JobStatusRecord) and r.status == "SUSPENDED"]
+    assert suspended and "restarting: LakeCommitError: S3 answered 503" in (suspended[-1].reason or "")
+
+
+def test_a_failure_a_restart_would_meet_again_fails_the_job_at_once(tmp_path: Path) -> None:
+    """A SuppressRestartsError (Flink's SuppressRestartsException: a schema that does not fit the
+    table) is FAILED at once, restart strategy or not."""
+    from chandy.connectors.lake.sink import LakeSchemaError
+
+    cc, env, failovers = _failover_coordinator(tmp_path, LakeSchemaError("column x is string in the table"))
+    trigger(cc)
+    ack_all(cc, 1)
+    assert failovers == [] and cc.job_status == "FAILED"
+
+
+def test_tolerable_failed_checkpoints_exceeded_is_a_global_failure_for_the_restart_strategy(tmp_path: Path) -> None:
+    cc, env, failovers = _failover_coordinator(tmp_path, RuntimeError("unused"), tolerable_failed=0, timeout_ms=100)
+    trigger(cc)
+    env.advance(100)
+    assert len(failovers) == 1 and "tolerable failure threshold" in failovers[0]
+    assert cc.job_status == "RUNNING"
+    assert not any(isinstance(r, JobStatusRecord) and r.status == "FAILED" for r in env.log)

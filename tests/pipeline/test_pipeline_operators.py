@@ -270,3 +270,47 @@ def test_a_fenced_run_stops_at_once_and_says_so(kafka_bootstrap_servers, tmp_pat
     assert took < 60  # not the checkpoint timeout (300 s)
     rows = landed(table)
     assert len(rows) == len(set(rows))
+
+
+def _timestamps(servers: str, topic: str, partitions: int = 2) -> dict[tuple[str, int, int], int]:
+    """Every record of ``topic`` and its Kafka timestamp (ms), read by a plain consumer."""
+    consumer = kafka_config.consumer(servers)
+    reader = KafkaRangeReader(servers)
+    found = {}
+    for p in range(partitions):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+        found |= {(topic, p, m.offset()): m.timestamp()[1] for m in reader.read(KafkaPartitionSplit(topic, p, low, high))}
+    consumer.close()
+    reader.close()
+    return found
+
+
+def test_a_backfill_of_a_time_window_lands_exactly_its_records_then_stops(spark, kafka_bootstrap_servers,
+                                                                          tmp_path) -> None:
+    """Issue 47 (Spark's startingOffsetsByTimestamp / endingOffsets, Flink's timestamp initializer
+    and setBounded): --starting-offsets timestamp:T1 --ending-offsets timestamp:T2 lands exactly
+    the records whose Kafka timestamps are in [T1, T2), as a plain consumer reads them, and stops
+    (not drained: more records follow T2); a run stopped mid-backfill lands the rest exactly once."""
+    topic = make_topic(kafka_bootstrap_servers, [])
+    base = 1_790_000_000_000  # 2026-09-21, ms
+    producer = kafka_config.producer(kafka_bootstrap_servers)
+    for i in range(300):  # 100 records before the window, 100 in it, 100 after
+        producer.produce(topic, f"v-{i}".encode(), f"k{i}".encode(), partition=i % 2, timestamp=base + i * 1000)
+    producer.flush(30)
+    t1, t2 = base + 100_000, base + 200_000
+    window = {r for r, ts in _timestamps(kafka_bootstrap_servers, topic).items() if t1 <= ts < t2}
+    assert len(window) == 100
+    table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
+    iso = "2026-09-21T" + time.strftime("%H:%M:%S", time.gmtime(t1 / 1000)) + "Z"
+    assert __import__("datetime").datetime.fromisoformat(iso).timestamp() * 1000 == t1
+    opts = options(kafka_bootstrap_servers, topic, table, prefix, stop_when_drained=False, starting_offsets=f"timestamp:{iso}",
+                   ending_offsets=f"timestamp:{t2}", max_records_per_checkpoint=20)
+    first = Pipeline(PipelineOptions(**{**opts.__dict__, "max_checkpoints": 2}), spark=spark).run()
+    assert 0 < first.records_landed < 100  # stopped mid-backfill
+    rest = Pipeline(opts, spark=spark).run()
+    assert rest.stopped_because.startswith("reached --ending-offsets")
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) == 100 and set(rows) == window
+    assert first.records_landed + rest.records_landed == 100
+    with pytest.raises(PipelineError, match=r"--ending-offsets: 'earliest' is not one of latest"):
+        PipelineOptions(**{**opts.__dict__, "ending_offsets": "earliest"})

@@ -179,8 +179,9 @@ def _run_into(pipeline: Pipeline, running: concurrent.futures.Future) -> None:
 def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_bootstrap_servers, tmp_path) -> None:
     """Issue 36: a Kafka call of the running pipeline that keeps failing past
     ``--kafka-retry-timeout`` (here: the source topic deleted) stops the run with one
-    PipelineKafkaError, the job FAILED in the coordinator log and on the events topic; a plain
-    second run of the job is refused (FAILED is terminal), naming ``--from-savepoint``."""
+    PipelineKafkaError, the job FAILED in the coordinator log and on the events topic once the
+    restart strategy gives up (``none`` here: at once); a plain second run of the job is refused
+    (FAILED is terminal), naming ``--from-savepoint``."""
     from confluent_kafka.admin import AdminClient
 
     from chandy.connectors.spark.options import PipelineKafkaError
@@ -192,7 +193,8 @@ def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_b
     topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(400)])
     table, prefix = str(tmp_path / "t"), f"gv{uuid.uuid4().hex[:6]}"
     opts = options(kafka_bootstrap_servers, topic, table, prefix, stop_when_drained=False,
-                   max_records_per_checkpoint=100, checkpoint_interval_ms=200, kafka_retry_timeout_ms=3000)
+                   max_records_per_checkpoint=100, checkpoint_interval_ms=200, kafka_retry_timeout_ms=3000,
+                   restart_strategy="none")
     pipeline = Pipeline(opts, spark=spark)
     running: concurrent.futures.Future = concurrent.futures.Future()
     runner = threading.Thread(target=lambda: _run_into(pipeline, running), daemon=True)
@@ -220,3 +222,71 @@ def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_b
     make_topic(kafka_bootstrap_servers, [b"again"], topic=topic)  # the run would start, but for FAILED
     with pytest.raises(PipelineError, match="--from-savepoint"):
         Pipeline(opts, spark=spark).run()
+
+
+class _FailingCommits:
+    """The lake sink's ``commit``, failing its first ``failures`` calls as a lake outage does (an
+    S3 503, a catalog 5xx), then committing."""
+
+    def __init__(self, sink, failures: int) -> None:
+        from chandy.connectors.lake.sink import LakeCommitError
+
+        self.commit, self.failures, self.calls, self.error = sink.commit, failures, 0, LakeCommitError
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error(f"the object store answered 503 Slow Down (call {self.calls})")
+        return self.commit(*args, **kwargs)
+
+
+def test_lake_errors_for_a_while_restart_the_job_until_it_recovers(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    """Issue 44, item 5: a failing lake commit is a global failure that Flink's default restart
+    strategy (exponential-delay) restarts: the job restarts from its latest completed checkpoint
+    (whose restore commits it again) until the lake answers, then lands every record exactly once;
+    the job never becomes FAILED and each restart is a new coordinator epoch (numRestarts)."""
+    from chandy.coordinator.kafka.log import load_state
+    from chandy.coordinator.kafka.topics import ChandyTopics
+    from chandy.coordinator.records import JobStatus
+
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(300)])
+    table, prefix = str(tmp_path / "t"), f"rs{uuid.uuid4().hex[:6]}"
+    pipeline = Pipeline(options(kafka_bootstrap_servers, topic, table, prefix, max_records_per_checkpoint=50,
+                                flink_conf={"restart-strategy.exponential-delay.initial-backoff": "200 ms"}),
+                        spark=spark)
+    failing = _FailingCommits(pipeline.sink, failures=3)
+    pipeline.sink.commit = failing  # type: ignore[method-assign]  # the driver's committer commits through it
+    summary = pipeline.run()
+    assert failing.calls > 3
+    assert summary.restarts >= 3, summary
+    assert any("restarting (restart 1)" in n and "503 Slow Down" in n for n in summary.notices), summary.notices
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) == 300 and set(rows) == all_offsets(kafka_bootstrap_servers, topic)
+    assert group_offsets(kafka_bootstrap_servers, f"chandy-{pipeline.job_id}", topic) == \
+        {p: max(o for _, q, o in rows if q == p) + 1 for p in range(2)}
+    state, _ = load_state(kafka_bootstrap_servers, ChandyTopics(prefix).coordinator_log, pipeline.job_id)
+    assert state.job_status is not JobStatus.FAILED
+    assert state.epoch >= 1 + summary.restarts  # each restart a new coordinator (Flink's numRestarts)
+
+
+def test_a_restart_strategy_that_gives_up_fails_the_job(spark, kafka_bootstrap_servers, tmp_path) -> None:
+    """``fixed-delay`` with one attempt: the lake keeps failing, the job restarts once, then ends
+    FAILED in its log, the error naming the strategy, and nothing lands twice or is committed to the
+    consumer group past the table."""
+    from chandy.coordinator.kafka.log import load_state
+    from chandy.coordinator.kafka.topics import ChandyTopics
+    from chandy.coordinator.records import JobStatus
+
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(100)])
+    table, prefix = str(tmp_path / "t"), f"rs{uuid.uuid4().hex[:6]}"
+    pipeline = Pipeline(options(kafka_bootstrap_servers, topic, table, prefix, restart_strategy="fixed-delay",
+                                flink_conf={"restart-strategy.fixed-delay.attempts": "1",
+                                            "restart-strategy.fixed-delay.delay": "100 ms"}), spark=spark)
+    pipeline.sink.commit = _FailingCommits(pipeline.sink, failures=1000)  # type: ignore[method-assign]
+    with pytest.raises(PipelineError, match=r"503 Slow Down.*the fixed-delay restart strategy gave up after 1 "
+                                            r"restart\(s\)"):
+        pipeline.run()
+    state, _ = load_state(kafka_bootstrap_servers, ChandyTopics(prefix).coordinator_log, pipeline.job_id)
+    assert state.job_status is JobStatus.FAILED and "gave up" in (state.job_status_reason or "")
+    assert not DeltaTable.is_deltatable(table) or landed(table) == []
+    assert group_offsets(kafka_bootstrap_servers, f"chandy-{pipeline.job_id}", topic) in ({}, {0: -1001, 1: -1001})

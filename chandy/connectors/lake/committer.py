@@ -39,14 +39,15 @@ from typing import Any
 
 from chandy.connectors.lake.log_records import LAKE_COMMITS_KIND, LakeCommitRecord
 from chandy.connectors.lake.sink import (
-    FILE_KIND,
     SOURCE_METRICS_KIND,
     TP,
     DataFile,
     LakeCommit,
     LakeCommitError,
+    LakeDivergenceError,
     LakeSchemaError,
     LakeSink,
+    data_files_from_handles,
 )
 from chandy.coordinator.faults import crash_point
 from chandy.coordinator.messages import OffsetRange
@@ -170,8 +171,7 @@ class LakeCommitter:
         operator = metadata.operator(self.context.operator_id)
         if operator is None:
             return []
-        return [DataFile.from_state_handle(h) for s in operator.subtask_states for h in s.state_handles
-                if h.kind == FILE_KIND]
+        return data_files_from_handles(h for s in operator.subtask_states for h in s.state_handles)
 
     def _note_fetch_lag(self, metadata: CheckpointMetadata) -> None:
         """Keep each subtask's fetch lag of this checkpoint (its ``source-metrics`` handle, if any)."""
@@ -196,7 +196,7 @@ class LakeCommitter:
                       if end > start and held.get(tp, -1) < end}
             if behind:
                 (topic, partition), (end, has) = sorted(behind.items())[0]
-                raise LakeCommitError(
+                raise LakeDivergenceError(
                     f"table {sink.table_uri} holds checkpoint {already_committed} of job {self.context.job_id}, "
                     f"so checkpoint {checkpoint_id} would be skipped, but the table holds {topic}-{partition} only up "
                     f"to offset {has} and checkpoint {checkpoint_id} reads up to {end}: its checkpoint IDs do not match "
@@ -207,7 +207,7 @@ class LakeCommitter:
             if has is None or end <= start:
                 continue
             if start < has:
-                raise LakeCommitError(
+                raise LakeDivergenceError(
                     f"checkpoint {checkpoint_id} would land {topic}-{partition} offsets [{start}, {end}) but table "
                     f"{sink.table_uri} already holds that partition up to offset {has}: refusing to duplicate")
             if start > has and gaps:
@@ -297,7 +297,7 @@ class LakeCommitter:
             has = recorded.get((topic, partition))
             if has == end or (has is None and end <= start):
                 continue
-            raise LakeCommitError(
+            raise LakeDivergenceError(
                 f"table {sink.table_uri} holds checkpoint {checkpoint_id} of job {self.context.job_id} with "
                 f"{topic}-{partition} up to offset {has}, but this coordinator's checkpoint {checkpoint_id} reads "
                 f"[{start}, {end}) of it: another coordinator of the job committed other ranges under the same "
@@ -323,7 +323,7 @@ class LakeCommitter:
         missing = sink.missing_files(files) if done is None or done < checkpoint_id else []
         if missing:
             # never commit a file that is gone: the table would reference data it cannot read
-            raise LakeCommitError(
+            raise LakeDivergenceError(
                 f"checkpoint {checkpoint_id} references {len(missing)} data file(s) no longer in table "
                 f"{sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
                 "intermediate savepoint's files are cleaned up once a later checkpoint lands the same ranges), "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,10 +23,17 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from chandy.connectors.type_mapping import utc_schema
-from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.errors import ChandyError, SuppressRestartsError
 from chandy.coordinator.messages import StateHandle
 
+#: the kind of a data file's state handle (:meth:`DataFile.to_state_handle`, :func:`data_files_to_handles`)
 FILE_KIND = "lake-file"
+#: the kind of the state handle that carries one Arrow schema (IPC bytes, ``inline_data``) for the
+#: file handles of the same acknowledgement that name it by :data:`SCHEMA_HASH` (:func:`data_files_to_handles`)
+SCHEMA_KIND = "lake-schema"
+#: the property of a schema handle, and of a file handle that references it, holding the schema's
+#: key: the first 16 hex digits (64 bits) of the SHA-256 of its IPC bytes
+SCHEMA_HASH = "schema_hash"
 #: the kind of the state handle a pipeline task acknowledges besides its files: the newest Kafka
 #: record timestamp it fetched and when (``chandy.connectors.spark.datasource.FetchClock``), for
 #: Flink's ``currentFetchEventTimeLag``
@@ -37,8 +45,14 @@ class LakeCommitError(ChandyError):
     """A lake commit failed (storage error), or would land records the table already holds."""
 
 
-class LakeSchemaError(LakeCommitError):
+class LakeSchemaError(LakeCommitError, SuppressRestartsError):
     """The data's schema does not fit the table's (a column the table lacks, or another type)."""
+
+
+class LakeDivergenceError(LakeCommitError, SuppressRestartsError):
+    """The table and the checkpoint disagree about what landed (a range the table holds already,
+    another coordinator's ranges under the same checkpoint ID, files gone): committing would lose
+    or duplicate records, and a restart would meet the same disagreement."""
 
 
 TP = tuple[str, int]
@@ -191,9 +205,20 @@ class DataFile:
     #: a change file (``--cdc``): the key columns its rows are merged on (None: a data file to append)
     id_columns: tuple[str, ...] | None = None
 
-    def to_state_handle(self) -> StateHandle:
+    def to_state_handle(self, *, schema_hash: str | None = None) -> StateHandle:
+        """This file's state handle (kind :data:`FILE_KIND`; ``state_size`` is the file's bytes).
+
+        With ``schema_hash`` (:func:`schema_hash`) the handle names its schema by that key and is
+        only readable with the :data:`SCHEMA_KIND` handle carrying it (:func:`data_files_to_handles`
+        writes both); without, the schema is inline as base64 text (1 to 3 KB a file), the
+        self-contained form every file had before.
+        """
         properties = {"records": str(self.records), "partition_values": json.dumps(dict(self.partition_values)),
-                      "modification_time": str(self.modification_time), "schema": self.schema}
+                      "modification_time": str(self.modification_time)}
+        if schema_hash is None:
+            properties["schema"] = self.schema
+        else:
+            properties[SCHEMA_HASH] = schema_hash
         if self.table_uri is not None:
             properties["table_uri"] = self.table_uri
         if self.id_columns is not None:
@@ -201,12 +226,77 @@ class DataFile:
         return StateHandle(FILE_KIND, self.path, None, self.size, properties)
 
     @classmethod
-    def from_state_handle(cls, handle: StateHandle) -> DataFile:
+    def from_state_handle(cls, handle: StateHandle, schemas: Mapping[str, str] | None = None) -> DataFile:
+        """The file of ``handle`` (kind :data:`FILE_KIND`), its schema inline or, for a handle that
+        names it by hash, looked up in ``schemas`` (hash to base64 IPC, :func:`schemas_of`).
+
+        Raises:
+            LakeCommitError: the handle names a schema ``schemas`` lacks.
+        """
         p = handle.properties
+        schema = p.get("schema")
+        if schema is None:
+            key = p.get(SCHEMA_HASH)
+            schema = (schemas or {}).get(key or "")
+            if schema is None:
+                raise LakeCommitError(f"the state handle of data file {handle.path} names schema {key}, which no "
+                                      f"{SCHEMA_KIND} handle of its checkpoint carries")
         id_columns = p.get("id_columns")
         return cls(handle.path or "", handle.state_size, int(p["records"]), json.loads(p["partition_values"]),
-                   int(p["modification_time"]), p["schema"], p.get("table_uri"),
+                   int(p["modification_time"]), schema, p.get("table_uri"),
                    None if id_columns is None else tuple(json.loads(id_columns)))
+
+
+def schema_hash(ipc: bytes) -> str:
+    """The key of a schema's IPC bytes in state handles: the first 16 hex digits of their SHA-256."""
+    return hashlib.sha256(ipc).hexdigest()[:16]
+
+
+def data_files_to_handles(files: Iterable[DataFile]) -> list[StateHandle]:
+    """The state handles of ``files`` for one acknowledgement: each distinct schema once, as a
+    :data:`SCHEMA_KIND` handle (its IPC bytes in ``inline_data``, its :func:`schema_hash` in
+    :data:`SCHEMA_HASH`; ``state_size`` 0, so a checkpoint's size stays its files' bytes), then one
+    :data:`FILE_KIND` handle per file naming its schema by hash. An ack of 10,000 files then carries
+    its schema once instead of 10,000 times (about 250 bytes a file instead of 2 KB and more)."""
+    files = list(files)
+    keys: dict[str, str] = {}  # base64 schema -> hash
+    handles: list[StateHandle] = []
+    for text in dict.fromkeys(f.schema for f in files):
+        ipc = base64.b64decode(text)
+        keys[text] = key = schema_hash(ipc)
+        handles.append(StateHandle(SCHEMA_KIND, None, ipc, 0, {SCHEMA_HASH: key}))
+    return handles + [f.to_state_handle(schema_hash=keys[f.schema]) for f in files]
+
+
+def schemas_of(handles: Iterable[StateHandle]) -> dict[str, str]:
+    """The schemas the :data:`SCHEMA_KIND` handles among ``handles`` carry: hash to base64 IPC.
+
+    Raises:
+        LakeCommitError: a schema handle without bytes, or whose bytes do not have its hash.
+    """
+    schemas = {}
+    for handle in handles:
+        if handle.kind != SCHEMA_KIND:
+            continue
+        key = handle.properties.get(SCHEMA_HASH, "")
+        if handle.inline_data is None or schema_hash(handle.inline_data) != key:
+            raise LakeCommitError(f"a {SCHEMA_KIND} state handle is damaged: its bytes do not have its hash {key!r}")
+        schemas[key] = base64.b64encode(handle.inline_data).decode()
+    return schemas
+
+
+def data_files_from_handles(handles: Iterable[StateHandle]) -> list[DataFile]:
+    """The data files among ``handles`` (kind :data:`FILE_KIND`, in order), each with its schema:
+    inline (the form Chandy wrote before schemas were carried once per ack, still found in older
+    checkpoints' ``_metadata``) or from the :data:`SCHEMA_KIND` handle its hash names. ``handles``
+    may be those of several subtasks (hashes are content keys).
+
+    Raises:
+        LakeCommitError: a file names a schema no handle carries, or a schema handle is damaged.
+    """
+    handles = list(handles)
+    schemas = schemas_of(handles)
+    return [DataFile.from_state_handle(h, schemas) for h in handles if h.kind == FILE_KIND]
 
 
 def schema_to_b64(schema: pa.Schema) -> str:

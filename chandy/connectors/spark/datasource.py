@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
 
 from chandy.connectors.lake.routing import Router
-from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeSink
+from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeSink, data_files_to_handles
 from chandy.connectors.spark.decode import SchemaChangeError, ValueDecoder, concat_evolving, decode_batches, offset_ranges
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
 from chandy.coordinator.messages import StateHandle
@@ -273,7 +273,7 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
             rows += table.num_rows
             del table, destinations
         crash_point("task-written", o.checkpoint_id)
-        handles = [f.to_state_handle() for f in files]
+        handles = data_files_to_handles(files)  # each distinct schema once, not once a file
         metrics = fetch_clock.state_handle() if fetch_clock is not None else None
         sender.acknowledge(o.epoch, o.checkpoint_id, o.operator_id, subtask, attempt,
                            handles + ([metrics] if metrics is not None else []))

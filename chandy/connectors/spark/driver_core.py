@@ -34,6 +34,7 @@ from chandy.coordinator.kafka.election import LeaderElection
 from chandy.coordinator.kafka.metrics import MetricScope
 from chandy.coordinator.kafka.requests import ControlRequest
 from chandy.coordinator.kafka.runtime import CoordinatorService
+from chandy.coordinator.restart_strategy import RestartBackoffTimeStrategy, create_restart_strategy
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class PipelineCore:
         self.partitions: list[TP] = []
         self.notices: list[str] = []
         self.table_progress: TableProgress | None = None
+        #: ``--ending-offsets`` resolved when the run starts: (topic, partition) -> end (exclusive)
+        self.ending_offsets: dict[TP, int] | None = None
         self.table_fields: dict[str, Any] | None = None
         self.cluster_id: str | None = None
         self.decoder: ValueDecoder | None = None
@@ -84,6 +87,8 @@ class PipelineCore:
         self.takeover_s: float | None = None
         self._last_committed = 0
         self._lag_consumer: Any = None  # reads the source's last stable offsets (micro_batch.py)
+        #: the job's restart strategy (Flink's), made at the start of :meth:`Pipeline.run`
+        self._restart_strategy: RestartBackoffTimeStrategy = create_restart_strategy(options.restart_strategy_options)
         self.last_spark_job = 0.0  # time.monotonic() of the last Spark job (a micro-batch or a warm-up)
 
     def _notice(self, message: str) -> None:

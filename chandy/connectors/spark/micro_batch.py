@@ -12,7 +12,7 @@ import random
 import time
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
 from chandy.connectors.spark.cluster import (
@@ -62,8 +62,39 @@ class PipelineMicroBatch(PipelineCore):
                         raise PipelineKafkaError(f"reading the source's offsets failed: {exc}{waited}") from exc
                     log.warning("job %s: %s; reading with a new client", self.job_id, exc)
                     self.close_lag_client()
+            if self.ending_offsets is not None:  # a bounded run: nothing past its end is lag
+                high = min(high, self.ending_offsets.get(tp, high))
             lag[tp] = max(0, high - start)
         return lag
+
+    def resolve_ending_offsets(self) -> None:
+        """``--ending-offsets``, resolved once, when the run starts (Spark's ``endingOffsets``):
+        per partition the offset (exclusive) the run stops at.
+
+        Raises:
+            PipelineKafkaError: the offsets cannot be read.
+        """
+        from chandy.connectors.kafka.source.offsets import ConsumerOffsetsRetriever, parse_offsets_spec
+
+        spec = self.options.ending_offsets
+        if spec is None or self.ending_offsets is not None:
+            return
+        initializer = parse_offsets_spec(spec, "--ending-offsets", ending=True)
+        try:
+            ends = initializer.get_partition_offsets(self.partitions, ConsumerOffsetsRetriever(self._lag_client()))
+        except KafkaException as exc:
+            raise PipelineKafkaError(f"reading --ending-offsets {spec} failed: {exc.args[0]}") from exc
+        self.ending_offsets = dict(ends)
+        where = ", ".join(f"{t}-{p}@{o}" for (t, p), o in sorted(ends.items())[:6])
+        more = "" if len(ends) <= 6 else f" and {len(ends) - 6} more"
+        self._notice(f"bounded run (--ending-offsets {spec}): stops once every partition reaches its end ({where}{more})")
+
+    def reached_ending_offsets(self) -> bool:
+        """Whether a bounded run read every partition up to its end (False when unbounded)."""
+        if self.ending_offsets is None:
+            return False
+        ends = self._enumerator_call(lambda e: dict(e.committed_end))
+        return all(ends.get(tp, -1) >= stop for tp, stop in self.ending_offsets.items())
 
     def _lag_client(self) -> Any:
         if self._lag_consumer is None:

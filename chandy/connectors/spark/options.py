@@ -12,11 +12,13 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from chandy.connectors.kafka.source.offsets import OffsetsSpecError, parse_offsets_spec
 from chandy.connectors.lake.sinks import is_iceberg
 from chandy.connectors.lake.uri import normalize_table_uri
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.restart_strategy import RestartStrategyConfigError, RestartStrategyOptions
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +40,18 @@ class PipelineFencedError(PipelineError):
     """A newer coordinator of the same job took over; this run stopped writing at once."""
 
 
-class PipelineKafkaError(PipelineError):
-    """Kafka refused a call of the running pipeline for good (not authorized, a topic gone) or
-    kept failing past ``--kafka-retry-timeout``: the job ends FAILED (on the events topic too),
-    and a later run resumes it only from a savepoint or retained checkpoint (``--from-savepoint``)."""
+class PipelineFailoverError(PipelineError):
+    """A failure a restart can cure (a lake commit that failed, Kafka unreachable past
+    ``--kafka-retry-timeout``, the coordinator log unwritable, more failed checkpoints in a row
+    than tolerated): the restart strategy (``-D restart-strategy.type=...``) restarts the job from
+    its latest completed checkpoint, or, once it gives up, the job ends FAILED."""
+
+
+class PipelineKafkaError(PipelineFailoverError):
+    """Kafka refused a call of the running pipeline (not authorized, a topic gone) or kept
+    failing past ``--kafka-retry-timeout``: restarted by the restart strategy; once it gives up the
+    job ends FAILED (on the events topic too), and a later run resumes it only from a savepoint or
+    retained checkpoint (``--from-savepoint``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +135,15 @@ class PipelineOptions:
         "Job name, as Flink's: the metrics' job_name label and what the dashboard shows beside the ID "
         "(default: <topics> -> <table>)."))
     group_id: str | None = _opt(None, "--group-id", help="Consumer group for offset commits (default chandy-<job id>).")
-    starting_offsets: str = _opt("earliest", "--starting-offsets", choices=("earliest", "latest", "committed"))
+    starting_offsets: str = _opt("earliest", "--starting-offsets", metavar="SPEC", help=(
+        "Where partitions the table has never seen start (Spark's startingOffsets, Flink's OffsetsInitializer): "
+        "earliest, latest, committed (the consumer group's, else earliest), timestamp:<ms or ISO-8601> (the first "
+        "record at or after it) or JSON offsets {\"topic\": {\"0\": 23}} (-2 earliest, -1 latest; partitions "
+        "not named: earliest). A partition the table holds always resumes at the table's offsets."))
+    ending_offsets: str | None = _opt(None, "--ending-offsets", metavar="SPEC", help=(
+        "A bounded run (Spark's endingOffsets, Flink's setBounded): latest (the last stable offsets at start), "
+        "timestamp:<ms or ISO-8601> (records before it) or JSON offsets (exclusive; -1 latest), resolved when "
+        "the run starts; it stops with exit 0 once every partition reached its end."))
     max_records_per_checkpoint: int | None = _opt(None, "--max-records-per-checkpoint", minimum=1,
                                                   help="Cap per partition per checkpoint (micro-batch).")
     checkpoint_interval_ms: int = _opt(0, "--checkpoint-interval", minimum=0, help=(
@@ -177,8 +195,17 @@ class PipelineOptions:
                            help="With --value-format: a null value is a bad record, skipped, or a row of null columns.")
     resume_from_table: bool = _opt(True, "--resume-from-table/--no-resume-from-table", kind="switch", help=(
         "When the coordinator log is missing or behind the table, resume from the table's offsets (or refuse)."))
-    restart_backoff_initial_ms: int = _opt(1_000)
+    restart_backoff_initial_ms: int = _opt(1_000)  # between failed checkpoints (not a job restart)
     restart_backoff_max_ms: int = _opt(60_000)
+    #: Flink's restart strategy of the job (chandy/coordinator/restart_strategy.py), its options
+    #: under Flink's keys; --restart-strategy is restart-strategy.type
+    restart_strategy: str | None = _opt(None, "--restart-strategy", choices=(
+        "exponential-delay", "fixed-delay", "failure-rate", "none"), help=(
+        "Flink's restart-strategy.type: how a failure a restart can cure (a lake or Kafka outage, a failed lake "
+        "commit) restarts the job from its latest checkpoint before it ends FAILED  [default: exponential-delay]"))
+    flink_conf: Mapping[str, str] = _opt({}, "-D", kind="settings", help=(
+        "Flink option of the job, under Flink's name (repeatable): the restart-strategy.* options, e.g. "
+        "-D restart-strategy.fixed-delay.attempts=3 -D restart-strategy.fixed-delay.delay='10 s'."))
     optimize_every: int | None = _opt(None, "--optimize-every", minimum=1, metavar="K", help=(
         "Compact the table's small files after every K-th checkpoint, while the pipeline runs."))
     optimize_target_size: int | None = _opt(None, "--optimize-target-size", minimum=1, metavar="BYTES",
@@ -237,6 +264,7 @@ class PipelineOptions:
         "keys, or the Schema Registry's schema with --avro-framing confluent]"))
 
     def __post_init__(self) -> None:
+        self.restart_strategy_options  # noqa: B018 - a bad -D restart-strategy.* fails now, naming it
         if bool(self.topics) == bool(self.topic_pattern):
             raise PipelineError("give topics (a list) or a topic pattern (a regex), not both and not neither")
         if self.topic_pattern:
@@ -244,8 +272,12 @@ class PipelineOptions:
                 re.compile(self.topic_pattern)
             except re.error as exc:
                 raise PipelineError(f"--topic-pattern {self.topic_pattern!r} is not a regex: {exc}") from exc
-        if self.starting_offsets not in ("earliest", "latest", "committed"):
-            raise PipelineError(f"starting offsets must be earliest, latest or committed, got {self.starting_offsets!r}")
+        try:
+            parse_offsets_spec(self.starting_offsets, "--starting-offsets")
+            if self.ending_offsets is not None:
+                parse_offsets_spec(self.ending_offsets, "--ending-offsets", ending=True)
+        except OffsetsSpecError as exc:
+            raise PipelineError(str(exc)) from exc
         if self.value_format not in (None, "json", "avro"):
             raise PipelineError(f"value format must be json or avro, got {self.value_format!r}")
         if self.value_format == "avro" and not self.value_schema:
@@ -356,6 +388,24 @@ class PipelineOptions:
         return self.job_name or f"{source} -> {self.table_uri}"
 
     @property
+    def restart_strategy_options(self) -> RestartStrategyOptions:
+        """The job's restart strategy (``--restart-strategy`` and ``-D restart-strategy.*``).
+
+        Raises:
+            PipelineError: an unknown option or value, or two different types.
+        """
+        config = dict(self.flink_conf)
+        if self.restart_strategy is not None:
+            given = config.setdefault("restart-strategy.type", self.restart_strategy)
+            if given != self.restart_strategy:
+                raise PipelineError(f"--restart-strategy {self.restart_strategy} and -D restart-strategy.type={given} "
+                                    "disagree: give one")
+        try:
+            return RestartStrategyOptions.from_flink_config(config)
+        except RestartStrategyConfigError as exc:
+            raise PipelineError(f"-D: {exc}") from exc
+
+    @property
     def resolved_group_id(self) -> str:
         return self.group_id or f"chandy-{self.resolved_job_id}"
 
@@ -423,6 +473,7 @@ class PipelineSummary:
     signal: int | None = None
     notices: tuple[str, ...] = ()
     canceled: bool = False  # by a CANCEL request (``chandy job cancel``)
+    restarts: int = 0  # times the restart strategy restarted the job in this run
 
 
 def is_local_master(master: str) -> bool:

@@ -63,8 +63,8 @@ from chandy.connectors.spark.options import (
     SINK_OPERATOR,
     SOURCE_OPERATOR,
     PipelineError,
+    PipelineFailoverError,
     PipelineFencedError,
-    PipelineKafkaError,
     PipelineProgress,
     PipelineSummary,
 )
@@ -81,6 +81,7 @@ from chandy.coordinator.kafka.requests import ControlRequest, ControlRequestType
 from chandy.coordinator.kafka.runtime import CoordinatorService, JobTerminatedError
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 from chandy.coordinator.options import CheckpointingOptions
+from chandy.coordinator.restart_strategy import create_restart_strategy
 from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,26 @@ def _stop_spark(spark: Any) -> None:
         spark.stop()
     except (ConnectionError, OSError, Py4JError) as exc:  # the JVM is gone
         log.info("Spark's JVM was gone at stop: %s", exc)
+
+
+class _Restart(Exception):  # a decision, not an error
+    """The attempt failed with ``reason``; the restart strategy restarts the job after ``delay_s``."""
+
+    def __init__(self, reason: str, delay_s: float) -> None:
+        super().__init__(reason)
+        self.reason, self.delay_s = reason, delay_s
+
+
+class _Totals:
+    """A run's records landed, checkpoints completed and failed, over its attempts, and its restarts."""
+
+    def __init__(self) -> None:
+        self.landed = self.completed = self.failed = self.restarts = 0
+
+    def add(self, landed: int, completed: int, failed: int) -> None:
+        self.landed += landed
+        self.completed += completed
+        self.failed += failed
 
 
 class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineRequestExecutor, PipelineMicroBatch):
@@ -140,14 +161,13 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
 
     def _start_coordinator(self) -> CoordinatorService:
         opts = self.options
-        initializer = {"earliest": offsets_module.earliest(), "latest": offsets_module.latest(),
-                       "committed": offsets_module.committed("earliest")}[opts.starting_offsets]
+        initializer = offsets_module.parse_offsets_spec(opts.starting_offsets, "--starting-offsets")
         floor = dict(self.table_progress.offsets) if self.table_progress is not None else {}
         source = KafkaSourceOptions(
             opts.bootstrap_servers, topics=tuple(opts.topics), topic_pattern=opts.topic_pattern,
             group_id=opts.resolved_group_id, starting_offsets=initializer,
             max_records_per_checkpoint=opts.max_records_per_checkpoint, consumer_overrides=dict(opts.consumer_overrides),
-            offset_floor=floor)
+            offset_floor=floor, stopping_offsets=dict(self.ending_offsets or {}))
         savepoint_dir = f"{opts.resolved_checkpoint_dir.rstrip('/')}/savepoints"
         storage = CheckpointStorage(opts.resolved_checkpoint_dir, self.job_id, savepoint_dir=savepoint_dir,
                                     storage_options=dict(opts.storage_options))
@@ -171,7 +191,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             completion_outputs=self.completion_outputs, checkpoint_id_floor=self._checkpoint_id_floor,
             restore_from=opts.from_savepoint, request_executor=self._execute_request, election=self.election,
             metrics_port=opts.metrics_port, metrics_scope=self.metric_scope, standby=opts.standby,
-            retry_timeout_s=opts.kafka_retry_timeout_ms / 1000,
+            retry_timeout_s=opts.kafka_retry_timeout_ms / 1000, restart_strategy=True,
         )
         try:
             return service.start(periodic=False)
@@ -196,7 +216,13 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         self._enumerator_call(lambda e: e.release_ranges(checkpoint_id))
 
     def _fenced_message(self) -> str:
-        from chandy.coordinator.kafka.log import load_state
+        """The line a fenced run ends with, naming the newer epoch the log holds (read for up to 10 s).
+
+        Raises:
+            PipelineKafkaError: Kafka is unreachable, so whether a newer coordinator leads cannot be known.
+        """
+        from chandy.connectors.spark.options import PipelineKafkaError
+        from chandy.coordinator.kafka.log import LogUnreachableError, load_state
 
         assert self.service is not None
         mine = self.service.epoch
@@ -207,6 +233,9 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 state, _ = load_state(self.options.bootstrap_servers, ChandyTopics(self.options.prefix).coordinator_log,
                                       self.job_id, consumer_overrides=dict(self.options.consumer_overrides), timeout_s=10)
                 newer = state.epoch
+            except LogUnreachableError as exc:  # not fencing: nobody can tell whether a newer coordinator exists
+                raise PipelineKafkaError(f"job {self.job_id}: this coordinator stopped writing ({self.service.stop_reason}), "
+                                         f"and whether a newer coordinator took over cannot be known: {exc}") from None
             except ChandyError:
                 break
             if newer <= mine:
@@ -217,11 +246,14 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
     def run(self, on_progress: Callable[[PipelineProgress], None] | None = None, *,
             handle_signals: bool = False) -> PipelineSummary:
         """Run until drained (``stop_when_drained``), ``max_checkpoints``, :meth:`request_stop`, a
-        signal (with ``handle_signals``), or a failure.
+        signal (with ``handle_signals``), or a failure. A failure a restart can cure
+        (:class:`PipelineFailoverError`) restarts the job from its latest completed checkpoint, in
+        this process, after the delay the restart strategy gives (Flink's global failover); the
+        job ends FAILED once the strategy gives up.
 
         Raises:
             PipelineError: a preflight check failed, a record or schema the job cannot land, or
-                the job failed; the message names the root cause.
+                the job failed and its restart strategy gave up; the message names the root cause.
             PipelineFencedError: a newer coordinator of the job took over.
         """
         opts = self.options
@@ -238,38 +270,124 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 return PipelineSummary(opts.table_uri, self.job_id, 0, 0, 0, time.monotonic() - started,
                                        stopped_because="stopped while standing by", signal=self.stop_signal)
         self.preflight()
+        self.resolve_ending_offsets()
         spark = self._spark_session()
         self.parallelism = opts.parallelism or default_parallelism(
             len(self.partitions), spark.sparkContext.master, spark.sparkContext.defaultParallelism)
         if self._spark is None and "spark.sql.shuffle.partitions" not in opts.spark_conf:
             spark.conf.set("spark.sql.shuffle.partitions", str(self.parallelism))  # a transform's shuffles
         previous_handlers = self._install_signal_handlers() if handle_signals else {}
-        self._register_data_sources(spark)
-        self._warm_python_workers(spark, with_sink=True)  # RUNNING means warm: the first checkpoint costs no more
-        from pyspark.accumulators import AccumulatorParam
+        try:
+            self._register_data_sources(spark)
+            self._warm_python_workers(spark, with_sink=True)  # RUNNING means warm: the first checkpoint costs no more
+            from pyspark.accumulators import AccumulatorParam
 
-        class _Pair(AccumulatorParam):
-            def zero(self, value: Any) -> tuple[int, int]:
-                return (0, 0)
+            class _Pair(AccumulatorParam):
+                def zero(self, value: Any) -> tuple[int, int]:
+                    return (0, 0)
 
-            def addInPlace(self, a: Any, b: Any) -> tuple[int, int]:  # PySpark's method name
-                return (a[0] + b[0], a[1] + b[1])
+                def addInPlace(self, a: Any, b: Any) -> tuple[int, int]:  # PySpark's method name
+                    return (a[0] + b[0], a[1] + b[1])
 
-        counts = spark.sparkContext.accumulator((0, 0), _Pair())
+            counts = spark.sparkContext.accumulator((0, 0), _Pair())
+            self._restart_strategy = create_restart_strategy(opts.restart_strategy_options)
+            totals = _Totals()
+            while True:
+                try:
+                    return self._run_attempt(spark, counts, on_progress, started, totals)
+                except _Restart as restart:
+                    if not self._restart_after(restart, totals):
+                        return PipelineSummary(
+                            opts.table_uri, self.job_id, totals.landed, totals.completed, totals.failed,
+                            time.monotonic() - started, stopped_because="stopped while restarting",
+                            signal=self.stop_signal, notices=tuple(self.notices), restarts=totals.restarts)
+        finally:
+            if self._spark is None:
+                _stop_spark(spark)
+            self._restore_signal_handlers(previous_handlers)
+
+    def _restart_delay_s(self, reason: str) -> float | None:
+        """Tell the restart strategy of a failure: the seconds to wait before the restart, or None
+        when it gives up (the job then fails)."""
+        strategy = self._restart_strategy
+        strategy.notify_failure()
+        if not strategy.can_restart():
+            return None
+        return strategy.backoff_time_ms() / 1000
+
+    def _gave_up(self, reason: str, restarts: int) -> str:
+        return (f"{reason} (the {self.options.restart_strategy_options.type} restart strategy gave up after "
+                f"{restarts} restart(s))")
+
+    def _restart_after(self, restart: _Restart, totals: _Totals) -> bool:
+        """Wait the restart's delay, then reconcile the table and the log again for the next
+        attempt; False when a stop was requested meanwhile.
+
+        Raises:
+            PipelineError: the reconciliation found something a restart cannot cure.
+        """
+        delay = restart.delay_s
+        while True:
+            totals.restarts += 1
+            self._notice(f"job {self.job_id}: restarting (restart {totals.restarts}) in {delay:.1f} s from its "
+                         f"latest completed checkpoint: {restart.reason}")
+            self._stop.wait(delay)
+            if self._stop.is_set():
+                return False
+            self.election = None  # the stopped service left the election group: the next one joins again
+            try:
+                self._reconcile()
+                return True
+            except PipelineError:
+                raise
+            except Exception as exc:  # Kafka or the table still unreachable: a failed restart
+                reason = f"restart {totals.restarts} failed before starting: {root_cause(exc)}"
+                next_delay = self._restart_delay_s(reason)
+                if next_delay is None:
+                    raise PipelineError(f"job {self.job_id} failed: {self._gave_up(reason, totals.restarts)}") from exc
+                restart, delay = _Restart(reason, next_delay), next_delay
+
+    def _failover_reason(self, exc: BaseException) -> str | None:
+        """Why the attempt failed, when a restart can cure it: a :class:`PipelineFailoverError`, a
+        global failure the coordinator handed to the restart strategy, or a coordinator that
+        stopped without being fenced or failed (its log unwritable); None otherwise."""
+        service = self.service
+        if isinstance(exc, PipelineFencedError) or (service is not None and service.fenced.is_set()):
+            return None
+        if service is not None and service.failover_reason is not None:
+            return service.failover_reason
+        if isinstance(exc, PipelineFailoverError):
+            return str(exc)
+        if (service is not None and service.stopped.is_set() and service.job_status != "FAILED"
+                and not self._stop.is_set()):
+            return f"the coordinator stopped: {service.failure_reason() or root_cause(exc)}"
+        return None
+
+    def _run_attempt(self, spark: Any, counts: Any, on_progress: Callable[[PipelineProgress], None] | None,
+                     started: float, totals: _Totals) -> PipelineSummary:
+        """One attempt of the job: start the coordinator (restoring the latest completed
+        checkpoint), then checkpoint until the run ends.
+
+        Raises:
+            _Restart: a failure a restart can cure, and the restart strategy allows a restart.
+            PipelineError, PipelineFencedError: as :meth:`run`.
+        """
+        opts = self.options
         try:
             self.service = self._start_coordinator()
         except JobTerminatedError as exc:  # a standby of a job that ended: it says why and exits 0
-            self._restore_signal_handlers(previous_handlers)
-            if self._spark is None:
-                _stop_spark(spark)
             self._notice(str(exc))
-            return PipelineSummary(opts.table_uri, self.job_id, 0, 0, 0, time.monotonic() - started,
-                                   stopped_because=str(exc), signal=self.stop_signal, notices=tuple(self.notices))
-        except BaseException:
-            self._restore_signal_handlers(previous_handlers)
-            if self._spark is None:
-                _stop_spark(spark)
-            raise
+            return PipelineSummary(opts.table_uri, self.job_id, totals.landed, totals.completed, totals.failed,
+                                   time.monotonic() - started, stopped_because=str(exc), signal=self.stop_signal,
+                                   notices=tuple(self.notices), restarts=totals.restarts)
+        except PipelineError as exc:
+            if not totals.restarts or isinstance(exc, PipelineFencedError):
+                raise
+            reason = f"restart {totals.restarts} could not start the coordinator: {exc}"
+            delay = self._restart_delay_s(reason)
+            if delay is None:
+                raise PipelineError(f"job {self.job_id} failed: {self._gave_up(reason, totals.restarts)}") from exc
+            raise _Restart(reason, delay) from exc
         metrics = None
         if self.service.metrics_server is not None:
             from chandy.connectors.spark.metrics import PipelineMetricsCollector
@@ -305,11 +423,14 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     break
                 if self.service.fenced.is_set():
                     raise PipelineFencedError(self._fenced_message())
+                if self.service.failover_reason is not None:  # a global failure: the restart strategy decides
+                    cause = f"; first failure: {first_failure}" if first_failure else ""
+                    raise PipelineFailoverError(f"job {self.job_id} failed: {self.service.failover_reason}{cause}")
                 if self.service.job_status == "FAILED" or self.service.stopped.is_set():
                     reason = self.service.failure_reason() or "the coordinator stopped"
                     cause = f"; first failure: {first_failure}" if first_failure else ""
                     raise PipelineError(f"job {self.job_id} failed: {reason}{cause}")
-                if opts.max_checkpoints is not None and completed >= opts.max_checkpoints:
+                if opts.max_checkpoints is not None and totals.completed + completed >= opts.max_checkpoints:
                     stopped_because = f"{opts.max_checkpoints} checkpoints done"
                     break
                 request = self._next_request()
@@ -323,6 +444,9 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                         and request[0].drain and sum(lag.values()) > 0):
                     self._draining, request = request, None  # land what is available first (Flink's --drain)
                 if request is None and sum(lag.values()) == 0:
+                    if self.reached_ending_offsets():
+                        stopped_because = f"reached --ending-offsets {opts.ending_offsets}"
+                        break
                     if opts.stop_when_drained:
                         stopped_because = "drained"
                         break
@@ -384,17 +508,20 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     message = message or root_cause(exc)
                     first_failure = first_failure or f"checkpoint {checkpoint_id}: {message}"
                     log.warning("checkpoint %d failed: %s", checkpoint_id, message)
+                    if "AckTooLargeError" in str(exc):  # the same ranges give the same ack: a restart would too
+                        fatal = fatal or f"{message} (lower --max-records-per-checkpoint or raise --write-buffer-bytes)"
                 if fatal is not None:
                     # deterministic: a restart would fail the same way, so the job FAILED (Flink's
                     # state once its restart strategy gives up), not SUSPENDED (lost leadership)
                     self._record_failure(f"checkpoint {checkpoint_id} failed: {fatal}")
                     raise PipelineError(f"checkpoint {checkpoint_id} failed: {fatal}")
                 if on_progress is not None or metrics is not None:
-                    landed = self._committed_records() - landed_before
+                    landed = self._committed_records() - landed_before + totals.landed
                     phases = ({} if message is not None or done_ms is None else
                               self._phases(checkpoint_id, started_ms, ranges_ms, job_ended_ms, done_ms))
                     progress = PipelineProgress(
-                        checkpoint_id, message is None, records, landed, completed, failed,
+                        checkpoint_id, message is None, records, landed, totals.completed + completed,
+                        totals.failed + failed,
                         (time.monotonic() - batch_started) * 1000, time.monotonic() - started,
                         self.lag(), message, spark_job_ms, self.bad_records, self.dead_lettered,
                         counts.value[1], phases)
@@ -412,24 +539,32 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         except ChandyError as exc:
             if self.service.fenced.is_set() and not isinstance(exc, PipelineFencedError):
                 raise PipelineFencedError(self._fenced_message()) from exc
-            if isinstance(exc, PipelineKafkaError):
-                self._record_failure(str(exc))
-            raise
+            failover = self._failover_reason(exc)
+            if failover is None:
+                raise
+            delay = self._restart_delay_s(failover)
+            if delay is not None:
+                raise _Restart(failover, delay) from exc
+            # the restart strategy gave up: FAILED (Flink's state once it does), recorded while this
+            # coordinator still runs, if it does
+            gave_up = self._gave_up(str(exc), totals.restarts)
+            if not self.service.stopped.is_set():
+                self._record_failure(gave_up)
+            error_type = type(exc) if isinstance(exc, PipelineError) else PipelineError
+            raise error_type(gave_up) from exc
         finally:
             landed_total = self._safe_committed_records() - landed_before
+            totals.add(landed_total, completed, failed)
             self._fail_request(request, PipelineError("the pipeline stopped before the request was applied"))
             while (queued := self._next_request()) is not None:
                 self._fail_request(queued, PipelineError("the pipeline stopped before the request was applied"))
             self.close_lag_client()
             self.service.stop()
-            if self._spark is None:
-                _stop_spark(spark)
-            self._restore_signal_handlers(previous_handlers)
-        return PipelineSummary(opts.table_uri, self.job_id, landed_total, completed, failed,
+        return PipelineSummary(opts.table_uri, self.job_id, totals.landed, totals.completed, totals.failed,
                                time.monotonic() - started, stopped_because=stopped_because,
                                bad_records=self.bad_records, dead_lettered=self.dead_lettered,
                                tombstones_skipped=counts.value[1], signal=self.stop_signal,
-                               notices=tuple(self.notices), canceled=canceled)
+                               notices=tuple(self.notices), canceled=canceled, restarts=totals.restarts)
 
     def _phases(self, checkpoint_id: int, started_ms: float, ranges_ms: float, job_ended_ms: float,
                 done_ms: float) -> dict[str, float]:

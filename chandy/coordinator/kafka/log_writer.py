@@ -125,6 +125,10 @@ class LogWriter:
         return kafka_config.producer(self.bootstrap_servers, transactional_id=self.transactional_id,
                                      overrides=self._producer_settings)
 
+    def _check_reachable(self) -> None:
+        """Raises :class:`~chandy.coordinator.kafka.config.KafkaUnreachableError` when no broker answers (10 s)."""
+        kafka_config.check_reachable(self.bootstrap_servers, self._security, timeout_s=10.0)
+
     def _replace_stuck_producer(self, what: str) -> None:
         """A new producer for the stuck one; its ``init_transactions`` aborts the open transaction.
         Then the log must prove that no newer coordinator of the job exists (its newest epoch is
@@ -139,6 +143,10 @@ class LogWriter:
             LogWriteError: the new producer or the log's read failed (nothing was written).
         """
         if not self.still_leading():
+            try:  # an election lost because Kafka is gone is an outage (a restart cures it), not fencing
+                self._check_reachable()
+            except kafka_config.KafkaUnreachableError as exc:
+                raise LogWriteError(f"the coordinator log could not be written: {what}, and {exc}") from exc
             raise CoordinatorFencedError(f"log writer stopped: {what}, and this coordinator no longer leads its job")
         log.warning("job %s: %s (librdkafka issues 5456, 5511): replacing the coordinator's producer", self.job_id, what)
         self._stuck_producers.append(self.producer)

@@ -130,6 +130,10 @@ class CoordinatorService:
             the service then closes it on :meth:`stop`.
         retry_timeout_s: how long the coordinator log's transactions retry retriable errors (a
             broker's death, a leader election) before the coordinator stops (default 180 s).
+        restart_strategy: the host applies a restart strategy: a global failure (a failing
+            operator coordinator, more failed checkpoints than tolerated) is not recorded as
+            FAILED but sets :attr:`failover_reason`; the host stops this service and restarts the
+            job, or records FAILED with :meth:`fail_job` once its strategy gives up.
     """
 
     def __init__(
@@ -161,6 +165,7 @@ class CoordinatorService:
         request_executor: RequestExecutor | None = None,
         election: LeaderElection | None = None,
         retry_timeout_s: float = 180.0,
+        restart_strategy: bool = False,
     ) -> None:
         if not options.checkpoint_dir:
             raise ChandyError("a checkpoint directory (state.checkpoints.dir) is required")
@@ -191,6 +196,9 @@ class CoordinatorService:
         self.fenced = threading.Event()
         self.stop_reason: BaseException | str | None = None
         self.job_status: str | None = None
+        self._restart_strategy = restart_strategy
+        #: the reason of a global failure the host's restart strategy decides (``restart_strategy``)
+        self.failover_reason: str | None = None
         self.load_stats: LoadStats | None = None
         self.coordinator: CheckpointCoordinator | None = None
         self._writer: LogWriter | None = None
@@ -301,7 +309,7 @@ class CoordinatorService:
             self.job_id, self.options, self, self.storage, self.operators,
             coordinator_providers=self._providers, state=state, transactional_id=self.transactional_id,
             on_job_status=self._on_job_status, completion_outputs=self._completion_outputs,
-            job_name=self._metrics_scope.job_name,
+            job_name=self._metrics_scope.job_name, on_failover=self._on_failover if self._restart_strategy else None,
         )
         for hook in self._hooks:
             coordinator.add_master_hook(hook)
@@ -320,6 +328,7 @@ class CoordinatorService:
         if self.election is not None and self._accept_requests:
             self.requests = RequestHandler(coordinator, self.mailbox.execute, self._request_executor)
             self.election.attach(self.requests.submit)
+            self.election.coordinator_epoch = lambda: self.epoch  # a lost election compares the log's epoch with ours
             # a new group answers a join at once; with a predecessor the first rebalance waits for
             # its session to time out (ELECTION_SESSION_TIMEOUT_MS), which checkpoints need not wait
             # for: requests sent meanwhile are read from the group's committed offset once joined
@@ -477,6 +486,9 @@ class CoordinatorService:
         if self.job_status is not None:
             return self.job_status
         return "RUNNING" if self.coordinator is not None else "CREATED"
+
+    def _on_failover(self, reason: str) -> None:
+        self.failover_reason = reason
 
     def _on_job_status(self, status: str, reason: str | None) -> None:
         self.job_status = status

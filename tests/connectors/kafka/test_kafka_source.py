@@ -532,3 +532,39 @@ def test_the_sinks_offsets_win_over_every_starting_offsets_initializer(
     expected_new = {"earliest": 0, "latest": 10, "committed": 9}[initializer]
     assert ranges[(orders, 2)].starting_offset == expected_new
     assert all(r.stopping_offset == 10 for r in ranges.values())
+
+
+def test_offsets_specs_in_sparks_and_flinks_forms() -> None:
+    """Issue 47: --starting-offsets / --ending-offsets values, parsed without a broker."""
+    from chandy.connectors.kafka.source.offsets import OffsetsSpecError, parse_offsets_spec, parse_timestamp_ms
+
+    class Retriever:
+        def earliest(self, partitions):
+            return {tp: 5 for tp in partitions}
+
+        def latest(self, partitions):
+            return {tp: 50 for tp in partitions}
+
+        def committed(self, partitions):
+            return {tp: None for tp in partitions}
+
+        def for_timestamp(self, partitions, timestamp_ms):
+            return {tp: timestamp_ms // 1000 for tp in partitions}
+
+    parts = [("a", 0), ("a", 1), ("b", 0)]
+    get = lambda spec, ending=False: parse_offsets_spec(spec, ending=ending).get_partition_offsets(  # noqa: E731
+        parts, Retriever())
+    assert get("earliest") == dict.fromkeys(parts, 5) and get("latest") == dict.fromkeys(parts, 50)
+    assert get("committed") == dict.fromkeys(parts, 5)  # no group offsets: earliest
+    assert get("timestamp:42000") == dict.fromkeys(parts, 42)
+    assert parse_timestamp_ms("2026-11-27T10:00:00Z", "x") == parse_timestamp_ms("2026-11-27T10:00:00", "x") \
+        == 1_795_773_600_000
+    assert get('{"a": {"0": 23, "1": -2}, "b": {"0": -1}}') == {("a", 0): 23, ("a", 1): 5, ("b", 0): 50}
+    assert get('{"a": {"0": 7}}') == {("a", 0): 7, ("a", 1): 5, ("b", 0): 5}  # not named: earliest (Flink)
+    assert get('{"a": {"0": 7, "1": -1}}', ending=True)[("a", 1)] == 50
+    for spec, ending, error in [("earliest", True, "is not one of latest"), ("soon", False, "is not one of earliest"),
+                                ('{"a": {"0": -2}}', True, r"a-0: -2 is not an offset"),
+                                ('{"a": [1]}', False, "must map partitions to offsets"),
+                                ("timestamp:yesterday", False, "neither ms since the epoch nor an ISO-8601")]:
+        with pytest.raises(OffsetsSpecError, match=error):
+            parse_offsets_spec(spec, ending=ending)

@@ -131,6 +131,7 @@ def _offsets_writer(first: _OffsetsProducer, second: _OffsetsProducer, *, leadin
     writer.still_leading = lambda: leading
     writer.epoch = lambda: 3
     writer.newest_epoch = lambda: 3  # no newer coordinator wrote to the log
+    writer._check_reachable = lambda: None  # Kafka answers
     return writer
 
 
@@ -177,4 +178,26 @@ def test_a_stuck_producers_replacement_stops_when_the_log_holds_a_newer_epoch(mo
     with pytest.raises(CoordinatorFencedError, match=r"a newer coordinator of job job started \(epoch 4, this one 3\)"):
         writer._commit([(Batch(source_offsets=[SourceOffsets("group", (("t", 0, 5),))]), None)])
     assert fresh.calls == ["init"]  # nothing written by the replacement
+    stuck.released.set()
+
+
+def test_an_election_lost_to_a_kafka_outage_is_a_write_failure_not_fencing(monkeypatch) -> None:
+    """Issue 44, item 9: with the only broker gone the election is lost too; that is an outage (a
+    LogWriteError, which the restart strategy restarts), never reported as fencing."""
+    from chandy.coordinator.environment import SourceOffsets
+    from chandy.coordinator.kafka import log_writer
+    from chandy.coordinator.kafka.config import KafkaUnreachableError
+    from chandy.coordinator.kafka.log_writer import LogWriteError
+
+    monkeypatch.setattr(log_writer, "SEND_OFFSETS_STUCK_S", 0.2)
+    stuck, fresh = _OffsetsProducer(stuck=True), _OffsetsProducer(stuck=False)
+    writer = _offsets_writer(stuck, fresh, leading=False)
+
+    def unreachable() -> None:
+        raise KafkaUnreachableError("no broker of 127.0.0.1:9 answered")
+
+    writer._check_reachable = unreachable
+    with pytest.raises(LogWriteError, match="no broker of 127.0.0.1:9 answered"):
+        writer._commit([(Batch(source_offsets=[SourceOffsets("group", (("t", 0, 5),))]), None)])
+    assert fresh.calls == []
     stuck.released.set()

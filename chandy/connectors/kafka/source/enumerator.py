@@ -87,6 +87,9 @@ class KafkaSourceOptions:
             starts exactly there, whatever ``starting_offsets`` says (the option applies only to
             partitions the sink has never seen), so nothing is skipped or landed twice; a
             restored checkpoint's end below it is raised to it.
+        stopping_offsets: per (topic, partition), the offset (exclusive) no range goes past: a
+            bounded source (Flink's ``KafkaSourceBuilder.setBounded``, Spark's ``endingOffsets``);
+            a partition it does not name is unbounded.
     """
 
     bootstrap_servers: str
@@ -99,6 +102,7 @@ class KafkaSourceOptions:
     max_records_per_checkpoint: int | None = None
     consumer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     offset_floor: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    stopping_offsets: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
@@ -367,6 +371,9 @@ class KafkaSourceEnumerator:
             end = max(start, ends[tp])
             if cap is not None:
                 end = min(end, start + cap)
+            stop = self.options.stopping_offsets.get(tp)
+            if stop is not None:
+                end = max(start, min(end, stop))
             ranges[tp] = KafkaPartitionSplit(tp[0], tp[1], start, end)
         self.in_flight[checkpoint_id] = ranges
         # events first: they belong to this checkpoint; then the future (the checkpoint's moment)

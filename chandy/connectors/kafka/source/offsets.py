@@ -157,3 +157,105 @@ def timestamp(timestamp_ms: int) -> OffsetsInitializer:
 def offsets(specific: Mapping[TP, int], reset_strategy: str = "earliest") -> OffsetsInitializer:
     """Start at the given offsets; other partitions use ``reset_strategy``."""
     return _Specific(dict(specific), reset_strategy)
+
+
+class OffsetsSpecError(ChandyError):
+    """A ``--starting-offsets`` / ``--ending-offsets`` value is not one of the accepted forms."""
+
+
+#: Spark's markers in a JSON offsets map: -2 the earliest offset, -1 the latest
+EARLIEST_MARKER, LATEST_MARKER = -2, -1
+
+
+@dataclasses.dataclass(frozen=True)
+class _SpecificWithMarkers:
+    """Spark's JSON offsets: per partition an offset, or -2 (earliest) / -1 (latest); partitions
+    the map does not name use ``reset_strategy`` (Flink's ``OffsetsInitializer.offsets``)."""
+
+    offsets: Mapping[TP, int]
+    reset_strategy: str = "earliest"
+
+    def get_partition_offsets(self, partitions, retriever):
+        partitions = list(partitions)
+        given = {tp: self.offsets[tp] for tp in partitions if tp in self.offsets}
+        earliest_of = [tp for tp, o in given.items() if o == EARLIEST_MARKER]
+        latest_of = [tp for tp, o in given.items() if o == LATEST_MARKER]
+        resolved = {**retriever.earliest(earliest_of), **retriever.latest(latest_of)} if earliest_of or latest_of else {}
+        fallback = _fallback(self.reset_strategy, [tp for tp in partitions if tp not in given], retriever)
+        return {tp: resolved.get(tp, given[tp]) if tp in given else fallback[tp] for tp in partitions}
+
+
+def parse_timestamp_ms(text: str, what: str) -> int:
+    """ms since the Unix epoch, or an ISO-8601 date-time (``2026-11-27T10:00:00Z``; without a zone: UTC).
+
+    Raises:
+        OffsetsSpecError: neither.
+    """
+    import datetime
+
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise OffsetsSpecError(f"{what}: {text!r} is neither ms since the epoch nor an ISO-8601 date-time "
+                               "(e.g. 2026-11-27T10:00:00Z)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def parse_offsets_json(text: str, what: str, *, ending: bool) -> dict[TP, int]:
+    """Spark's JSON offsets, ``{"topic": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest; an ending
+    offset cannot be -2), as {(topic, partition): offset}.
+
+    Raises:
+        OffsetsSpecError: not that shape, naming what is wrong.
+    """
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise OffsetsSpecError(f"{what}: not JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise OffsetsSpecError(f"{what}: JSON offsets are an object of topics, e.g. {{\"orders\": {{\"0\": 23}}}}")
+    result: dict[TP, int] = {}
+    lowest = LATEST_MARKER if ending else EARLIEST_MARKER
+    for topic, partitions in value.items():
+        if not isinstance(partitions, dict):
+            raise OffsetsSpecError(f"{what}: topic {topic!r} must map partitions to offsets, got {partitions!r}")
+        for partition, offset in partitions.items():
+            if not str(partition).isdigit() or isinstance(offset, bool) or not isinstance(offset, int) \
+                    or offset < lowest:
+                raise OffsetsSpecError(f"{what}: {topic}-{partition}: {offset!r} is not an offset (>= 0, or "
+                                       f"{'-1 for latest' if ending else '-2 for earliest, -1 for latest'})")
+            result[(topic, int(partition))] = offset
+    return result
+
+
+def parse_offsets_spec(text: str, what: str = "--starting-offsets", *, ending: bool = False) -> OffsetsInitializer:
+    """The offsets initializer a ``--starting-offsets`` (or, with ``ending``, ``--ending-offsets``)
+    value names, in Spark's and Flink's forms: ``earliest``, ``latest``, ``committed`` (starting only:
+    the group's offsets, else earliest), ``timestamp:<ms or ISO-8601>`` (the first record whose
+    timestamp is at or after it; as an end, exclusive: records before it are read) or Spark's JSON
+    offsets (``{"topic": {"0": 23}}``).
+
+    Raises:
+        OffsetsSpecError: none of these, naming the value.
+    """
+    text = text.strip()
+    if text == "latest":
+        return latest()
+    if not ending and text == "earliest":
+        return earliest()
+    if not ending and text == "committed":
+        return committed("earliest")
+    if text.startswith("timestamp:"):
+        return timestamp(parse_timestamp_ms(text[len("timestamp:"):], what))
+    if text.startswith("{"):
+        return _SpecificWithMarkers(parse_offsets_json(text, what, ending=ending))
+    forms = "latest, timestamp:<ms or ISO-8601> or JSON offsets" if ending else \
+        "earliest, latest, committed, timestamp:<ms or ISO-8601> or JSON offsets"
+    raise OffsetsSpecError(f"{what}: {text!r} is not one of {forms} (e.g. {{\"orders\": {{\"0\": 23}}}})")
