@@ -121,6 +121,12 @@ class OperatorCoordinatorContext(Protocol):
         and appended since (entity ID -> the kind's folded value, by default its latest record)."""
         ...
 
+    def newest_checkpoint_id(self) -> int:
+        """The newest checkpoint ID the coordinator's log has handed out (``NO_CHECKPOINT`` for
+        none): every checkpoint up to it is completed, aborted or pending in this coordinator, and
+        a coordinator of the job started later takes only higher IDs."""
+        ...
+
     def publish_event(self, checkpoint_id: int, event_type: str, *, records: Sequence[Any] = (),
                       **fields: Any) -> None:
         """Publish a ``CheckpointEvent`` of ``event_type`` about checkpoint ``checkpoint_id`` on

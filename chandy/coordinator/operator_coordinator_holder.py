@@ -157,6 +157,10 @@ class OperatorCoordinatorHolder:
         """The directory URL of checkpoint or savepoint ``checkpoint_id`` (see the Context)."""
         return self._pointer_of(checkpoint_id)
 
+    def newest_checkpoint_id(self) -> int:
+        """See :meth:`OperatorCoordinatorContext.newest_checkpoint_id`."""
+        return -1 if self._state_of is None else self._state_of().next_checkpoint_id - 1
+
     def log_records(self, kind: str) -> Mapping[str, Any]:
         """See :meth:`OperatorCoordinatorContext.log_records` (empty without a coordinator state)."""
         return {} if self._state_of is None else self._state_of().records_of(kind)

@@ -456,11 +456,13 @@ class LakeCommitter:
                 self._announce(self.sink, checkpoint_id, None, None)
             finally:
                 self._restoring = False
-        # bounded: only files of checkpoints up to the restored one (or the newest the table holds)
-        # are the restore's to delete; a coordinator of the job that started while this restore
-        # was slow writes checkpoints above both, and its in-flight files are never touched
+        # bounded: only files of checkpoints this coordinator's log has handed out (each completed
+        # or aborted by now), the restored one or the table's newest are the restore's to delete; a
+        # coordinator of the job started while this restore was slow takes higher IDs, and its
+        # in-flight files are never touched
         done = self.sink.committed_checkpoint(self.context.job_id)
-        keep_after = max(checkpoint_id, done if done is not None else NO_CHECKPOINT)
+        newest = getattr(self.context, "newest_checkpoint_id", lambda: NO_CHECKPOINT)()
+        keep_after = max(checkpoint_id, done if done is not None else NO_CHECKPOINT, newest)
         for sink in (self.sink, *self._routed.values()):
             sink.delete_unreferenced(self.context.job_id, keep_checkpoints_after=keep_after)
             self._cleaned.add(sink.table_uri)
