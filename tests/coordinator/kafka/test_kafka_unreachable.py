@@ -158,6 +158,7 @@ def test_a_lost_election_reads_the_logs_epoch_when_kafka_answers(kafka_bootstrap
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a broker of its own, killed, and 25 s of reconnects: about 100 s
 def test_the_only_broker_killed_under_a_coordinator_is_named_an_outage_in_a_few_lines(tmp_path, caplog) -> None:
     """The scenario of the issue without Spark: a coordinator that leads its election group, and the
     only broker SIGKILLed. The election's loss names the outage (it said "a newer coordinator fences
