@@ -1,0 +1,176 @@
+"""What must hold after every step of a schedule (docs/design.md, "The commit-protocol
+simulation"). Each violation is (invariant, what was seen):
+
+- ``duplicate``: no (topic, partition, offset) is in the table twice;
+- ``gap``: the table holds each partition's offsets without a hole, from where the job started
+  (offset 0 with ``earliest``) to its newest commit (a hole is a record skipped for good);
+- ``missing-file``: every file the table references exists;
+- ``group-ahead``: every offset below the consumer group's committed position is in the table;
+- ``group-moved-back``: the group's committed offset never moves back (seen at each commit; not
+  checked when two coordinator logs run one job: nothing orders their transactions' group commits);
+- ``fenced-write``: no transaction of a fenced producer lands in the log or the group (seen at
+  each commit);
+- ``commit-without-completion``: the table commits a checkpoint only once the committing
+  coordinator's log holds its completion (a durable decision, never a fenced one);
+- ``lake-event``: every ``LAKE_COMMITTED`` event names exactly what the table holds for its
+  checkpoint: the job's commit of that checkpoint at that version, its records and files, and
+  (when the event carries them) offset ranges equal to what the commit's files hold;
+  (``lake-event-start``: the ranges differ only in where they start);
+- ``lake-event-twice``: no checkpoint is announced twice on one events topic.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from tests.simulation.table import TableCommit
+
+TP = tuple[str, int]
+
+
+def merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if out and start == out[-1][1]:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
+class Checker:
+    """Checks a simulation's world after each step (see the module docstring)."""
+
+    def __init__(self, sim: Any, *, ignore: frozenset[str] = frozenset(), group_monotonic: bool = True) -> None:
+        self.sim = sim
+        self.ignore = ignore
+        self.group_monotonic = group_monotonic
+        self._cluster_violations = 0
+        self._versions: tuple[int, int] = (-1, -1)
+        self._events_seen: dict[str, int] = collections.defaultdict(int)
+        self._announced: dict[str, dict[int, int]] = collections.defaultdict(dict)
+        self._commits_checked = 0
+
+    def check(self) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        cluster, table = self.sim.cluster, self.sim.table
+        new = cluster.violations[self._cluster_violations:]
+        self._cluster_violations = len(cluster.violations)
+        found += [v for v in new if self.group_monotonic or v[0] != "group-moved-back"]
+        versions = (cluster.version, table.version)
+        if versions != self._versions:
+            self._versions = versions
+            found += self._check_table()
+            found += self._check_events()
+        return [v for v in found if v[0] not in self.ignore]
+
+    # -- the table and the group ----------------------------------------------------------------------------
+    def coverage(self) -> dict[TP, list[tuple[int, int]]]:
+        table = self.sim.table
+        ranges: dict[TP, list[tuple[int, int]]] = collections.defaultdict(list)
+        for commit in table.commits:
+            for path in commit.files:
+                info = table.storage.get(path) or table.written.get(path)
+                if info is None:
+                    continue
+                for topic, partition, start, end in info.ranges:
+                    ranges[(topic, partition)].append((start, end))
+        return ranges
+
+    def _check_table(self) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        table, cluster = self.sim.table, self.sim.cluster
+        for commit in table.commits:
+            for path in commit.files:
+                if path not in table.storage:
+                    found.append(("missing-file", f"table version {commit.version} (checkpoint {commit.checkpoint_id}) "
+                                                  f"references {path}, which is gone"))
+        coverage = self.coverage()
+        earliest = self.sim.config.starting_offsets == "earliest"
+        recorded: dict[TP, list[int]] = collections.defaultdict(list)
+        for commit in table.commits:
+            for tp, offset in (commit.offsets or {}).items():
+                recorded[tp].append(offset)
+        ends: dict[TP, int] = {}
+        for tp in sorted(set(coverage) | set(recorded)):
+            ordered = sorted(coverage.get(tp, ()))
+            for (_, e1), (s2, e2) in zip(ordered, ordered[1:], strict=False):
+                if s2 < e1:
+                    found.append(("duplicate", f"{tp[0]}-{tp[1]} offsets [{s2}, {min(e1, e2)}) are in the table twice"))
+            # where the job started: offset 0 (earliest), else the lowest it ever recorded or holds
+            origin = 0 if earliest else min([s for s, _ in ordered] + recorded.get(tp, []))
+            reach = origin
+            for start, end in ordered:
+                if start > reach:
+                    found.append(("gap", f"{tp[0]}-{tp[1]} offsets [{reach}, {start}) are not in the table, but later "
+                                         f"ones are (up to {ordered[-1][1]})"))
+                    break
+                reach = max(reach, end)
+            ends[tp] = reach
+        newest = next((c for c in reversed(table.commits) if c.offsets), None)
+        for tp, offset in sorted(((newest.offsets or {}) if newest is not None else {}).items()):
+            if offset > ends.get(tp, 0):
+                found.append(("gap", f"the table records {tp[0]}-{tp[1]} up to {offset} but holds it only up to "
+                                     f"{ends.get(tp, 0)}"))
+        for group_id, offsets in cluster.groups.items():
+            for tp, offset in sorted(offsets.items()):
+                held = ends.get(tp, 0 if earliest else None)
+                if held is not None and offset > held:
+                    found.append(("group-ahead", f"group {group_id} committed {tp[0]}-{tp[1]} at {offset}, but the table "
+                                                 f"holds it only up to {held}"))
+        for commit in table.commits[self._commits_checked:]:
+            if (commit.author_prefix, commit.checkpoint_id) not in cluster.durable_completed:
+                found.append(("commit-without-completion",
+                              f"{commit.author} committed checkpoint {commit.checkpoint_id} to the table (version "
+                              f"{commit.version}), but its log ({commit.author_prefix}) holds no completion of it"))
+        self._commits_checked = len(table.commits)
+        return found
+
+    # -- LAKE_COMMITTED -----------------------------------------------------------------------------------------
+    def _check_events(self) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        table = self.sim.table
+        for prefix, events in self.sim.cluster.events.items():
+            for event, owner in events[self._events_seen[prefix]:]:
+                if event.event_type != "LAKE_COMMITTED":
+                    continue
+                found += self._check_event(prefix, event, owner, table.commits)
+            self._events_seen[prefix] = len(events)
+        return found
+
+    def _check_event(self, prefix: str, event: Any, owner: str, commits: list[TableCommit]) -> list[tuple[str, str]]:
+        n, version = event.checkpoint_id, event.table_version
+        where = f"LAKE_COMMITTED of checkpoint {n} by {owner} on {prefix}'s events (table version {version})"
+        previous = self._announced[prefix].get(n)
+        self._announced[prefix][n] = version
+        if previous is not None:
+            return [("lake-event-twice", f"{where}: checkpoint {n} was announced before (version {previous})")]
+        if version is None or not 0 <= version < len(commits):
+            return [("lake-event", f"{where}: the table has no such version")]
+        commit = commits[version]
+        if commit.job_id != event.job_id or commit.checkpoint_id != n:
+            return [("lake-event", f"{where}: the table's version {version} is checkpoint {commit.checkpoint_id} "
+                                   f"of job {commit.job_id}")]
+        if event.records_added is not None and event.records_added != commit.records:
+            return [("lake-event", f"{where}: it says {event.records_added} records, the commit added {commit.records}")]
+        if event.files_added is not None and event.files_added != len(commit.files):
+            return [("lake-event", f"{where}: it says {event.files_added} files, the commit added {len(commit.files)}")]
+        if event.offset_ranges is None:
+            return []
+        announced: dict[TP, list[tuple[int, int]]] = collections.defaultdict(list)
+        for r in event.offset_ranges:
+            announced[(r.topic, r.partition)].append((r.start_offset, r.end_offset))
+        held: dict[TP, list[tuple[int, int]]] = collections.defaultdict(list)
+        for path in commit.files:
+            info = self.sim.table.written.get(path)
+            for topic, partition, start, end in info.ranges if info is not None else ():
+                held[(topic, partition)].append((start, end))
+        a = {tp: merged(v) for tp, v in announced.items()}
+        h = {tp: merged(v) for tp, v in held.items()}
+        if a != h:
+            # the same ends from another start: what a check of the recorded ends alone lets through
+            same_ends = a.keys() == h.keys() and all(a[tp][-1][1] == h[tp][-1][1] for tp in a)
+            return [("lake-event-start" if same_ends else "lake-event",
+                     f"{where}: it names ranges {sorted(a.items())}, the commit holds {sorted(h.items())}")]
+        return []
