@@ -16,7 +16,9 @@ import dataclasses
 import heapq
 import itertools
 import logging
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -149,6 +151,32 @@ class Mailbox:
     def thread_ident(self) -> int | None:
         """The mailbox thread's identifier (``threading.get_ident()`` on it), None before it starts."""
         return self._thread.ident
+
+    def activity(self) -> str:
+        """What the mailbox thread runs now, for a person: the innermost calls of Chandy's own
+        code on its stack, outermost first (``Class.method``), the file and line of the innermost,
+        and the library function it is in, if any."""
+        frame = sys._current_frames().get(self.thread_ident or -1)
+        if frame is None:
+            return "nothing (the mailbox thread is not running)"
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # chandy/
+        ours: list[Any] = []
+        library = None
+        while frame is not None:
+            filename = os.path.abspath(frame.f_code.co_filename)
+            if filename.startswith(package + os.sep):
+                ours.append(frame)
+            elif not ours and library is None:
+                library = frame
+            frame = frame.f_back
+        if not ours:
+            return "code outside Chandy"
+        innermost = ours[0]
+        calls = " > ".join(f.f_code.co_qualname for f in reversed(ours[:4]))
+        where = f"{calls} ({os.path.relpath(innermost.f_code.co_filename, os.path.dirname(package))}:{innermost.f_lineno})"
+        if library is not None:
+            where += f", in {library.f_code.co_qualname} of {os.path.basename(library.f_code.co_filename)}"
+        return where
 
     @property
     def is_mailbox_thread(self) -> bool:

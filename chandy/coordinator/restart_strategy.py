@@ -40,7 +40,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from chandy.coordinator.errors import ChandyError
 
@@ -113,7 +113,7 @@ class RestartStrategyOptions:
             RestartStrategyConfigError: an unknown ``restart-strategy.*`` key or a bad value,
                 naming the key.
         """
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # field name -> its parsed value (a str, int or float, per _KEYS)
         for key, raw in config.items():
             name = key[len(PREFIX):] if key.startswith(PREFIX) else None
             if name is None or name not in cls._KEYS:
@@ -141,7 +141,7 @@ class RestartStrategyOptions:
                     values[field] = number
             except ValueError as exc:
                 raise RestartStrategyConfigError(f"{key}: {text!r} is not valid ({exc})") from exc
-        return cls(**values)  # type: ignore[arg-type]
+        return dataclasses.replace(cls(), **values)
 
     def describe(self) -> str:
         """One line, for logs and ``--help``: the strategy and its settings."""

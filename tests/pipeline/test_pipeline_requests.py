@@ -240,7 +240,8 @@ class _FailingCommits:
         return self.commit(*args, **kwargs)
 
 
-def test_lake_errors_for_a_while_restart_the_job_until_it_recovers(spark, kafka_bootstrap_servers, tmp_path) -> None:
+def test_lake_errors_for_a_while_restart_the_job_until_it_recovers(spark, kafka_bootstrap_servers, tmp_path,
+                                                                  monkeypatch) -> None:
     """Issue 44, item 5: a failing lake commit is a global failure that Flink's default restart
     strategy (exponential-delay) restarts: the job restarts from its latest completed checkpoint
     (whose restore commits it again) until the lake answers, then lands every record exactly once;
@@ -255,7 +256,7 @@ def test_lake_errors_for_a_while_restart_the_job_until_it_recovers(spark, kafka_
                                 flink_conf={"restart-strategy.exponential-delay.initial-backoff": "200 ms"}),
                         spark=spark)
     failing = _FailingCommits(pipeline.sink, failures=3)
-    pipeline.sink.commit = failing  # type: ignore[method-assign]  # the driver's committer commits through it
+    monkeypatch.setattr(pipeline.sink, "commit", failing)  # the driver's committer commits through it
     summary = pipeline.run()
     assert failing.calls > 3
     assert summary.restarts >= 3, summary
@@ -269,7 +270,7 @@ def test_lake_errors_for_a_while_restart_the_job_until_it_recovers(spark, kafka_
     assert state.epoch >= 1 + summary.restarts  # each restart a new coordinator (Flink's numRestarts)
 
 
-def test_a_restart_strategy_that_gives_up_fails_the_job(spark, kafka_bootstrap_servers, tmp_path) -> None:
+def test_a_restart_strategy_that_gives_up_fails_the_job(spark, kafka_bootstrap_servers, tmp_path, monkeypatch) -> None:
     """``fixed-delay`` with one attempt: the lake keeps failing, the job restarts once, then ends
     FAILED in its log, the error naming the strategy, and nothing lands twice or is committed to the
     consumer group past the table."""
@@ -282,7 +283,7 @@ def test_a_restart_strategy_that_gives_up_fails_the_job(spark, kafka_bootstrap_s
     pipeline = Pipeline(options(kafka_bootstrap_servers, topic, table, prefix, restart_strategy="fixed-delay",
                                 flink_conf={"restart-strategy.fixed-delay.attempts": "1",
                                             "restart-strategy.fixed-delay.delay": "100 ms"}), spark=spark)
-    pipeline.sink.commit = _FailingCommits(pipeline.sink, failures=1000)  # type: ignore[method-assign]
+    monkeypatch.setattr(pipeline.sink, "commit", _FailingCommits(pipeline.sink, failures=1000))
     with pytest.raises(PipelineError, match=r"503 Slow Down.*the fixed-delay restart strategy gave up after 1 "
                                             r"restart\(s\)"):
         pipeline.run()

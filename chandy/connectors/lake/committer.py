@@ -247,10 +247,11 @@ class LakeCommitter:
         landed: list[tuple[LakeSink, LakeCommit | None, OffsetRanges | None]] = []
         for table_uri in sorted(set(by_table) - {self.sink.table_uri}):  # the job's own table last
             sink = self._sink_of(table_uri)
-            landed.append((sink, self._commit_table(sink, checkpoint_id, by_table[table_uri], ranges, offsets), None))
+            done = sink.committed_checkpoint(self.context.job_id)
+            landed.append((sink, self._commit_table(sink, checkpoint_id, by_table[table_uri], ranges, offsets, done), None))
             crash_point("between-table-commits", checkpoint_id)
         own = self._commit_table(self.sink, checkpoint_id, by_table.get(self.sink.table_uri, []), ranges, offsets,
-                                 done=own_done)
+                                 own_done)
         landed.append((self.sink, own, ranges))
         if self._table_checkpoint is None or self._table_checkpoint <= checkpoint_id:
             self.table_offsets, self._table_checkpoint = offsets, checkpoint_id  # else: the table's, already read
@@ -305,15 +306,12 @@ class LakeCommitter:
                 "announced or committed to the consumer group")
 
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
-                      offsets: Mapping[TP, int], *, done: int | None | object = ...) -> LakeCommit | None:
+                      offsets: Mapping[TP, int], done: int | None) -> LakeCommit | None:
         """Commit one table's files of ``checkpoint_id`` (append, or apply changes), recording the
         job's cumulative ``offsets``; None when the table holds it already or there was nothing.
         A table that holds it already must hold exactly these ranges (:meth:`_check_recorded`).
-        ``done``: the job's newest checkpoint in the table, when just read (else it is read)."""
+        ``done``: the job's newest checkpoint in the table, just read."""
         routed = sink is not self.sink
-        if done is ...:
-            done = sink.committed_checkpoint(self.context.job_id)
-        assert done is None or isinstance(done, int)
         if routed and sink.table_uri not in self._routed_offsets:
             self._routed_offsets[sink.table_uri] = dict(sink.progress(self.context.job_id).offsets)
         held = self._routed_offsets[sink.table_uri] if routed else self.table_offsets
@@ -460,9 +458,8 @@ class LakeCommitter:
         # or aborted by now), the restored one or the table's newest are the restore's to delete; a
         # coordinator of the job started while this restore was slow takes higher IDs, and its
         # in-flight files are never touched
-        done = self.sink.committed_checkpoint(self.context.job_id)
-        newest = getattr(self.context, "newest_checkpoint_id", lambda: NO_CHECKPOINT)()
-        keep_after = max(checkpoint_id, done if done is not None else NO_CHECKPOINT, newest)
+        held = self._table_checkpoint if self._table_checkpoint is not None else NO_CHECKPOINT  # read or committed above
+        keep_after = max(checkpoint_id, held, self.context.newest_checkpoint_id())
         for sink in (self.sink, *self._routed.values()):
             sink.delete_unreferenced(self.context.job_id, keep_checkpoints_after=keep_after)
             self._cleaned.add(sink.table_uri)

@@ -137,6 +137,9 @@ class PipelineCore:
     def _fenced_message(self) -> str:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.pipeline`
 
+    def _reconcile(self) -> None:
+        raise NotImplementedError  # :mod:`chandy.connectors.spark.preflight`
+
     def _idle(self, seconds: float) -> None:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.request_executor`
 

@@ -99,6 +99,24 @@ def default_job_id(table_uri: str, topics: tuple[str, ...] | list[str] = (), top
     return uuid.uuid5(uuid.NAMESPACE_URL, f"chandy-pipeline:{normalize_table_uri(table_uri)}|{source}").hex
 
 
+def _restart_strategy_options(flink_conf: Mapping[str, str], restart_strategy: str | None) -> RestartStrategyOptions:
+    """The restart strategy ``-D restart-strategy.*`` and ``--restart-strategy`` give.
+
+    Raises:
+        PipelineError: an unknown option or value, or two different types.
+    """
+    config = dict(flink_conf)
+    if restart_strategy is not None:
+        given = config.setdefault("restart-strategy.type", restart_strategy)
+        if given != restart_strategy:
+            raise PipelineError(f"--restart-strategy {restart_strategy} and -D restart-strategy.type={given} "
+                                "disagree: give one")
+    try:
+        return RestartStrategyOptions.from_flink_config(config)
+    except RestartStrategyConfigError as exc:
+        raise PipelineError(f"-D: {exc}") from exc
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineOptions:
     """Everything ``chandy pipeline run`` takes. Times in ms.
@@ -264,7 +282,7 @@ class PipelineOptions:
         "keys, or the Schema Registry's schema with --avro-framing confluent]"))
 
     def __post_init__(self) -> None:
-        self.restart_strategy_options  # noqa: B018 - a bad -D restart-strategy.* fails now, naming it
+        _restart_strategy_options(self.flink_conf, self.restart_strategy)  # a bad -D restart-strategy.* fails now
         if bool(self.topics) == bool(self.topic_pattern):
             raise PipelineError("give topics (a list) or a topic pattern (a regex), not both and not neither")
         if self.topic_pattern:
@@ -394,16 +412,7 @@ class PipelineOptions:
         Raises:
             PipelineError: an unknown option or value, or two different types.
         """
-        config = dict(self.flink_conf)
-        if self.restart_strategy is not None:
-            given = config.setdefault("restart-strategy.type", self.restart_strategy)
-            if given != self.restart_strategy:
-                raise PipelineError(f"--restart-strategy {self.restart_strategy} and -D restart-strategy.type={given} "
-                                    "disagree: give one")
-        try:
-            return RestartStrategyOptions.from_flink_config(config)
-        except RestartStrategyConfigError as exc:
-            raise PipelineError(f"-D: {exc}") from exc
+        return _restart_strategy_options(self.flink_conf, self.restart_strategy)
 
     @property
     def resolved_group_id(self) -> str:

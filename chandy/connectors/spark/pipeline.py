@@ -70,6 +70,7 @@ from chandy.connectors.spark.options import (
 )
 from chandy.connectors.spark.preflight import PipelinePreflight
 from chandy.connectors.spark.request_executor import PipelineRequestExecutor
+from chandy.connectors.spark.restarts import PipelineRestarts, Restart, RunTotals
 from chandy.connectors.spark.session import KEEP_WARM_S, PipelineSession
 from chandy.coordinator.environment import OutboundMessage
 from chandy.coordinator.errors import ChandyError
@@ -103,27 +104,8 @@ def _stop_spark(spark: Any) -> None:
         log.info("Spark's JVM was gone at stop: %s", exc)
 
 
-class _Restart(Exception):  # a decision, not an error
-    """The attempt failed with ``reason``; the restart strategy restarts the job after ``delay_s``."""
-
-    def __init__(self, reason: str, delay_s: float) -> None:
-        super().__init__(reason)
-        self.reason, self.delay_s = reason, delay_s
-
-
-class _Totals:
-    """A run's records landed, checkpoints completed and failed, over its attempts, and its restarts."""
-
-    def __init__(self) -> None:
-        self.landed = self.completed = self.failed = self.restarts = 0
-
-    def add(self, landed: int, completed: int, failed: int) -> None:
-        self.landed += landed
-        self.completed += completed
-        self.failed += failed
-
-
-class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineRequestExecutor, PipelineMicroBatch):
+class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineRequestExecutor, PipelineMicroBatch,
+               PipelineRestarts):
     """One run of the pipeline (see the module docstring). Not reusable after :meth:`run`."""
 
     def offsets_of(self, metadata: CheckpointMetadata) -> OffsetRanges:
@@ -291,11 +273,11 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
 
             counts = spark.sparkContext.accumulator((0, 0), _Pair())
             self._restart_strategy = create_restart_strategy(opts.restart_strategy_options)
-            totals = _Totals()
+            totals = RunTotals()
             while True:
                 try:
                     return self._run_attempt(spark, counts, on_progress, started, totals)
-                except _Restart as restart:
+                except Restart as restart:
                     if not self._restart_after(restart, totals):
                         return PipelineSummary(
                             opts.table_uri, self.job_id, totals.landed, totals.completed, totals.failed,
@@ -306,70 +288,13 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 _stop_spark(spark)
             self._restore_signal_handlers(previous_handlers)
 
-    def _restart_delay_s(self, reason: str) -> float | None:
-        """Tell the restart strategy of a failure: the seconds to wait before the restart, or None
-        when it gives up (the job then fails)."""
-        strategy = self._restart_strategy
-        strategy.notify_failure()
-        if not strategy.can_restart():
-            return None
-        return strategy.backoff_time_ms() / 1000
-
-    def _gave_up(self, reason: str, restarts: int) -> str:
-        return (f"{reason} (the {self.options.restart_strategy_options.type} restart strategy gave up after "
-                f"{restarts} restart(s))")
-
-    def _restart_after(self, restart: _Restart, totals: _Totals) -> bool:
-        """Wait the restart's delay, then reconcile the table and the log again for the next
-        attempt; False when a stop was requested meanwhile.
-
-        Raises:
-            PipelineError: the reconciliation found something a restart cannot cure.
-        """
-        delay = restart.delay_s
-        while True:
-            totals.restarts += 1
-            self._notice(f"job {self.job_id}: restarting (restart {totals.restarts}) in {delay:.1f} s from its "
-                         f"latest completed checkpoint: {restart.reason}")
-            self._stop.wait(delay)
-            if self._stop.is_set():
-                return False
-            self.election = None  # the stopped service left the election group: the next one joins again
-            try:
-                self._reconcile()
-                return True
-            except PipelineError:
-                raise
-            except Exception as exc:  # Kafka or the table still unreachable: a failed restart
-                reason = f"restart {totals.restarts} failed before starting: {root_cause(exc)}"
-                next_delay = self._restart_delay_s(reason)
-                if next_delay is None:
-                    raise PipelineError(f"job {self.job_id} failed: {self._gave_up(reason, totals.restarts)}") from exc
-                restart, delay = _Restart(reason, next_delay), next_delay
-
-    def _failover_reason(self, exc: BaseException) -> str | None:
-        """Why the attempt failed, when a restart can cure it: a :class:`PipelineFailoverError`, a
-        global failure the coordinator handed to the restart strategy, or a coordinator that
-        stopped without being fenced or failed (its log unwritable); None otherwise."""
-        service = self.service
-        if isinstance(exc, PipelineFencedError) or (service is not None and service.fenced.is_set()):
-            return None
-        if service is not None and service.failover_reason is not None:
-            return service.failover_reason
-        if isinstance(exc, PipelineFailoverError):
-            return str(exc)
-        if (service is not None and service.stopped.is_set() and service.job_status != "FAILED"
-                and not self._stop.is_set()):
-            return f"the coordinator stopped: {service.failure_reason() or root_cause(exc)}"
-        return None
-
     def _run_attempt(self, spark: Any, counts: Any, on_progress: Callable[[PipelineProgress], None] | None,
-                     started: float, totals: _Totals) -> PipelineSummary:
+                     started: float, totals: RunTotals) -> PipelineSummary:
         """One attempt of the job: start the coordinator (restoring the latest completed
         checkpoint), then checkpoint until the run ends.
 
         Raises:
-            _Restart: a failure a restart can cure, and the restart strategy allows a restart.
+            Restart: a failure a restart can cure, and the restart strategy allows a restart.
             PipelineError, PipelineFencedError: as :meth:`run`.
         """
         opts = self.options
@@ -387,7 +312,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             delay = self._restart_delay_s(reason)
             if delay is None:
                 raise PipelineError(f"job {self.job_id} failed: {self._gave_up(reason, totals.restarts)}") from exc
-            raise _Restart(reason, delay) from exc
+            raise Restart(reason, delay) from exc
         metrics = None
         if self.service.metrics_server is not None:
             from chandy.connectors.spark.metrics import PipelineMetricsCollector
@@ -544,7 +469,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 raise
             delay = self._restart_delay_s(failover)
             if delay is not None:
-                raise _Restart(failover, delay) from exc
+                raise Restart(failover, delay) from exc
             # the restart strategy gave up: FAILED (Flink's state once it does), recorded while this
             # coordinator still runs, if it does
             gave_up = self._gave_up(str(exc), totals.restarts)

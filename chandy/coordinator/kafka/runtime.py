@@ -24,8 +24,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -42,6 +40,7 @@ from chandy.coordinator.kafka.log import LoadStats, load_state
 from chandy.coordinator.kafka.log_writer import CoordinatorFencedError, LogWriter, transactional_id_for
 from chandy.coordinator.kafka.metrics import CheckpointMetricsCollector, MetricScope, MetricsServer
 from chandy.coordinator.kafka.requests import RequestExecutor, RequestHandler
+from chandy.coordinator.kafka.service_errors import CoordinatorStoppedError, JobTerminatedError, RestoreTimeoutError
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
 from chandy.coordinator.messages import (
     AcknowledgeCheckpoint,
@@ -70,25 +69,6 @@ _T = TypeVar("_T")
 #: every this many seconds says how long it has run and what it is doing
 RESTORE_PROGRESS_INTERVAL_S = 30.0
 
-
-class CoordinatorStoppedError(ChandyError):
-    """The coordinator service is not running."""
-
-
-class RestoreTimeoutError(CoordinatorStoppedError):
-    """The coordinator's start (its restore: every operator coordinator's ``reset_to_checkpoint``)
-    did not finish within the ``restore_timeout_s`` given to :meth:`CoordinatorService.start`;
-    the message names what it was doing. The service stopped."""
-
-
-class JobTerminatedError(CoordinatorStoppedError):
-    """The job's log ends in a globally terminal status (FINISHED, CANCELED, FAILED: Flink's
-    ``JobStatus.isGloballyTerminalState``): a standby does not restart it, and a new run needs an
-    explicit restore (``restore_from``) or a new job ID. ``status`` is the status's name."""
-
-    def __init__(self, message: str, status: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class CoordinatorService:
@@ -342,7 +322,7 @@ class CoordinatorService:
     def _wait_started(self, started: concurrent.futures.Future, restore_timeout_s: float | None) -> None:
         """Wait for the coordinator's start on the mailbox (its restore) up to ``restore_timeout_s``
         seconds (None: no bound), logging every ``RESTORE_PROGRESS_INTERVAL_S`` seconds how long
-        it has run and what the mailbox thread is doing (:meth:`_mailbox_activity`).
+        it has run and what the mailbox thread is doing (:meth:`Mailbox.activity`).
 
         Raises:
             RestoreTimeoutError: the time ran out. The service stops first, as a fenced one does
@@ -372,7 +352,7 @@ class CoordinatorService:
             if restore_timeout_s is not None and elapsed >= restore_timeout_s:
                 error = RestoreTimeoutError(
                     f"job {self.job_id}: the coordinator's start (its restore) did not finish within "
-                    f"{restore_timeout_s:.0f} s; it was in {self._mailbox_activity()}. The coordinator stopped; "
+                    f"{restore_timeout_s:.0f} s; it was in {self.mailbox.activity()}. The coordinator stopped; "
                     "start the job again with a larger restore timeout, or none")
                 log.error("%s", error)
                 self.stop_reason = error
@@ -381,33 +361,7 @@ class CoordinatorService:
                     self._writer.close(5.0)
                 raise error
             log.info("job %s: the coordinator's start (its restore) has run %.0f s; it is in %s", self.job_id,
-                     elapsed, self._mailbox_activity())
-
-    def _mailbox_activity(self) -> str:
-        """What the mailbox thread runs now, for a person: the innermost calls of Chandy's own
-        code on its stack, outermost first (``Class.method``), the file and line of the innermost,
-        and the library function it is in, if any."""
-        frame = sys._current_frames().get(self.mailbox.thread_ident or -1)
-        if frame is None:
-            return "nothing (the mailbox thread is not running)"
-        package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        ours: list[Any] = []
-        library = None
-        while frame is not None:
-            filename = os.path.abspath(frame.f_code.co_filename)
-            if filename.startswith(package + os.sep):
-                ours.append(frame)
-            elif not ours and library is None:
-                library = frame
-            frame = frame.f_back
-        if not ours:
-            return "code outside Chandy"
-        innermost = ours[0]
-        calls = " > ".join(f.f_code.co_qualname for f in reversed(ours[:4]))
-        where = f"{calls} ({os.path.relpath(innermost.f_code.co_filename, os.path.dirname(package))}:{innermost.f_lineno})"
-        if library is not None:
-            where += f", in {library.f_code.co_qualname} of {os.path.basename(library.f_code.co_filename)}"
-        return where
+                     elapsed, self.mailbox.activity())
 
     def _dispatch(self, messages: list[Any]) -> None:
         """Post a batch of decoded acks-topic messages to the mailbox as one action; each is

@@ -552,8 +552,9 @@ def test_offsets_specs_in_sparks_and_flinks_forms() -> None:
             return {tp: timestamp_ms // 1000 for tp in partitions}
 
     parts = [("a", 0), ("a", 1), ("b", 0)]
-    get = lambda spec, ending=False: parse_offsets_spec(spec, ending=ending).get_partition_offsets(  # noqa: E731
-        parts, Retriever())
+    def get(spec: str, ending: bool = False) -> dict:
+        return parse_offsets_spec(spec, ending=ending).get_partition_offsets(parts, Retriever())
+
     assert get("earliest") == dict.fromkeys(parts, 5) and get("latest") == dict.fromkeys(parts, 50)
     assert get("committed") == dict.fromkeys(parts, 5)  # no group offsets: earliest
     assert get("timestamp:42000") == dict.fromkeys(parts, 42)

@@ -9,7 +9,6 @@ catalog) tables, no Kafka."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -18,30 +17,9 @@ from chandy.connectors.lake.committer import LakeCommitter
 from chandy.connectors.lake.sink import LakeCommitError, LakeSink
 from chandy.connectors.lake.sinks import open_sink
 from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
+from tests.fixtures.lake_committer import JOB, CommitterContext
 
-JOB = "0123456789abcdef0123456789abcdef"
 TP0 = ("t", 0)
-
-
-class Context:
-    """The committer's operator coordinator context, recording what it publishes."""
-
-    job_id, operator_id = JOB, "lake"
-
-    def __init__(self) -> None:
-        self.published: list[tuple[int, str, dict[str, Any]]] = []
-
-    def checkpoint_pointer(self, checkpoint_id: int) -> None:
-        return None
-
-    def log_records(self, kind: str) -> dict:
-        return {}
-
-    def publish_event(self, checkpoint_id: int, event_type: str, **fields: Any) -> None:
-        self.published.append((checkpoint_id, event_type, fields))
-
-    def call_async(self, call: Any, handler: Any) -> None:
-        handler(call(), None)
 
 
 def rows(start: int, end: int) -> pa.Table:
@@ -58,7 +36,7 @@ class Run:
         self.sink = open_sink(table, catalog_properties=catalog)
         self.storage = CheckpointStorage(f"file://{tmp_path}/{name}-chk", JOB)
         self.ranges: dict[int, dict[tuple[str, int], tuple[int, int]]] = {}
-        self.context = Context()
+        self.context = CommitterContext()
         self.committer = LakeCommitter(self.context, self.sink, self.storage,
                                        offsets_of=lambda m: self.ranges[m.checkpoint_id])
 

@@ -13,7 +13,6 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,33 +23,12 @@ from deltalake.transaction import AddAction, CommitProperties, Transaction, crea
 from chandy.connectors.lake.committer import LakeCommitter
 from chandy.connectors.lake.delta import DeltaLakeSink
 from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
+from tests.fixtures.lake_committer import JOB, CommitterContext
 
-JOB = "0123456789abcdef0123456789abcdef"
 OTHER_JOB = "fedcba9876543210fedcba9876543210"
 TP0 = ("t", 0)
 PER_COMMIT = 10_000
 PARTITIONS = 10  # ext4 allows 65,000 links of one file: one seed file per partition
-
-
-class Context:
-    """The committer's operator coordinator context, recording what it publishes."""
-
-    job_id, operator_id = JOB, "lake"
-
-    def __init__(self) -> None:
-        self.published: list[tuple[int, str, dict[str, Any]]] = []
-
-    def checkpoint_pointer(self, checkpoint_id: int) -> None:
-        return None
-
-    def log_records(self, kind: str) -> dict:
-        return {}
-
-    def publish_event(self, checkpoint_id: int, event_type: str, **fields: Any) -> None:
-        self.published.append((checkpoint_id, event_type, fields))
-
-    def call_async(self, call: Any, handler: Any) -> None:
-        handler(call(), None)
 
 
 def name(job: str, checkpoint: int, subtask: int, attempt: int = 0) -> str:
@@ -153,7 +131,7 @@ def restore(tmp_path: Path, files: int) -> tuple[LargeTable, float]:
     storage = CheckpointStorage(f"file://{tmp_path}/chk", JOB)
     table.leftovers(sink, storage)
     ranges = {table.restored: {TP0: (table.offset, table.offset + 2)}}
-    committer = LakeCommitter(Context(), sink, storage, offsets_of=lambda m: ranges[m.checkpoint_id])
+    committer = LakeCommitter(CommitterContext(), sink, storage, offsets_of=lambda m: ranges[m.checkpoint_id])
     started = time.perf_counter()
     committer.reset_to_checkpoint(table.restored, None)
     return table, time.perf_counter() - started
