@@ -458,8 +458,8 @@ class LakeCommitter:
         # or aborted by now), the restored one or the table's newest are the restore's to delete; a
         # coordinator of the job started while this restore was slow takes higher IDs, and its
         # in-flight files are never touched
-        held = self._table_checkpoint if self._table_checkpoint is not None else NO_CHECKPOINT  # read or committed above
-        keep_after = max(checkpoint_id, held, self.context.newest_checkpoint_id())
+        done = self.sink.committed_checkpoint(self.context.job_id)
+        keep_after = max(checkpoint_id, done if done is not None else NO_CHECKPOINT, self.context.newest_checkpoint_id())
         for sink in (self.sink, *self._routed.values()):
             sink.delete_unreferenced(self.context.job_id, keep_checkpoints_after=keep_after)
             self._cleaned.add(sink.table_uri)
