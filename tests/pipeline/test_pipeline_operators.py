@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -292,7 +293,9 @@ def test_a_backfill_of_a_time_window_lands_exactly_its_records_then_stops(spark,
     the records whose Kafka timestamps are in [T1, T2), as a plain consumer reads them, and stops
     (not drained: more records follow T2); a run stopped mid-backfill lands the rest exactly once."""
     topic = make_topic(kafka_bootstrap_servers, [])
-    base = 1_790_000_000_000  # 2026-09-21, ms
+    # an hour ago, in whole seconds: inside the broker's retention (7 days), which deletes older
+    # records while the test runs (a fixed date here failed once the date was two months past)
+    base = (int(time.time()) - 3600) * 1000
     producer = kafka_config.producer(kafka_bootstrap_servers)
     for i in range(300):  # 100 records before the window, 100 in it, 100 after
         producer.produce(topic, f"v-{i}".encode(), f"k{i}".encode(), partition=i % 2, timestamp=base + i * 1000)
@@ -301,7 +304,7 @@ def test_a_backfill_of_a_time_window_lands_exactly_its_records_then_stops(spark,
     window = {r for r, ts in _timestamps(kafka_bootstrap_servers, topic).items() if t1 <= ts < t2}
     assert len(window) == 100
     table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
-    iso = "2026-09-21T" + time.strftime("%H:%M:%S", time.gmtime(t1 / 1000)) + "Z"
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t1 / 1000))
     assert __import__("datetime").datetime.fromisoformat(iso).timestamp() * 1000 == t1
     opts = options(kafka_bootstrap_servers, topic, table, prefix, stop_when_drained=False, starting_offsets=f"timestamp:{iso}",
                    ending_offsets=f"timestamp:{t2}", max_records_per_checkpoint=20)
@@ -314,3 +317,36 @@ def test_a_backfill_of_a_time_window_lands_exactly_its_records_then_stops(spark,
     assert first.records_landed + rest.records_landed == 100
     with pytest.raises(PipelineError, match=r"--ending-offsets: 'earliest' is not one of latest"):
         PipelineOptions(**{**opts.__dict__, "ending_offsets": "earliest"})
+
+
+def test_records_gone_from_kafka_end_the_job_then_are_skipped_only_when_asked(spark, kafka_bootstrap_servers,
+                                                                                tmp_path) -> None:
+    """Spark's failOnDataLoss: offsets of a checkpoint's range deleted before they were read (as
+    retention deletes them while a job is down) end the job with KafkaDataLossError naming them,
+    without a restart loop, and nothing of that checkpoint lands nor reaches the consumer group;
+    the failed job restored from its latest checkpoint with --no-fail-on-data-loss then lands
+    exactly the records still in Kafka, once."""
+    topic = make_topic(kafka_bootstrap_servers, [f"v{i}".encode() for i in range(200)], partitions=1)
+    table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
+    opts = options(kafka_bootstrap_servers, topic, table, prefix, group_id="g-" + prefix,
+                   max_records_per_checkpoint=50)
+    first = Pipeline(PipelineOptions(**{**opts.__dict__, "max_checkpoints": 1}), spark=spark).run()
+    assert first.records_landed == 50
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    admin.delete_records([TopicPartition(topic, 0, 120)])[TopicPartition(topic, 0, 120)].result(30)
+    with pytest.raises(PipelineError, match=rf"KafkaDataLossError: {topic}-0: offsets \[50, 100\) of the range "
+                                            r"\[50, 100\) are no longer in Kafka.*--no-fail-on-data-loss"):
+        Pipeline(opts, spark=spark).run()
+    # a plain restart of the FAILED job is refused, naming the checkpoint to restore
+    with pytest.raises(PipelineError, match=r"restore it with --from-savepoint PATH.*the latest: \S+\)") as refused:
+        Pipeline(PipelineOptions(**{**opts.__dict__, "fail_on_data_loss": False}), spark=spark).run()
+    latest = re.search(r"the latest: (\S+)\)", str(refused.value)).group(1)  # type: ignore[union-attr]
+    assert sorted(o for _, _, o in landed(table)) == list(range(50))
+    assert group_offsets(kafka_bootstrap_servers, "g-" + prefix, topic, 1) == {0: 50}
+    rest = Pipeline(PipelineOptions(**{**opts.__dict__, "fail_on_data_loss": False, "from_savepoint": latest}),
+                    spark=spark).run()
+    offsets = sorted(o for _, _, o in landed(table))
+    assert offsets == list(range(50)) + list(range(120, 200))
+    assert rest.records_landed == 80
+    assert group_offsets(kafka_bootstrap_servers, "g-" + prefix, topic, 1) == {0: 200}
+

@@ -74,6 +74,9 @@ class TaskOptions:
     unrouted: str = "table"  # "table": unrouted rows go to table_uri; "dead-letter": they are bad records
     #: ``--cdc``: rows are changes, written as change files (merged at the lake commit, never appended)
     changes: bool = False
+    #: Spark's ``failOnDataLoss``: offsets of a range that Kafka no longer holds fail the task
+    #: (``KafkaDataLossError``); False skips them, with a warning in the task's log
+    fail_on_data_loss: bool = True
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -105,7 +108,8 @@ def read_ranges(options: TaskOptions, ranges: list) -> Iterator[pa.RecordBatch]:
     checkpoint_id = options.checkpoint_id
     with range_reader(options.bootstrap_servers, options.consumer_overrides) as reader:
         for topic, p, start, stop in ranges:
-            for messages in reader.read_batches(KafkaPartitionSplit(topic, p, start, stop), options.batch_size):
+            split = KafkaPartitionSplit(topic, p, start, stop)
+            for messages in reader.read_batches(split, options.batch_size, fail_on_data_loss=options.fail_on_data_loss):
                 yield to_record_batch(messages)
                 crash_point("task-read", checkpoint_id)
 

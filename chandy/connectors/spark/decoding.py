@@ -126,7 +126,8 @@ class PipelineDecoding(PipelineCore):
         values: list[bytes] = []
         try:
             for split in ranges.values():
-                for message in reader.read(split):
+                for message in (m for batch in reader.read_batches(
+                        split, fail_on_data_loss=self.options.fail_on_data_loss) for m in batch):
                     if message.value() is not None:
                         values.append(message.value())
                     if len(values) >= limit:

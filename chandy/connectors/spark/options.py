@@ -28,6 +28,7 @@ SINK_OPERATOR = "lake-sink"
 #: errors a retry cannot fix: the job stops at the first one instead of retrying (a module missing
 #: in the executors' Python survived Spark's own task retries, on any executor it tried)
 DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError", "SchemaChangeError",
+                        "KafkaDataLossError",
                         "ModuleNotFoundError")
 
 #: Chandy's packages a Spark task imports (the layers below the application), shipped to the
@@ -211,6 +212,10 @@ class PipelineOptions:
         "once with their checkpoint."))
     tombstones: str = _opt("error", "--tombstones", choices=("error", "skip", "null"),
                            help="With --value-format: a null value is a bad record, skipped, or a row of null columns.")
+    fail_on_data_loss: bool = _opt(True, "--fail-on-data-loss/--no-fail-on-data-loss", kind="switch", help=(
+        "Spark's failOnDataLoss: offsets of a checkpoint's range that Kafka no longer holds (aged out by "
+        "retention, deleted, a topic created again) end the job, naming them; --no-fail-on-data-loss skips "
+        "them with a warning."))
     resume_from_table: bool = _opt(True, "--resume-from-table/--no-resume-from-table", kind="switch", help=(
         "When the coordinator log is missing or behind the table, resume from the table's offsets (or refuse)."))
     restart_backoff_initial_ms: int = _opt(1_000)  # between failed checkpoints (not a job restart)

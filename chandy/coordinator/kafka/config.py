@@ -51,8 +51,10 @@ BOUNDED_READ: Mapping[str, Any] = {"enable.partition.eof": True, "fetch.wait.max
 #: ``queued.min.messages`` 20,000 (librdkafka: 100,000), so that a short range does not make the
 #: consumer fetch and decompress ~100,000 records past its end before the reader stops (measured
 #: with the CPU busy, as in a Spark task: 6,000 records of a long partition in 62 ms instead of
-#: 108 ms; a 250,000-record range no slower).
-RANGE_READ: Mapping[str, Any] = {**BOUNDED_READ, "queued.min.messages": 20_000}
+#: 108 ms; a 250,000-record range no slower). ``auto.offset.reset`` error: a range whose offsets
+#: are gone (retention, DeleteRecords, a topic created again) is reported, never jumped over
+#: (``KafkaRangeReader.read_batches``, Spark's ``failOnDataLoss``).
+RANGE_READ: Mapping[str, Any] = {**BOUNDED_READ, "queued.min.messages": 20_000, "auto.offset.reset": "error"}
 
 #: Bytes an acknowledgement may take *before* compression (``message.max.bytes`` of
 #: :data:`REPORTS_PRODUCER`): 64 MiB. An ack carries its subtask's state handles (a pipeline task's:

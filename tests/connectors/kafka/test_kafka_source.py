@@ -27,7 +27,7 @@ from chandy.connectors.kafka.source.enumerator import (
     KafkaSourceOptions,
     SplitsEvent,
 )
-from chandy.connectors.kafka.source.reader import KafkaRangeReader
+from chandy.connectors.kafka.source.reader import KafkaDataLossError, KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit, java_string_hash, split_owner
 from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator
 from chandy.coordinator.kafka import config as kafka_config
@@ -461,6 +461,32 @@ def test_a_range_read_returns_exactly_the_records_of_the_range(kafka_bootstrap_s
         for start, stop in ((0, 0), (0, 7), (5, 20), (19, 27), (20, 26), (0, end), (24, end)):
             got = [(m.offset(), m.value()) for m in reader.read(KafkaPartitionSplit(orders, 0, start, stop))]
             assert got == [(o, v) for o, v in content if start <= o < stop], (start, stop)
+    finally:
+        reader.close()
+
+
+def test_offsets_gone_from_kafka_are_reported_never_jumped_over(kafka_bootstrap_servers, names) -> None:
+    """Spark's failOnDataLoss: a range whose first offsets were deleted (DeleteRecords, as retention
+    does) raises KafkaDataLossError naming the offsets gone and the log's bounds, instead of
+    librdkafka's silent reset to the earliest offset; with fail_on_data_loss False the reader
+    yields exactly the range's records still in the log; a range entirely gone yields nothing."""
+    orders, _ = names
+    create_topic(kafka_bootstrap_servers, orders, 1)
+    produce(kafka_bootstrap_servers, orders, 0, 100)
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    admin.delete_records([TopicPartition(orders, 0, 60)])[TopicPartition(orders, 0, 60)].result(30)
+    reader = KafkaRangeReader(kafka_bootstrap_servers, timeout_s=20)
+    try:
+        with pytest.raises(KafkaDataLossError, match=rf"{orders}-0: offsets \[10, 60\) of the range \[10, 80\) "
+                                                      r"are no longer in Kafka \(the partition's log holds \[60, 100\)"):
+            list(reader.read_batches(KafkaPartitionSplit(orders, 0, 10, 80)))
+        # the reader is usable after the error, and reads what is still there
+        assert [m.offset() for m in reader.read(KafkaPartitionSplit(orders, 0, 60, 70))] == list(range(60, 70))
+        kept = [m.offset() for b in reader.read_batches(KafkaPartitionSplit(orders, 0, 10, 80), fail_on_data_loss=False)
+                for m in b]
+        assert kept == list(range(60, 80))
+        assert [m.offset() for b in reader.read_batches(KafkaPartitionSplit(orders, 0, 20, 50), fail_on_data_loss=False)
+                for m in b] == []
     finally:
         reader.close()
 

@@ -8,6 +8,7 @@ or past ``stop``, or when the consumer reports the end of the partition at or pa
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -18,6 +19,8 @@ from chandy.connectors.kafka.source.split import KafkaPartitionSplit
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
 
+log = logging.getLogger(__name__)
+
 
 class RangeReadError(ChandyError):
     """A range could not be read to its end."""
@@ -25,6 +28,13 @@ class RangeReadError(ChandyError):
 
 class SourceAuthorizationError(RangeReadError):
     """The client's principal may not read a topic (Kafka's TOPIC_AUTHORIZATION_FAILED)."""
+
+
+class KafkaDataLossError(RangeReadError):
+    """Offsets of a range are no longer in Kafka (Kafka's OFFSET_OUT_OF_RANGE): aged out by
+    retention, deleted (``DeleteRecords``), or the topic was deleted and created again. Spark's Kafka
+    source fails the query the same way unless ``failOnDataLoss`` is false; a restart cannot bring
+    the records back, so the pipeline ends instead of restarting."""
 
 
 #: errors that say the principal lacks an ACL, not that the broker is busy
@@ -89,6 +99,8 @@ def _in_range(messages: list[Any], stop: int, split_id: str) -> tuple[list[Any],
     for message in messages:
         error = message.error()
         if error is not None:
+            if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                return records, False  # the range's next offset is gone: read_batches decides
             if error.code() != KafkaError._PARTITION_EOF:
                 raise RangeReadError(f"reading {split_id}: {error}")
             offset = message.offset()
@@ -127,9 +139,15 @@ class KafkaRangeReader:
         for batch in self.read_batches(split, batch_size):
             yield from batch
 
-    def read_batches(self, split: KafkaPartitionSplit, batch_size: int = 10_000) -> Iterator[list[Any]]:
+    def read_batches(self, split: KafkaPartitionSplit, batch_size: int = 10_000, *,
+                     fail_on_data_loss: bool = True) -> Iterator[list[Any]]:
         """Yield the records of ``split``'s range [starting, stopping offset) as lists of at most
         ``batch_size`` ``confluent_kafka.Message``\\ s, in offset order.
+
+        Offsets of the range that Kafka no longer holds (the reader's consumer has
+        ``auto.offset.reset=error``, so librdkafka never jumps over them in silence) raise
+        :class:`KafkaDataLossError`; with ``fail_on_data_loss`` False (Spark's ``failOnDataLoss``)
+        the reader logs what it skips and goes on from the partition's log start offset.
 
         Each ``consume`` asks for no more records than the range still holds, so the reader
         neither waits for records past its end (``consume`` returns when it has the count it asked
@@ -139,6 +157,7 @@ class KafkaRangeReader:
 
         Raises:
             ValueError: the split is unbounded.
+            KafkaDataLossError: offsets of the range are gone (``fail_on_data_loss``).
             RangeReadError: a consumer error, or no progress for ``timeout_s`` seconds.
         """
         if split.stopping_offset is None:
@@ -167,8 +186,50 @@ class KafkaRangeReader:
                     yield records
                 if done or position >= stop:
                     return
+                if any(_offset_gone(m) for m in messages):
+                    resume = self._skip_lost(split, position, fail_on_data_loss)
+                    if resume > position:
+                        position, last_progress = resume, time.monotonic()
+                    if position >= stop:
+                        return
         finally:
             self.consumer.unassign()
 
+    def _skip_lost(self, split: KafkaPartitionSplit, position: int, fail_on_data_loss: bool) -> int:
+        """Where to go on once the broker said offset ``position`` of ``split`` is out of range:
+        ``position`` again when the log holds it after all (a stale leader), the partition's log
+        start offset when the offsets below it are gone, the range's end when the log now ends
+        before ``position`` (the topic was created again); the consumer is moved there.
+
+        Raises:
+            KafkaDataLossError: offsets of the range are gone and ``fail_on_data_loss`` (what is
+                gone, and what to do about it).
+        """
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(split.topic, split.partition),
+                                                        timeout=30, cached=False)
+        stop = split.stopping_offset
+        assert stop is not None
+        if low <= position < high:
+            resume = position  # in the log after all: read it again (no progress counted)
+        else:
+            resume = stop if position >= high else min(low, stop)
+            where = (f"{split.split_id}: offsets [{position}, {resume}) of the range [{split.starting_offset}, "
+                     f"{stop}) are no longer in Kafka (the partition's log holds [{low}, {high}): aged out by "
+                     "retention, deleted, or the topic was created again)")
+            if fail_on_data_loss:
+                raise KafkaDataLossError(f"{where}; nothing of this checkpoint landed. Start with "
+                                         "--no-fail-on-data-loss to skip them (Spark's failOnDataLoss=false)")
+            log.warning("%s: skipped (--no-fail-on-data-loss)", where)
+        if resume < stop:  # assign again: librdkafka refuses to seek a partition in its error state
+            self.consumer.assign([TopicPartition(split.topic, split.partition, resume)])
+        return resume
+
     def close(self) -> None:
         self.consumer.close()
+
+
+def _offset_gone(message: Any) -> bool:
+    """Whether ``message`` is librdkafka's report that the offset it was asked to fetch is not in
+    the partition's log (``auto.offset.reset=error``)."""
+    error = message.error()
+    return error is not None and error.code() == KafkaError._AUTO_OFFSET_RESET
