@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -198,8 +199,9 @@ def options_from_cli(values: dict[str, Any], bootstrap_servers: str) -> Any:
 @data_dir_option
 @click.option("--verify/--no-verify", default=False, help="Compare the table with the topics at the end.")
 @click.option("--schema-registry-url", default=None, metavar="URL",
-              help="With --avro-framing confluent: read each record with its writer schema from this Schema "
-                   "Registry, resolved against --value-schema.")
+              help="Confluent-framed Avro (implies --avro-framing confluent): each record is read with its writer "
+                   "schema from this Schema Registry; without --value-schema the subject's latest version "
+                   "(--value-subject) is the table's schema and new writer fields become columns.")
 @handle_errors
 def pipeline_run(bootstrap_servers: str | None, data_dir: Path | None, verify: bool, schema_registry_url: str | None,
                  **values: Any) -> None:
@@ -217,6 +219,8 @@ def pipeline_run(bootstrap_servers: str | None, data_dir: Path | None, verify: b
       143  stopped by SIGTERM, after the checkpoint in flight"""
     if schema_registry_url:
         values["schema_registry"] = (*values["schema_registry"], f"url={schema_registry_url}")
+        if click.get_current_context().get_parameter_source("avro_framing") is ParameterSource.DEFAULT:
+            values["avro_framing"] = "confluent"  # the registry's records carry its 5-byte framing
     options = options_from_cli(values, resolve_bootstrap(bootstrap_servers, data_dir))
     run_pipeline_with_progress(options, verify=verify)
 

@@ -66,3 +66,30 @@ def test_bounds_and_choices_come_from_the_field() -> None:
             assert wrong in exc.format_message() or wrong in str(exc.param_hint or exc.param.opts)
         else:
             raise AssertionError(f"{args} was accepted")
+
+
+def test_a_registry_url_implies_confluent_framing_and_no_value_schema(monkeypatch, tmp_path: Path) -> None:
+    """Issue 45: `--value-format avro --schema-registry-url URL` alone is a complete command line
+    (the registry's framing, the subject's latest version as the table's schema); an explicit
+    --avro-framing still wins, and --value-subject without a registry is refused."""
+    from click.testing import CliRunner
+
+    import chandy.cli.pipeline as cli
+
+    ran: list[PipelineOptions] = []
+    monkeypatch.setattr(cli, "run_pipeline_with_progress", lambda options, verify: ran.append(options))
+    base = ["pipeline", "run", "--table", str(tmp_path / "t"), "--topic", "orders", "-b", "k:9092", "--value-format", "avro"]
+    result = CliRunner().invoke(main, [*base, "--schema-registry-url", "http://r:8081", "--value-subject", "com.acme.Order"])
+    assert result.exit_code == 0, result.output
+    assert ran[-1].avro_framing == "confluent" and ran[-1].value_schema is None
+    assert ran[-1].resolved_value_subject == "com.acme.Order" and dict(ran[-1].schema_registry) == {"url": "http://r:8081"}
+    result = CliRunner().invoke(main, [*base, "--schema-registry-url", "http://r:8081", "--avro-framing", "raw"])
+    assert result.exit_code != 0 and "needs --value-format avro --avro-framing confluent" in result.output
+    result = CliRunner().invoke(main, [*base, "--value-subject", "x"])
+    assert result.exit_code != 0 and "Avro values need a value schema (--value-schema) or a Schema Registry" in result.output
+    schema = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}'
+    result = CliRunner().invoke(main, [*base, "--value-schema", schema, "--value-subject", "x", "--schema-registry-url", "u"])
+    assert result.exit_code != 0 and "--value-subject names the Schema Registry subject" in result.output
+    defaults = PipelineOptions(table_uri="t", bootstrap_servers="k:1", topics=("orders",), value_format="avro",
+                               avro_framing="confluent", schema_registry={"url": "http://r:8081"})
+    assert defaults.resolved_value_subject == "orders-value"  # TopicNameStrategy

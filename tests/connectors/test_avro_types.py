@@ -3,6 +3,7 @@ values decoded record by record into those Arrow types, without servers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pyarrow as pa
@@ -64,7 +65,7 @@ def test_each_record_is_read_with_its_writer_schema_from_the_registry() -> None:
     import fastavro
     from confluent_kafka.schema_registry import Schema
 
-    from chandy.connectors.spark.decode import registry_client
+    from chandy.connectors.spark.registry import registry_client
 
     settings = {"url": "mock://chandy-unit"}
     v1 = {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}]}
@@ -90,6 +91,58 @@ def test_each_record_is_read_with_its_writer_schema_from_the_registry() -> None:
     assert decoded.to_pylist() == [{"offset": 0, "id": 1, "email": None}, {"offset": 1, "id": 2, "email": "b@x"},
                                    {"offset": 2, "id": 3, "email": "c@x"}]
     assert bad is not None and bad.column("error_class").to_pylist() == ["UnknownSchemaId"]
+
+
+def test_read_as_written_new_fields_become_typed_columns_and_a_narrowing_fails() -> None:
+    """Issue 45: with the registry as the source of the schema (``as_written``), each record is
+    read with its own writer schema: a field a producer adds becomes a column typed as the
+    writer schema says (an Avro int is an int32 column, not an inferred int64), a field the writer
+    lacks is null, int widened to long in a writer reads into a long column (Avro's promotion), and
+    a long column written as int by a newer schema is fine while a long written where the column is
+    int fails the micro-batch naming the field, both types, both schema IDs and the offsets."""
+    import io
+    import struct
+
+    import fastavro
+    from confluent_kafka.schema_registry import Schema
+
+    from chandy.connectors.spark.avro import avro_columns
+    from chandy.connectors.spark.evolution import SchemaChangeError
+    from chandy.connectors.spark.registry import registry_client
+
+    settings = {"url": "mock://chandy-as-written"}
+    v1 = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}, {"name": "qty", "type": "int"},
+                                                        {"name": "note", "type": ["null", "string"], "default": None}]}
+    v2 = {**v1, "fields": [v1["fields"][0], v1["fields"][1], {"name": "price", "type": "float", "default": 0.0}]}
+    v3 = {**v1, "fields": [v1["fields"][0], {"name": "qty", "type": "long"}]}
+    client = registry_client(settings)
+    ids = [client.register_schema(f"orders-value-{i}", Schema(json.dumps(s), "AVRO")) for i, s in enumerate((v1, v2, v3))]
+
+    def framed(schema_id: int, schema: dict, value: dict) -> bytes:
+        buffer = io.BytesIO()
+        fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), value)
+        return b"\x00" + struct.pack(">I", schema_id) + buffer.getvalue()
+
+    columns, names = avro_columns(v1)
+    decoder = ValueDecoder("avro", columns, names, ("offset",), avro_schema=json.dumps(v1), avro_framing="confluent",
+                           schema_registry=tuple(sorted(settings.items())), unknown_fields="add", as_written=True,
+                           columns_schema_id=ids[0])
+    decoded, bad, _ = decoder.decode(to_record_batch([Message(0, framed(ids[0], v1, {"id": 1, "qty": 2, "note": "a"})),
+                                                      Message(1, framed(ids[1], v2, {"id": 2, "qty": 3, "price": 1.5}))]))
+    assert bad is None
+    assert decoded.schema.field("price").type == pa.float32() and decoded.schema.field("qty").type == pa.int32()
+    assert decoded.to_pylist() == [{"offset": 0, "id": 1, "qty": 2, "note": "a", "price": None},
+                                   {"offset": 1, "id": 2, "qty": 3, "note": None, "price": 1.5}]
+    with pytest.raises(SchemaChangeError, match=rf"offset 2: field qty changed type: its column is int32 \(schema ID "
+                                                rf"{ids[0]}\) but schema ID {ids[2]} writes int64.*lands nothing of it"):
+        decoder.decode(to_record_batch([Message(2, framed(ids[2], v3, {"id": 3, "qty": 2**40}))]))
+    # the other way round: a long column reads an older int writer (Avro's int -> long promotion)
+    wide_columns, wide_names = avro_columns(v3)
+    wide = dataclasses.replace(decoder, columns=wide_columns, source_names=wide_names, columns_schema_id=ids[2])
+    decoded, bad, _ = wide.decode(to_record_batch([Message(3, framed(ids[0], v1, {"id": 4, "qty": 7, "note": None})),
+                                                   Message(4, framed(ids[2], v3, {"id": 5, "qty": 2**40}))]))
+    assert bad is None and decoded.schema.field("qty").type == pa.int64()
+    assert decoded.column("qty").to_pylist() == [7, 2**40]
 
 
 def test_a_schema_registry_needs_confluent_framed_avro() -> None:

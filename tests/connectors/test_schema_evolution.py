@@ -13,7 +13,8 @@ import pytest
 
 from chandy.connectors.lake.sink import LakeSchemaError
 from chandy.connectors.lake.sinks import open_sink
-from chandy.connectors.spark.decode import BadRecordError, SchemaChangeError, ValueDecoder, concat_evolving
+from chandy.connectors.spark.decode import BadRecordError, ValueDecoder
+from chandy.connectors.spark.evolution import SchemaChangeError, concat_evolving
 from chandy.connectors.spark.records import to_record_batch
 from tests.fixtures.messages import FakeMessage
 

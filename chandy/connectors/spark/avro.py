@@ -246,3 +246,33 @@ def _with_default(field: dict[str, Any], rewritten: Any) -> dict[str, Any]:
             "chandy_union_member_"):
         out["default"] = {"member0": out["default"]}
     return out
+
+
+def promotes(written: Any, column: Any) -> bool:
+    """Whether Avro's schema resolution reads a value written as Arrow type ``written`` into a
+    column of Arrow type ``column``: int to long, float or double; long to float or double;
+    float to double (the spec's promotions between types that have distinct columns)."""
+    import pyarrow as pa
+
+    promotions = {pa.int32(): (pa.int64(), pa.float32(), pa.float64()), pa.int64(): (pa.float32(), pa.float64()),
+                  pa.float32(): (pa.float64(),)}
+    return any(column.equals(target) for target in promotions.get(written, ()))
+
+
+def avro_columns(schema: Any) -> tuple[Any, tuple[str, ...]]:
+    """An Avro record schema (JSON text or parsed) as landed columns: (a ``pyarrow.Schema``, each
+    field's name in the value), as spark-avro maps it (:func:`value_struct`); a field named like a
+    Kafka column lands as ``value_<name>``.
+
+    Raises:
+        AvroValueSchemaError: not a record, or a field without a column type.
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from chandy.connectors.spark.records import ARROW_SCHEMA
+
+    arrow = to_arrow_schema(value_struct(schema if isinstance(schema, str) else json.dumps(schema)), timezone="UTC")
+    renamed = [f.with_name(f"value_{f.name}") if f.name in ARROW_SCHEMA.names else f for f in arrow]
+    return pa.schema(renamed), tuple(f.name for f in arrow)
+

@@ -25,7 +25,8 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSource
 
 from chandy.connectors.lake.routing import Router
 from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeSink, data_files_to_handles
-from chandy.connectors.spark.decode import SchemaChangeError, ValueDecoder, concat_evolving, decode_batches, offset_ranges
+from chandy.connectors.spark.decode import ValueDecoder, decode_batches
+from chandy.connectors.spark.evolution import SchemaChangeError, concat_evolving, offset_ranges
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
 from chandy.coordinator.messages import StateHandle
 

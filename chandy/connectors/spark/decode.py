@@ -27,12 +27,13 @@ import decimal
 import io
 import json
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 
 from chandy.connectors.lake.changes import OP_COLUMN
+from chandy.connectors.spark.evolution import SchemaChangeError, offset_ranges
 from chandy.connectors.type_mapping import Unfit, json_converter, parse_json, plain_numbers
 from chandy.coordinator.errors import ChandyError
 
@@ -98,6 +99,16 @@ class ValueDecoder:
             None: keys are JSON, or, with the Confluent framing and a Schema Registry, Avro
             whose writer schema the registry gives.
         id_columns: with ``cdc``, the key columns of the rows (empty: the key's fields).
+        as_written: with a Schema Registry and no ``--value-schema`` (the registry is the source
+            of the schema): each record is read with its own writer schema, as written, with no
+            resolution against ``avro_schema`` (which only gave the starting ``columns``). A field
+            the columns lack is new (``unknown_fields="add"``: a column typed as its writer schema
+            says); a field whose writer type is not the column's and not one Avro's schema
+            resolution promotes to it (int to long, float or double; long to float or double;
+            float to double) fails the micro-batch with :class:`SchemaChangeError`, naming the
+            field, both types, both schema IDs and the offsets; a field the writer lacks is null.
+        columns_schema_id: with ``as_written``, the registry ID of the schema the columns came
+            from (for messages).
 
     Values become columns as :mod:`chandy.connectors.type_mapping` says, exactly: a value that
     does not fit its column (a fraction into an integer, a number beyond its column's range) is
@@ -119,6 +130,8 @@ class ValueDecoder:
     cdc: str | None = None
     key_schema: str | None = None
     id_columns: tuple[str, ...] = ()
+    as_written: bool = False
+    columns_schema_id: int | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -129,9 +142,13 @@ class ValueDecoder:
         fields = [ARROW_SCHEMA.field(c) for c in self.keep] + list(self.columns)
         return pa.schema(fields + ([_op_field()] if self.cdc else []))
 
-    def _parser(self) -> Callable[[bytes], dict[str, Any]]:
+    def _parser(self, on_writer: Callable[[int, Any], None] | None = None) -> Callable[[bytes], dict[str, Any]]:
+        """A parser of one value into its fields; ``on_writer(schema ID, parsed JSON)`` is called
+        for each writer schema read the first time (``as_written`` only)."""
         if self.value_format == "json":
             return _parse_json
+        if self.as_written:
+            return self._avro_parser(None, on_writer)
         assert self.avro_schema is not None
         return self._avro_parser(self.avro_schema)
 
@@ -162,9 +179,11 @@ class ValueDecoder:
         the key's fields (raises ``ChangeEventError`` for a key that does not parse)."""
         return self.id_columns or tuple(self.key_parser()(raw))
 
-    def _avro_parser(self, schema_text: str | None) -> Callable[[bytes], dict[str, Any]]:
+    def _avro_parser(self, schema_text: str | None,
+                     on_writer: Callable[[int, Any], None] | None = None) -> Callable[[bytes], dict[str, Any]]:
         """A parser of Avro records of ``schema_text`` in ``avro_framing`` (None: the Confluent
-        framing's writer schema, from the Schema Registry, read as written)."""
+        framing's writer schema, from the Schema Registry, read as written; ``on_writer`` is
+        called with each writer schema's ID and JSON the first time it is read)."""
         import fastavro
 
         from chandy.connectors.spark.avro import reader_schema
@@ -182,6 +201,8 @@ class ValueDecoder:
             if found not in writers:
                 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+                from chandy.connectors.spark.registry import registry_client
+
                 try:
                     text = registry_client(registry).get_schema(found).schema_str
                 except SchemaRegistryError as exc:
@@ -189,9 +210,12 @@ class ValueDecoder:
                         raise _Bad("UnknownSchemaId", f"schema ID {found} is not in the Schema Registry") from exc
                     raise
                 try:
-                    writers[found] = fastavro.parse_schema(reader_schema(json.loads(text)))
+                    definition = json.loads(text)
+                    writers[found] = fastavro.parse_schema(reader_schema(definition))
                 except Exception as exc:  # not Avro (JSON Schema, Protobuf) or not JSON: a bad record
                     raise _Bad("UnknownSchemaId", f"schema ID {found} is not an Avro schema: {exc}") from exc
+                if on_writer is not None:
+                    on_writer(found, definition)
             return writers[found]
 
         def parse_avro(raw: bytes) -> dict[str, Any]:
@@ -257,7 +281,8 @@ class ValueDecoder:
             if columns is not None:
                 kafka = [batch.column(c) for c in self.keep]
                 return pa.RecordBatch.from_arrays(kafka + columns, schema=self.output_schema), None, 0
-        parse = self._parser()
+        writer_types: dict[str, pa.DataType] = {}  # as_written: new fields' types, from their writer schema
+        parse = self._parser(self._writer_check(writer_types) if self.as_written else None)
         raws = batch.column("value").to_pylist()
         known = set(self.source_names)
         extra_names: list[str] = []
@@ -293,9 +318,12 @@ class ValueDecoder:
             except _Bad as exc:
                 bad[i] = exc
                 self._check_tolerance(batch, i, exc)
+            except _TypeChange as exc:
+                raise SchemaChangeError(f"{location(batch, i)}: {exc}; the micro-batch read {offset_ranges(batch)} "
+                                        "and lands nothing of it") from None
         fields, names = list(self.columns), list(self.source_names)
         for name in extra_names:
-            kind = _inferred_type([None if r is None else r.get(name) for r in rows])
+            kind = writer_types.get(name) or _inferred_type([None if r is None else r.get(name) for r in rows])
             if kind is not None:
                 fields.append(pa.field(f"value_{name}" if name in KAFKA_COLUMNS else name, kind))
                 names.append(name)
@@ -320,6 +348,36 @@ class ValueDecoder:
             schema = pa.schema(base + extra)
         decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
         return decoded, (_bad_batch(batch, bad) if bad else None), skipped
+
+    def _writer_check(self, new_types: dict[str, pa.DataType]) -> Callable[[int, Any], None]:
+        """``as_written``: what to do with a writer schema read the first time: its fields the
+        columns lack are noted in ``new_types`` (their column types); a field of another type
+        than its column raises :class:`_TypeChange` unless Avro's resolution promotes it."""
+        from chandy.connectors.spark.avro import avro_columns, promotes
+
+        known = {name: field for name, field in zip(self.source_names, self.columns, strict=True)}
+        first: dict[str, int] = {}
+
+        def check(schema_id: int, definition: Any) -> None:
+            if not isinstance(definition, dict) or definition.get("type") != "record":
+                raise _TypeChange(f"schema ID {schema_id} is not an Avro record")
+            written, names = avro_columns(definition)
+            for field, name in zip(written, names, strict=True):
+                column = known.get(name)
+                if column is None:
+                    earlier = new_types.setdefault(name, field.type)
+                    first.setdefault(name, schema_id)
+                    if not earlier.equals(field.type):
+                        raise _TypeChange(f"new field {name} is {earlier} in schema ID {first[name]} but {field.type} "
+                                          f"in schema ID {schema_id}")
+                elif not column.type.equals(field.type) and not promotes(field.type, column.type):
+                    raise _TypeChange(
+                        f"field {name} changed type: its column is {column.type} (schema ID {self.columns_schema_id}) "
+                        f"but schema ID {schema_id} writes {field.type}, which Avro's schema resolution does not read "
+                        "as the column's type (a narrowing or another type; widenings of a column are not supported "
+                        "yet: land it in a new table or map it with a --transform)")
+
+        return check
 
     def _checked_fields(self, value: dict[str, Any], known: set[str], extra_names: list[str]) -> dict[str, Any]:
         """``value`` after the ``unknown_fields`` rule: new names noted for ``add``; a bad record
@@ -426,18 +484,8 @@ class ValueDecoder:
 #: What a value that does not fit its column raises on its way into Arrow.
 _UNFIT = (Unfit, pa.ArrowException, TypeError, ValueError, decimal.InvalidOperation, OverflowError)
 
-_REGISTRY_CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
-
-
-def registry_client(settings: Mapping[str, str]) -> Any:
-    """One ``confluent_kafka.schema_registry.SchemaRegistryClient`` per process and settings
-    (``SchemaRegistryClient.new_client``: a ``mock://`` URL gives its in-process registry)."""
-    key = tuple(sorted(settings.items()))
-    if key not in _REGISTRY_CLIENTS:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-
-        _REGISTRY_CLIENTS[key] = SchemaRegistryClient.new_client(dict(settings))
-    return _REGISTRY_CLIENTS[key]
+class _TypeChange(Exception):
+    """Internal: a writer schema whose field cannot land in its column (``as_written``)."""
 
 
 def _inferred_type(values: list[Any]) -> pa.DataType | None:
@@ -452,51 +500,6 @@ def _inferred_type(values: list[Any]) -> pa.DataType | None:
                 return pa.string() if isinstance(value, str) else None
             return None if pa.types.is_null(kind) else kind
     return None
-
-
-def concat_evolving(batches: list[pa.RecordBatch], *, where: str = "") -> pa.Table:
-    """One table of batches whose schemas may differ by added columns (schema evolution): the
-    union of their columns, in order of first appearance, missing ones as nulls.
-
-    Raises:
-        SchemaChangeError: a column of two types, naming it, both types and the offset ranges
-            of the batches that disagree.
-    """
-    if len({b.schema for b in batches}) == 1:
-        return pa.Table.from_batches(batches)
-    fields: dict[str, pa.Field] = {}
-    first: dict[str, pa.RecordBatch] = {}
-    for batch in batches:
-        for field in batch.schema:
-            if field.name not in fields:
-                fields[field.name], first[field.name] = field, batch
-            elif not field.type.equals(fields[field.name].type):
-                raise SchemaChangeError(
-                    f"{where}field {field.name} changed type: {fields[field.name].type} at {offset_ranges(first[field.name])} "
-                    f"but {field.type} at {offset_ranges(batch)}; nothing of it was landed")
-    schema = pa.schema(list(fields.values()))
-    tables = []
-    for batch in batches:
-        columns = [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
-                   for f in schema]
-        tables.append(pa.Table.from_arrays(columns, schema=schema))
-    return pa.concat_tables(tables)
-
-
-def offset_ranges(data: pa.RecordBatch | pa.Table) -> str:
-    """``topic-partition [first, last]`` per partition in ``data`` (or "offsets unknown" when
-    the Kafka columns were dropped)."""
-    if not {"topic", "partition", "offset"} <= set(data.schema.names) or data.num_rows == 0:
-        return "offsets unknown"
-    table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-    grouped = table.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")])
-    return ", ".join(f"{r['topic']}-{r['partition']} offsets [{r['offset_min']}, {r['offset_max']}]"
-                     for r in sorted(grouped.to_pylist(), key=lambda r: (r["topic"], r["partition"])))
-
-
-class SchemaChangeError(ChandyError):
-    """A field whose type changed incompatibly within a micro-batch: the message names the
-    field, both types and the offset ranges."""
 
 
 def location(batch: pa.RecordBatch, row: int) -> str:

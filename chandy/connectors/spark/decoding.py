@@ -50,6 +50,8 @@ class PipelineDecoding(PipelineCore):
         opts = self.options
         if opts.value_format is None:
             return None
+        if opts.value_format == "avro" and not opts.value_schema:
+            return self._decoder_from_registry()
         if opts.value_format == "avro":
             from chandy.connectors.spark.avro import change_row_schema, value_struct
 
@@ -62,15 +64,64 @@ class PipelineDecoding(PipelineCore):
             columns, names = self._value_columns(parse_ddl(opts.value_schema))
             return self._make_decoder(columns, names, "ignore")
         if self.table_fields is not None and self._transform is None:
-            from deltalake import Schema as DeltaSchema
-
-            value_fields = [{"name": n, "type": t, "nullable": True, "metadata": {}}
-                            for n, t in self.table_fields.items() if n not in KAFKA_COLUMNS]
-            arrow = pa.schema(DeltaSchema.from_json(json.dumps({"type": "struct", "fields": value_fields})).to_arrow())
-            names = tuple(f.name[len("value_"):] if f.name.startswith("value_") and f.name[6:] in KAFKA_COLUMNS
-                          else f.name for f in arrow)
+            arrow, names = self._table_columns()
             return self._make_decoder(arrow, names, self._unknown_fields)
         return None
+
+    def _table_columns(self) -> tuple[pa.Schema, tuple[str, ...]]:
+        """The existing table's value columns (Arrow) and each one's name in the value."""
+        from deltalake import Schema as DeltaSchema
+
+        assert self.table_fields is not None
+        value_fields = [{"name": n, "type": t, "nullable": True, "metadata": {}}
+                        for n, t in self.table_fields.items() if n not in KAFKA_COLUMNS]
+        arrow = pa.schema(DeltaSchema.from_json(json.dumps({"type": "struct", "fields": value_fields})).to_arrow())
+        names = tuple(f.name[len("value_"):] if f.name.startswith("value_") and f.name[6:] in KAFKA_COLUMNS
+                      else f.name for f in arrow)
+        return arrow, names
+
+    def _decoder_from_registry(self) -> ValueDecoder:
+        """Avro with a Schema Registry and no ``--value-schema``: the subject's latest version
+        is the table's schema. The columns are its fields (then the table's other columns); each
+        record is read with its own writer schema (``ValueDecoder.as_written``, not with
+        ``--cdc``, whose rows are resolved against the latest version).
+
+        Raises:
+            PipelineError: the registry unreachable or refusing (its URL, the subject and why),
+                the subject unknown, or its latest version not an Avro record that has columns.
+        """
+        import dataclasses
+
+        from chandy.connectors.spark.avro import AvroValueSchemaError, avro_columns, change_row_schema
+        from chandy.connectors.spark.registry import latest_avro_schema
+
+        opts = self.options
+        subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
+        latest = latest_avro_schema(opts.schema_registry, subject)
+        text = latest.schema.schema_str
+        try:
+            row = change_row_schema(text) if opts.cdc else text
+            columns, names = avro_columns(row)
+        except AvroValueSchemaError as exc:
+            raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version} "
+                                f"(schema ID {latest.schema_id}): {exc}") from exc
+        if self.table_fields is not None:  # the table's other columns (added by earlier writer schemas) stay
+            table, table_names = self._table_columns()
+            extra = [(f, n) for f, n in zip(table, table_names, strict=True) if n not in names]
+            columns = pa.schema(list(columns) + [f for f, _ in extra])
+            names = names + tuple(n for _, n in extra)
+        log.info("job %s: the table's schema is subject %s version %d (schema ID %d) from %s", self.job_id, subject,
+                 latest.version, latest.schema_id, url)
+        decoder = self._make_decoder(columns, names, "ignore" if opts.cdc else self._avro_unknown_fields)
+        return dataclasses.replace(decoder, avro_schema=text, as_written=not opts.cdc,
+                                   columns_schema_id=latest.schema_id)
+
+    @property
+    def _avro_unknown_fields(self) -> str:
+        """Registry-driven Avro: fields a writer schema adds become columns with schema evolution
+        (not with a transform, whose Spark schema is fixed); otherwise they are dropped, as Avro's
+        resolution against the starting schema would."""
+        return "add" if self.add_columns and self._transform is None else "ignore"
 
     def _output_schema(self) -> pa.Schema:
         from chandy.connectors.spark.records import ARROW_SCHEMA

@@ -135,7 +135,11 @@ class PipelineOptions:
     election group: a second process for the same job that takes over when the active one dies.
 
     ``schema_registry`` (Confluent-framed Avro): ``SchemaRegistryClient`` settings; each
-    record's writer schema is fetched by ID and resolved against ``value_schema``.
+    record's writer schema is fetched by ID and resolved against ``value_schema``. Without
+    ``value_schema`` the registry is the source of the schema (``value_subject``'s latest version
+    at start, ``<topic>-value`` by default as Confluent's ``TopicNameStrategy``, gives the
+    starting columns) and each record is read with its own writer schema, so a field a producer
+    adds becomes a column (see :class:`~chandy.connectors.spark.decode.ValueDecoder`'s ``as_written``).
     ``schema_evolution`` (with a value format): a decoded field the table lacks becomes a new
     column (Delta: ADD COLUMN; Iceberg: ``union_by_name``); a field whose type changes fails the
     micro-batch naming the field, both types and the offset range, and lands nothing of it.
@@ -183,6 +187,10 @@ class PipelineOptions:
     avro_framing: str = _opt("single-object", "--avro-framing", choices=("single-object", "confluent", "raw"))
     avro_schema_id: int | None = _opt(None, "--avro-schema-id", minimum=0,
                                       help="With --avro-framing confluent: the only schema ID accepted.")
+    value_subject: str | None = _opt(None, "--value-subject", metavar="SUBJECT", help=(
+        "With --schema-registry-url and no --value-schema: the subject whose latest version gives the table's "
+        "columns at start  [default: <topic>-value, Confluent's TopicNameStrategy; name a RecordNameStrategy "
+        "(com.acme.Order) or TopicRecordNameStrategy (orders-com.acme.Order) subject here]"))
     keep_raw_value: bool = _opt(False, "--keep-raw-value", kind="flag", help="Keep the value bytes next to the decoded columns.")
     transform: str | None = _opt(None, "--transform", metavar="MODULE:FUNCTION",
                                  help="DataFrame -> DataFrame, applied per micro-batch.")
@@ -303,8 +311,17 @@ class PipelineOptions:
             raise PipelineError(str(exc)) from exc
         if self.value_format not in (None, "json", "avro"):
             raise PipelineError(f"value format must be json or avro, got {self.value_format!r}")
-        if self.value_format == "avro" and not self.value_schema:
-            raise PipelineError("Avro values need a value schema (--value-schema)")
+        if self.value_format == "avro" and not self.value_schema and not self.schema_registry:
+            raise PipelineError("Avro values need a value schema (--value-schema) or a Schema Registry "
+                                "(--schema-registry-url, whose subject's latest version is the table's schema)")
+        if self.value_subject and (not self.schema_registry or self.value_schema):
+            raise PipelineError("--value-subject names the Schema Registry subject the columns come from: it needs "
+                                "--schema-registry-url and no --value-schema")
+        if self.schema_registry and not self.value_schema and not self.value_subject and (
+                len(self.topics) != 1 or self.topic_pattern):
+            raise PipelineError("with a Schema Registry and no --value-schema, --value-subject names the subject of "
+                                "the table's columns when the job reads several topics or a --topic-pattern "
+                                "(one topic's default is <topic>-value)")
         if self.avro_framing not in ("single-object", "confluent", "raw"):
             raise PipelineError(f"Avro framing must be single-object, confluent or raw, got {self.avro_framing!r}")
         if self.schema_registry and (self.value_format != "avro" or self.avro_framing != "confluent"):
@@ -337,11 +354,11 @@ class PipelineOptions:
             from chandy.connectors.spark.ddl import parse_ddl
 
             parse_ddl(self.value_schema)
-        if self.value_format == "avro":
+        if self.value_format == "avro" and self.value_schema:
             from chandy.connectors.spark.avro import change_row_schema, value_fields
 
             # with --cdc the columns are the envelope's row (its source block may hold any type)
-            value_fields(change_row_schema(self.value_schema or "") if self.cdc else self.value_schema or "")
+            value_fields(change_row_schema(self.value_schema) if self.cdc else self.value_schema)
         if self.key_schema:
             from chandy.connectors.spark.avro import AvroValueSchemaError, value_fields
 
@@ -418,6 +435,12 @@ class PipelineOptions:
             PipelineError: an unknown option or value, or two different types.
         """
         return _restart_strategy_options(self.flink_conf, self.restart_strategy)
+
+    @property
+    def resolved_value_subject(self) -> str:
+        """The Schema Registry subject of the table's columns (no ``value_schema``):
+        ``value_subject``, else the one topic's ``<topic>-value`` (Confluent's ``TopicNameStrategy``)."""
+        return self.value_subject or f"{self.topics[0]}-value"
 
     @property
     def resolved_group_id(self) -> str:
