@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CHANDY := $(VENV)/bin/chandy
 
-.PHONY: setup kafka-jars azurite test-tools check demo test bench bench-setup bench-streaming clean
+.PHONY: setup kafka-jars schema-registry azurite test-tools check demo test bench bench-setup bench-streaming clean
 
 setup: $(VENV)/.installed
 
@@ -17,6 +17,11 @@ $(VENV)/.installed: pyproject.toml
 # the pinned Apache Kafka jars, from Maven Central into the user cache (once)
 kafka-jars: setup
 	$(PY) -c "from chandy.broker import resolve_kafka_jars; print('Kafka jars in', resolve_kafka_jars())"
+
+# Apicurio Registry, the Confluent-compatible Schema Registry the tests start (tests/fixtures/schema_registry.py):
+# its server bundle from Maven Central into the user cache (once); CHANDY_APICURIO_HOME names an unpacked one instead
+schema-registry: setup
+	$(PY) -c "from tests.fixtures.schema_registry import resolve_apicurio; print('Apicurio Registry in', resolve_apicurio())"
 
 # Azurite (the Azure Storage emulator, from npm) for the object-store tests, into the venv; without
 # npm the Azure tests are skipped and say why
@@ -44,7 +49,7 @@ test-tools:
 	@command -v chromium >/dev/null 2>&1 || { echo "make test needs Chromium (the dashboard's browser test): apt-get install chromium"; exit 1; }
 	@command -v prometheus >/dev/null 2>&1 || { echo "make test needs Prometheus (the Grafana dashboard's PromQL test): apt-get install prometheus"; exit 1; }
 
-test: test-tools kafka-jars azurite check
+test: test-tools kafka-jars schema-registry azurite check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: kafka-jars

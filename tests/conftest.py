@@ -1,3 +1,5 @@
-"""Shared fixtures, from tests/fixtures/: the real Kafka broker (tests.fixtures.kafka)."""
+"""Shared fixtures, from tests/fixtures/: the real Kafka broker (tests.fixtures.kafka), a real Schema
+Registry (tests.fixtures.schema_registry)."""
 
-pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.lake_pipeline", "tests.fixtures.object_store", "tests.fixtures.pipeline"]
+pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.lake_pipeline", "tests.fixtures.object_store", "tests.fixtures.pipeline",
+                  "tests.fixtures.schema_registry"]
