@@ -64,6 +64,36 @@ def _partition_string(value: Any) -> str | None:
     return str(value)
 
 
+def delta_configuration(table_properties: Mapping[str, str] | None) -> dict[str, str]:
+    """The Delta table configuration of ``table_properties`` (``--table-property``): all of them
+    but the Parquet settings of Chandy's own writer (``write.parquet.*``), which are no Delta
+    property."""
+    return {k: v for k, v in (table_properties or {}).items() if not k.startswith("write.parquet.")}
+
+
+def check_delta_properties(table_properties: Mapping[str, str] | None) -> None:
+    """Refuse, before anything is written, properties that delta-rs would refuse when it creates
+    the table (it takes only the Delta protocol's ``delta.*`` keys it knows): an empty table
+    with them is created in a temporary directory.
+
+    Raises:
+        ValueError: names the property delta-rs refused.
+    """
+    import tempfile
+
+    from deltalake import write_deltalake
+
+    configuration = delta_configuration(table_properties)
+    if not configuration:
+        return
+    with tempfile.TemporaryDirectory(prefix="chandy-delta-properties-") as scratch:
+        try:
+            write_deltalake(scratch, pa.table({"c": pa.array([], pa.int32())}), configuration=configuration)
+        except Exception as exc:  # delta-rs raises its own exception types
+            raise ValueError(f"{str(exc).splitlines()[0]} (Delta takes the delta.* properties of its protocol, "
+                             "e.g. delta.appendOnly, delta.logRetentionDuration)") from exc
+
+
 class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
     """A Delta table at any fsspec/object-store URL (see the module docstring).
 
@@ -79,11 +109,13 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
     FORMAT = "delta"
 
     def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
-                 storage_options: Mapping[str, str] | None = None, add_columns: bool = False) -> None:
+                 storage_options: Mapping[str, str] | None = None, add_columns: bool = False,
+                 table_properties: Mapping[str, str] | None = None) -> None:
         from chandy.connectors.lake.uri import normalize_table_uri
 
         self.table_uri = normalize_table_uri(table_uri)
         self.add_columns = add_columns
+        self.table_properties = dict(table_properties or {})
         self.partition_by = list(partition_by)
         self.storage_options = dict(storage_options or {})
         self.fs, self.root = open_filesystem(self.table_uri, self.storage_options)
@@ -131,7 +163,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         parent = path.rsplit("/", 1)[0]
         self.fs.makedirs(parent, exist_ok=True)
         with self.fs.open(path, "wb") as handle:
-            pq.write_table(table, handle, compression="zstd")
+            pq.write_table(table, handle, **self.parquet_options)
         size = self.fs.size(path)
         return DataFile(relative, size, table.num_rows, partition_values, int(time.time() * 1000), schema)
 
@@ -298,6 +330,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
                     create_table_with_add_actions(
                         self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
                         partition_by=self.partition_by or None, storage_options=self._delta_options,
+                        configuration=delta_configuration(self.table_properties) or None,
                         commit_properties=properties)
                     return self._landed(None, token, checkpoint_id)
                 table.create_write_transaction(actions, mode="append", schema=table.schema(),

@@ -110,9 +110,9 @@ class IcebergSink(SchemaChecked):
     def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
                  catalog_properties: Mapping[str, str] | None = None,
                  storage_options: Mapping[str, str] | None = None, add_columns: bool = False,
-                 location: str | None = None) -> None:
+                 location: str | None = None, table_properties: Mapping[str, str] | None = None) -> None:
         self.table_uri = normalize_table_uri(table_uri)
-        self.add_columns = add_columns
+        self.add_columns, self.table_properties = add_columns, dict(table_properties or {})
         self.catalog_name, self.namespace, self.name = parse_iceberg_uri(self.table_uri)
         self.partition_by = list(partition_by)
         self.storage_options = dict(storage_options or {})
@@ -168,7 +168,8 @@ class IcebergSink(SchemaChecked):
         if missing:
             raise LakeCommitError(f"partition column(s) {missing} are not in the data: {schema.names}")
         try:
-            creation = self.catalog.create_table_transaction(self.identifier, schema=schema, location=self.root_url)
+            creation = self.catalog.create_table_transaction(self.identifier, schema=schema, location=self.root_url,
+                                                             properties=dict(self.table_properties))
             if self.partition_by:  # one commit: the table never exists without its spec
                 with creation.update_spec() as spec:
                     for column in self.partition_by:
@@ -212,7 +213,7 @@ class IcebergSink(SchemaChecked):
             relative = f"{DATA_DIR}/{directory}{stem}"
             self.fs.makedirs(f"{self.root}/{relative}".rsplit("/", 1)[0], exist_ok=True)
             with self.fs.open(f"{self.root}/{relative}", "wb") as handle:
-                pq.write_table(part, handle, compression="zstd")
+                pq.write_table(part, handle, **self.parquet_options)
             size = self.fs.size(f"{self.root}/{relative}")
             files.append(DataFile(relative, size, part.num_rows, values, int(time.time() * 1000), schema))
         return files
@@ -483,7 +484,7 @@ class IcebergSink(SchemaChecked):
                                     promote_options="permissive").cast(schema)
             path = f"{self.root_url}/{DATA_DIR}/compacted-{time.time_ns()}-{len(written):05d}.parquet"
             with self.fs.open(self._fs_path(path), "wb") as handle:
-                pq.write_table(data, handle, compression="zstd")
+                pq.write_table(data, handle, **self.parquet_options)
             written.append(path)
         return written
 

@@ -307,14 +307,46 @@ def schema_from_b64(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
+#: Parquet codecs of ``write.parquet.compression-codec`` (Iceberg's table property and values)
+PARQUET_CODECS = ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed")
+
+
+def parquet_write_options(table_properties: Mapping[str, str] | None) -> dict[str, Any]:
+    """``pyarrow.parquet.write_table``'s ``compression`` and ``compression_level`` for Chandy's
+    data files, from the table properties given for the table (``--table-property``) under
+    Iceberg's names ``write.parquet.compression-codec`` (default zstd, Iceberg's default since
+    1.4) and ``write.parquet.compression-level`` (default: the codec's), for both formats.
+
+    Raises:
+        ValueError: an unknown codec or a level that is not an integer (naming the property).
+    """
+    properties = table_properties or {}
+    codec = properties.get("write.parquet.compression-codec", "zstd").lower()
+    if codec not in PARQUET_CODECS:
+        raise ValueError(f"write.parquet.compression-codec={codec}: not one of {', '.join(PARQUET_CODECS)}")
+    level = properties.get("write.parquet.compression-level")
+    try:
+        compression_level = None if level in (None, "") else int(level)
+    except ValueError as exc:
+        raise ValueError(f"write.parquet.compression-level={level}: not an integer") from exc
+    return {"compression": "none" if codec == "uncompressed" else codec, "compression_level": compression_level}
+
+
 class SchemaChecked:
     """What both formats share to refuse data that does not fit their table: a base of
     :class:`~chandy.connectors.lake.delta.DeltaLakeSink` and
     :class:`~chandy.connectors.lake.iceberg.IcebergSink`, which give ``table_uri``,
-    ``add_columns`` and :meth:`table_fields`."""
+    ``add_columns``, ``table_properties`` (set on the table when the sink creates it, and the
+    Parquet settings of its files, :func:`parquet_write_options`) and :meth:`table_fields`."""
 
     table_uri: str
     add_columns: bool
+    table_properties: dict[str, str]
+
+    @property
+    def parquet_options(self) -> dict[str, Any]:
+        """How this sink's data files are compressed (:func:`parquet_write_options`)."""
+        return parquet_write_options(self.table_properties)
 
     def table_fields(self) -> dict[str, Any] | None:
         raise NotImplementedError

@@ -24,11 +24,14 @@ def is_iceberg(table_uri: str) -> bool:
 
 def open_sink(table_uri: str, *, partition_by: Sequence[str] = (), storage_options: Mapping[str, str] | None = None,
               catalog_properties: Mapping[str, str] | None = None, add_columns: bool = False,
-              location: str | None = None) -> LakeSink:
+              location: str | None = None, table_properties: Mapping[str, str] | None = None) -> LakeSink:
     """The sink of ``table_uri``: an :class:`~chandy.connectors.lake.iceberg.IcebergSink` for
     ``iceberg://``, else a :class:`DeltaLakeSink`. ``add_columns``: schema evolution (new
     columns are added to the table, see the sinks). ``location``: the table's root URL, known
     beforehand (Iceberg: the Spark tasks write files without contacting the catalog).
+    ``table_properties``: set on the table when the sink creates it (Delta's ``configuration``,
+    e.g. ``delta.appendOnly``; Iceberg's properties, e.g. ``format-version``, ``write.*``), and
+    the Parquet codec of its files (``write.parquet.compression-codec``, for both formats).
 
     Raises:
         TableUriError: a URI that names no table; LakeCommitError: an Iceberg URI or catalog
@@ -38,8 +41,10 @@ def open_sink(table_uri: str, *, partition_by: Sequence[str] = (), storage_optio
         from chandy.connectors.lake.iceberg import IcebergSink
 
         return IcebergSink(table_uri, partition_by=partition_by, catalog_properties=catalog_properties,
-                           storage_options=storage_options, add_columns=add_columns, location=location)
-    return DeltaLakeSink(table_uri, partition_by=partition_by, storage_options=storage_options, add_columns=add_columns)
+                           storage_options=storage_options, add_columns=add_columns, location=location,
+                           table_properties=table_properties)
+    return DeltaLakeSink(table_uri, partition_by=partition_by, storage_options=storage_options, add_columns=add_columns,
+                         table_properties=table_properties)
 
 
 def read_lake_commit(event: Any, *, storage_options: Mapping[str, str] | None = None,

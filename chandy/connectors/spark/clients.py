@@ -88,18 +88,18 @@ def ack_sender(bootstrap_servers: str, job_id: str, *, prefix: str,
 
 def task_sink(table_uri: str, *, partition_by: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None,
               catalog_properties: Mapping[str, Any] | None = None, add_columns: bool = False,
-              location: str | None = None) -> LakeSink:
+              location: str | None = None, table_properties: Mapping[str, str] | None = None) -> LakeSink:
     """The process's lake sink for ``table_uri`` and these settings (those of
     :func:`~chandy.connectors.lake.sinks.open_sink`), opened on first use and shared by every
     task after it: a sink holds configuration and a filesystem, no per-checkpoint state."""
     key = (table_uri, tuple(partition_by), _settings_key(storage_options), _settings_key(catalog_properties),
-           add_columns, location)
+           add_columns, location, _settings_key(table_properties))
     with _lock:
         sink = _sinks.get(key)
         if sink is None:
             sink = _sinks[key] = open_sink(table_uri, partition_by=partition_by, storage_options=storage_options,
                                            catalog_properties=catalog_properties, add_columns=add_columns,
-                                           location=location)
+                                           location=location, table_properties=table_properties)
             stats["sinks_opened"] += 1
         return sink
 

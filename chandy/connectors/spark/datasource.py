@@ -78,6 +78,8 @@ class TaskOptions:
     #: Spark's ``failOnDataLoss``: offsets of a range that Kafka no longer holds fail the task
     #: (``KafkaDataLossError``); False skips them, with a warning in the task's log
     fail_on_data_loss: bool = True
+    #: ``--table-property``: set on tables the tasks' sinks create, and their files' Parquet codec
+    table_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -262,7 +264,7 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
         where = f"checkpoint {o.checkpoint_id}: "
         sink = task_sink(o.table_uri, partition_by=tuple(o.partition_by), storage_options=o.storage_options,
                          catalog_properties=o.catalog_properties, add_columns=o.add_columns,
-                         location=o.table_location)
+                         location=o.table_location, table_properties=o.table_properties)
         files: list[DataFile] = []
         rows = 0
         seen: dict[str, tuple[pa.DataType, str]] = {}  # a column's type in the parts before, where it came from
@@ -309,7 +311,8 @@ class RoutedTables:
 
         o = self.options
         return task_sink(table_uri, partition_by=tuple(o.partition_by), storage_options=o.storage_options,
-                         catalog_properties=o.catalog_properties, add_columns=o.add_columns)
+                         catalog_properties=o.catalog_properties, add_columns=o.add_columns,
+                         table_properties=o.table_properties)
 
     def _table_fields(self, sink: LakeSink) -> Mapping[str, Any] | None:
         if sink.table_uri == self.options.table_uri:

@@ -58,7 +58,8 @@ class PipelineCore:
         self.add_columns = options.schema_evolution and options.value_format is not None
         self.sink: LakeSink = open_sink(options.table_uri, partition_by=options.partition_by,
                                         storage_options=options.storage_options,
-                                        catalog_properties=options.catalog_properties, add_columns=self.add_columns)
+                                        catalog_properties=options.catalog_properties, add_columns=self.add_columns,
+                                        table_properties=options.table_properties)
         self._transform = load_transform(options.transform) if options.transform else None
         #: ``--route``'s rules, relative table paths made absolute here (None: one table)
         self.router: Router | None = Router.parse(options.routes, options.route_field).resolved() if options.routes else None

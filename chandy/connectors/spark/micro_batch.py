@@ -140,7 +140,8 @@ class PipelineMicroBatch(PipelineCore):
             table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties),
             add_columns=self.add_columns, table_location=getattr(self.sink, "root_url", None),
             write_buffer_bytes=opts.write_buffer_bytes, router=self.router, unrouted=opts.unrouted,
-            changes=opts.cdc is not None, fail_on_data_loss=opts.fail_on_data_loss)
+            changes=opts.cdc is not None, fail_on_data_loss=opts.fail_on_data_loss,
+            table_properties=dict(opts.table_properties))
 
     def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, counts: Any) -> None:
         from chandy.connectors.spark.datasource import LAKE_FILES_FORMAT, RANGES_FORMAT, TASK_OPTION, read_write_and_acknowledge

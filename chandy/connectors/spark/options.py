@@ -243,6 +243,12 @@ class PipelineOptions:
                                             help="With --optimize-every: the compacted files' size (default: the table format's).")
     catalog_properties: Mapping[str, str] = _opt({}, "--catalog-property", kind="settings", help=(
         "pyiceberg catalog property for iceberg:// tables (repeatable; default: a SQLite catalog and local warehouse)."))
+    table_properties: Mapping[str, str] = _opt({}, "--table-property", kind="settings", help=(
+        "Property of a table Chandy creates, under its format's name (repeatable), as Kafka Connect's "
+        "iceberg.tables.auto-create-props.*: Delta's delta.* (delta.appendOnly, delta.logRetentionDuration, ...), "
+        "Iceberg's (format-version, write.*, ...); write.parquet.compression-codec (zstd, snappy, gzip, lz4, brotli, "
+        "uncompressed) and write.parquet.compression-level set the codec of Chandy's Parquet files in both formats "
+        "[default: zstd]. An existing table keeps its own properties."))
     schema_evolution: bool = _opt(True, "--schema-evolution/--no-schema-evolution", kind="switch", help=(
         "With --value-format: a new field adds a column (Delta schema merge, Iceberg union by name); a field whose "
         "type changes always fails the micro-batch."))
@@ -349,6 +355,16 @@ class PipelineOptions:
         if self.optimize_target_size is not None and self.optimize_target_size < 1:
             raise PipelineError(f"--optimize-target-size takes bytes >= 1, got {self.optimize_target_size}")
         self._check_routing_and_cdc()
+        try:
+            from chandy.connectors.lake.delta import check_delta_properties
+            from chandy.connectors.lake.sink import parquet_write_options
+            from chandy.connectors.lake.sinks import is_iceberg
+
+            parquet_write_options(self.table_properties)
+            if not is_iceberg(self.table_uri):
+                check_delta_properties(self.table_properties)
+        except ValueError as exc:
+            raise PipelineError(f"--table-property {exc}") from exc
         object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
         if self.value_format == "json" and self.value_schema:
             from chandy.connectors.spark.ddl import parse_ddl

@@ -190,7 +190,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         """The sink of a table ``--route`` names (created at its first commit, with ``--partition-by``)."""
         opts = self.options
         return open_sink(table_uri, partition_by=tuple(opts.partition_by), storage_options=dict(opts.storage_options),
-                         catalog_properties=dict(opts.catalog_properties), add_columns=self.add_columns)
+                         catalog_properties=dict(opts.catalog_properties), add_columns=self.add_columns,
+                         table_properties=opts.table_properties)
 
     def _release_savepoint_ranges(self, checkpoint_id: int) -> None:
         """An intermediate savepoint's ranges are read again by the next checkpoint (nobody is

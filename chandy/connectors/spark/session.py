@@ -87,7 +87,8 @@ class PipelineSession(PipelineCore):
         if with_sink:
             sink = {"table_uri": opts.table_uri, "partition_by": tuple(opts.partition_by),
                     "storage_options": dict(opts.storage_options), "catalog_properties": dict(opts.catalog_properties),
-                    "add_columns": self.add_columns, "location": getattr(self.sink, "root_url", None)}
+                    "add_columns": self.add_columns, "location": getattr(self.sink, "root_url", None),
+                    "table_properties": dict(opts.table_properties)}
         warm = functools.partial(warm_task, opts.bootstrap_servers, self.job_id, opts.prefix,
                                  dict(opts.task_consumer_overrides), dict(opts.task_producer_overrides), sink,
                                  tuple(self.topic_names))

@@ -1,0 +1,172 @@
+"""Issue 45: the Schema Registry as the source of the schema, end to end, against a real
+registry (Apicurio's Confluent-compatible API, :mod:`tests.fixtures.schema_registry`), a real
+broker, Spark and Delta. Producers are confluent-kafka's own ``AvroSerializer``; what landed is
+read with deltalake and compared, field by field, with confluent-kafka's ``AvroDeserializer``
+reading each Kafka record (readers Chandy did not write)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from deltalake import DeltaTable
+
+from chandy.connectors.spark.options import PipelineError, PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline
+from chandy.coordinator.kafka import config as kafka_config
+from tests.fixtures.pipeline import make_topic
+
+V1 = {"type": "record", "name": "Order", "namespace": "com.acme", "fields": [
+    {"name": "id", "type": "long"}, {"name": "customer", "type": "string"}, {"name": "qty", "type": "int"}]}
+#: a producer adds a field (a nullable double with a default) and drops one (customer)
+V2 = {**V1, "fields": [V1["fields"][0], V1["fields"][2],
+                       {"name": "price", "type": ["null", "double"], "default": None}]}
+#: then a narrowing the table cannot take: qty as a string
+V3 = {**V1, "fields": [V1["fields"][0], {"name": "qty", "type": "string"}]}
+
+
+def _produce(servers: str, registry: SchemaRegistryClient, topic: str, schema: dict, values: list[dict],
+             subject: str | None = None) -> int:
+    """Produce ``values`` with confluent-kafka's AvroSerializer (registering ``schema`` under
+    ``subject``, default the topic's TopicNameStrategy subject); returns the schema ID."""
+    conf: dict[str, Any] = {"auto.register.schemas": True}
+    if subject is not None:
+        conf["subject.name.strategy"] = lambda ctx, record_name: subject
+    serializer = AvroSerializer(registry, json.dumps(schema), conf=conf)
+    producer = kafka_config.producer(servers)
+    context = SerializationContext(topic, MessageField.VALUE)
+    for i, value in enumerate(values):
+        producer.produce(topic, serializer(value, context), key=str(value["id"]).encode(), partition=i % 2)
+    producer.flush(30)
+    return int.from_bytes(serializer(values[0], context)[1:5], "big")
+
+
+def _source_values(servers: str, registry: SchemaRegistryClient, topic: str) -> dict[tuple[int, int], dict]:
+    """Every record of ``topic`` as confluent-kafka's AvroDeserializer reads it (its writer schema)."""
+    deserializer = AvroDeserializer(registry)
+    consumer = kafka_config.consumer(servers)
+    found: dict[tuple[int, int], dict] = {}
+    for partition in (0, 1):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+        consumer.assign([TopicPartition(topic, partition, low)])
+        while sum(1 for p, _ in found if p == partition) < high - low:
+            for message in consumer.consume(100, timeout=5):
+                if message.error() is None:
+                    found[(partition, message.offset())] = deserializer(
+                        message.value(), SerializationContext(topic, MessageField.VALUE))
+    consumer.close()
+    return found
+
+
+def _landed(table: str) -> dict[tuple[int, int], dict]:
+    rows = DeltaTable(table).to_pyarrow_table().to_pylist()
+    assert len({(r["partition"], r["offset"]) for r in rows}) == len(rows), "a record landed twice"
+    return {(r["partition"], r["offset"]): r for r in rows}
+
+
+def test_the_registry_gives_the_schema_and_writer_fields_evolve_the_table(spark, kafka_bootstrap_servers,
+                                                                          schema_registry_url, tmp_path) -> None:
+    """No --value-schema: the subject's latest version (V1) is the table's schema; records a
+    producer wrote with V2 (registered under another subject, so the latest of the topic's subject
+    stays V1) add their new field price as a DOUBLE column in the same run and lack customer
+    (null); every value of both versions lands as confluent-kafka's deserializer reads it, once.
+    Then V3 (qty as a string) fails the job naming the field, both types and both schema IDs, and
+    lands nothing of that micro-batch."""
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    servers = kafka_bootstrap_servers
+    topic = make_topic(servers, [])
+    v1_id = _produce(servers, registry, topic, V1, [{"id": i, "customer": f"c{i}", "qty": i} for i in range(40)])
+    v2_id = _produce(servers, registry, topic, V2, [{"id": i, "qty": -i, "price": i / 4 if i % 3 else None}
+                                                      for i in range(40, 80)], subject=f"{topic}-v2")
+    assert v2_id != v1_id
+    assert registry.get_latest_version(f"{topic}-value").schema_id == v1_id
+    table = str(tmp_path / "orders")
+    opts = PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,), stop_when_drained=True,
+                           prefix=f"rg{uuid.uuid4().hex[:6]}", value_format="avro", avro_framing="confluent",
+                           schema_registry={"url": schema_registry_url}, max_records_per_checkpoint=30,
+                           restart_backoff_initial_ms=100)
+    result = Pipeline(opts, spark=spark).run()
+    assert result.records_landed == 80
+    schema = {f.name: f.type for f in DeltaTable(table).schema().to_arrow()}
+    assert str(schema["qty"]) == "int32" and str(schema["price"]) == "double" and str(schema["customer"]) == "string"
+    source, landed = _source_values(servers, registry, topic), _landed(table)
+    assert set(landed) == set(source) and len(landed) == 80
+    for where, value in source.items():
+        row = landed[where]
+        for column in ("id", "customer", "qty", "price"):
+            assert row[column] == value.get(column), (where, column, row[column], value.get(column))
+
+    v3_id = _produce(servers, registry, topic, V3, [{"id": 100 + i, "qty": "many"} for i in range(4)],
+                     subject=f"{topic}-v3")
+    with pytest.raises(PipelineError, match=rf"SchemaChangeError: {topic}-[01] offset \d+: field qty changed type: "
+                                            rf"its column is int32 \(schema ID {v1_id}\) but schema ID {v3_id} "
+                                            r"writes string.*lands nothing of it"):
+        Pipeline(opts, spark=spark).run()
+    assert len(_landed(table)) == 80
+
+
+def test_an_unreachable_registry_or_unknown_subject_fails_before_spark_starts(kafka_bootstrap_servers,
+                                                                              schema_registry_url, tmp_path) -> None:
+    """The table's schema comes from the registry at start: a registry that does not answer, or a
+    subject it does not hold, is one PipelineError naming the registry and the subject, raised by
+    the preflight, which runs before Spark starts."""
+    topic = make_topic(kafka_bootstrap_servers, [])
+    base = dict(table_uri=str(tmp_path / "t"), bootstrap_servers=kafka_bootstrap_servers, topics=(topic,),
+                value_format="avro", avro_framing="confluent", prefix=f"rg{uuid.uuid4().hex[:6]}")
+    with pytest.raises(PipelineError, match=rf"Schema Registry {schema_registry_url}: the latest version of subject "
+                                            rf"{topic}-value: .*no such subject"):
+        Pipeline(PipelineOptions(**base, schema_registry={"url": schema_registry_url})).preflight()
+    with pytest.raises(PipelineError, match=r"Schema Registry http://127.0.0.1:9 is unreachable .*subject "
+                                            rf"{topic}-value"):
+        Pipeline(PipelineOptions(**base, schema_registry={"url": "http://127.0.0.1:9"})).preflight()
+
+
+#: the commit protocol's steps a run is SIGKILLed at, one run each, at checkpoints 2, 4, 6, 8, 10
+KILL_POINTS = ("task-written", "before-lake-commit", "before-lake-event", "before-offset-commit", "before-complete")
+
+
+def test_a_writer_schema_that_adds_a_field_lands_every_value_once_through_a_kill_at_every_step(
+        kafka_bootstrap_servers, schema_registry_url, tmp_path) -> None:
+    """`chandy pipeline run --value-format avro --schema-registry-url URL` (no --value-schema) as
+    a process SIGKILLed at each step of the commit protocol while the stream switches from V1 to
+    V2 (a field added, one dropped) halfway: the run that finishes leaves every record in the
+    table once, every value as confluent-kafka's deserializer reads it, the new column typed as
+    V2 says, and the consumer group at the topic's end."""
+    from tests.fixtures import exactly_once
+
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    servers = kafka_bootstrap_servers
+    topic = make_topic(servers, [])
+    _produce(servers, registry, topic, V1, [{"id": i, "customer": f"c{i}", "qty": i} for i in range(240)])
+    _produce(servers, registry, topic, V2, [{"id": i, "qty": i % 7, "price": i * 0.5 if i % 5 else None}
+                                            for i in range(240, 480)], subject=f"{topic}-v2")
+    table, prefix = tmp_path / "orders", f"rk{uuid.uuid4().hex[:6]}"
+    args = ["--table", str(table), "--topic", topic, "-b", servers, "--prefix", prefix, "--until-drained",
+            "--max-records-per-checkpoint", "40", "--parallelism", "2", "--value-format", "avro",
+            "--schema-registry-url", schema_registry_url]
+    for i, point in enumerate(KILL_POINTS):
+        crashed = exactly_once.run_cli(args, crash_at=f"{point}@{2 + 2 * i}")
+        assert crashed.returncode == -9, f"{point}: {crashed.stderr[-3000:]}"
+    finished = exactly_once.run_cli(args)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    source, landed = _source_values(servers, registry, topic), _landed(str(table))
+    assert set(landed) == set(source) and len(landed) == 480
+    for where, value in source.items():
+        for column in ("id", "customer", "qty", "price"):
+            assert landed[where][column] == value.get(column), (where, column)
+    assert str(DeltaTable(str(table)).schema().to_arrow().field("price").type) == "double"
+    assert _group_of(servers, str(table), topic) == {(topic, 0): 240, (topic, 1): 240}
+
+
+def _group_of(servers: str, table: str, topic: str) -> dict[tuple[str, int], int]:
+    """The committed offsets of the job's default consumer group (chandy-<job id>)."""
+    from chandy.connectors.spark.options import default_job_id
+    from tests.fixtures import exactly_once
+
+    return exactly_once.committed_offsets(servers, f"chandy-{default_job_id(table, (topic,))}")
