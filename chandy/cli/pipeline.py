@@ -199,9 +199,9 @@ def options_from_cli(values: dict[str, Any], bootstrap_servers: str) -> Any:
 @data_dir_option
 @click.option("--verify/--no-verify", default=False, help="Compare the table with the topics at the end.")
 @click.option("--schema-registry-url", default=None, metavar="URL",
-              help="Confluent-framed Avro (implies --avro-framing confluent): each record is read with its writer "
-                   "schema from this Schema Registry; without --value-schema the subject's latest version "
-                   "(--value-subject) is the table's schema and new writer fields become columns.")
+              help="Confluent-framed Avro (implies --avro-framing confluent) or JSON Schema (--value-format "
+                   "json-schema) from this Schema Registry: without --value-schema the subject's latest version "
+                   "(--value-subject) is the table's schema, and new writer fields become columns.")
 @handle_errors
 def pipeline_run(bootstrap_servers: str | None, data_dir: Path | None, verify: bool, schema_registry_url: str | None,
                  **values: Any) -> None:

@@ -172,3 +172,63 @@ def _group_of(servers: str, table: str, topic: str) -> dict[tuple[str, int], int
     from tests.fixtures import exactly_once
 
     return exactly_once.committed_offsets(servers, f"chandy-{default_job_id(table, (topic,))}")
+
+
+ORDER_JSON_V1 = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "Order", "type": "object",
+                 "properties": {"id": {"type": "integer"}, "customer": {"type": "string"},
+                                "qty": {"type": "integer", "connect.type": "int32"},
+                                "at": {"type": "string", "format": "date-time"},
+                                "tags": {"type": "array", "items": {"type": "string"}}},
+                 "required": ["id"]}
+ORDER_JSON_V2 = {**ORDER_JSON_V1, "properties": {**ORDER_JSON_V1["properties"], "price": {"type": "number"}}}
+
+
+def test_json_schema_values_land_with_the_registrys_columns_and_evolve(spark, kafka_bootstrap_servers,
+                                                                       schema_registry_url, tmp_path) -> None:
+    """--value-format json-schema with a registry and no --value-schema: confluent-kafka's
+    JSONSerializer writes V1 (the subject's latest, so the table's columns: qty an INT as its
+    connect.type says, at a UTC timestamp) and V2 (a price added, registered under another
+    subject): every value lands once as confluent-kafka's JSONDeserializer reads it, and price
+    becomes a column in the same run."""
+    from datetime import datetime
+
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    servers = kafka_bootstrap_servers
+    topic = make_topic(servers, [])
+    producer = kafka_config.producer(servers)
+    context = SerializationContext(topic, MessageField.VALUE)
+    v1 = JSONSerializer(json.dumps(ORDER_JSON_V1), registry)
+    v2 = JSONSerializer(json.dumps(ORDER_JSON_V2), registry, conf={"subject.name.strategy": lambda c, r: f"{topic}-v2"})
+    for i in range(60):
+        value: dict[str, Any] = {"id": i, "customer": f"c{i}", "qty": i * 3, "at": f"2026-11-27T10:{i:02d}:00Z",
+                                 "tags": [f"t{i}"] * (i % 3)}
+        if i >= 30:
+            value["price"] = i / 8
+        producer.produce(topic, (v2 if i >= 30 else v1)(value, context), partition=i % 2)
+    producer.flush(30)
+    table = str(tmp_path / "orders")
+    opts = PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,), stop_when_drained=True,
+                           prefix=f"rj{uuid.uuid4().hex[:6]}", value_format="json-schema",
+                           schema_registry={"url": schema_registry_url}, max_records_per_checkpoint=20,
+                           restart_backoff_initial_ms=100)
+    assert Pipeline(opts, spark=spark).run().records_landed == 60
+    schema = {f.name: str(f.type) for f in pa.schema(DeltaTable(table).schema().to_arrow())}
+    assert (schema["qty"], schema["at"], schema["price"]) == ("int32", "timestamp[us, tz=UTC]", "double")
+    deserializer = JSONDeserializer(None, schema_registry_client=registry)
+    consumer = kafka_config.consumer(servers)
+    source = {}
+    for partition in (0, 1):
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        while sum(1 for p, _ in source if p == partition) < 30:
+            for message in consumer.consume(100, timeout=5):
+                source[(partition, message.offset())] = deserializer(message.value(), context)
+    consumer.close()
+    landed = _landed(table)
+    assert set(landed) == set(source)
+    for where, value in source.items():
+        row = landed[where]
+        assert row["at"] == datetime.fromisoformat(value["at"]), where
+        for column in ("id", "customer", "qty", "tags", "price"):
+            assert row[column] == value.get(column), (where, column, row[column], value.get(column))

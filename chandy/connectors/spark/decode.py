@@ -109,6 +109,9 @@ class ValueDecoder:
             field, both types, both schema IDs and the offsets; a field the writer lacks is null.
         columns_schema_id: with ``as_written``, the registry ID of the schema the columns came
             from (for messages).
+        json_framing: ``"plain"`` JSON text, or ``"confluent"``: Confluent's JSON Schema
+            serializer's framing (magic byte 0, 4-byte schema ID, then the JSON text), checked and
+            stripped before the JSON is read (``--value-format json-schema``).
 
     Values become columns as :mod:`chandy.connectors.type_mapping` says, exactly: a value that
     does not fit its column (a fraction into an integer, a number beyond its column's range) is
@@ -132,6 +135,7 @@ class ValueDecoder:
     id_columns: tuple[str, ...] = ()
     as_written: bool = False
     columns_schema_id: int | None = None
+    json_framing: str = "plain"
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -146,7 +150,7 @@ class ValueDecoder:
         """A parser of one value into its fields; ``on_writer(schema ID, parsed JSON)`` is called
         for each writer schema read the first time (``as_written`` only)."""
         if self.value_format == "json":
-            return _parse_json
+            return _parse_json if self.json_framing == "plain" else lambda raw: _parse_json(_unframed(raw))
         if self.as_written:
             return self._avro_parser(None, on_writer)
         assert self.avro_schema is not None
@@ -264,10 +268,16 @@ class ValueDecoder:
         Raises:
             BadRecordError: a bad record under ``errors_tolerance="none"``.
         """
+        values = batch.column("value")
+        if self.value_format == "json" and self.json_framing == "confluent":
+            from chandy.connectors.spark.json_schema import unframe_column
+
+            values = unframe_column(values)  # None: a value is not framed, read value by value
+            vectorized = vectorized and values is not None
         if vectorized and self.value_format == "json" and self.cdc is not None and self.unknown_fields == "ignore":
             from chandy.connectors.spark.json_batch import decode_json_change_batch
 
-            changes = decode_json_change_batch(batch.column("value"), self.columns, self.source_names,
+            changes = decode_json_change_batch(values, self.columns, self.source_names,
                                                session_time_zone=self.session_time_zone, keys=batch.column("key"),
                                                id_columns=self.id_columns)
             if changes is not None:
@@ -276,7 +286,7 @@ class ValueDecoder:
         if vectorized and self.value_format == "json" and self.cdc is None:
             from chandy.connectors.spark.json_batch import decode_json_batch
 
-            columns = decode_json_batch(batch.column("value"), self.columns, self.source_names,
+            columns = decode_json_batch(values, self.columns, self.source_names,
                                         unknown_fields=self.unknown_fields, session_time_zone=self.session_time_zone)
             if columns is not None:
                 kafka = [batch.column(c) for c in self.keep]
@@ -423,7 +433,10 @@ class ValueDecoder:
                     return key_row(i), DELETE_OP  # a tombstone: the key's row is gone
                 if not raw:
                     raise _Bad("EmptyValue", "an empty value")
-                value = _parse_json_any(raw) if self.value_format == "json" else parse(raw)
+                if self.value_format != "json":
+                    value = parse(raw)
+                else:
+                    value = _parse_json_any(raw if self.json_framing == "plain" else _unframed(raw))
                 envelope = unwrap_payload(value)
                 if envelope is None:  # the JSON converter's tombstone with schemas: a null payload
                     return key_row(i), DELETE_OP
@@ -545,6 +558,16 @@ def to_arrow(values: list[Any], arrow_type: pa.DataType, value_format: str = "js
         if convert is not None:
             values = [convert(v) for v in values]
     return pa.array(values, arrow_type)
+
+
+def _unframed(raw: bytes) -> bytes:
+    """The JSON text of a Confluent-framed value; a bad record when it is not framed."""
+    from chandy.connectors.spark.json_schema import unframe
+
+    try:
+        return unframe(raw)
+    except ValueError as exc:
+        raise _Bad("WireFormatError", str(exc)) from exc
 
 
 def _bad_batch(batch: pa.RecordBatch, bad: dict[int, _Bad]) -> pa.RecordBatch:

@@ -37,12 +37,14 @@ class PipelineDecoding(PipelineCore):
     def _make_decoder(self, columns: pa.Schema, names: tuple[str, ...], unknown_fields: str) -> ValueDecoder:
         opts = self.options
         keep = tuple(c for c in KAFKA_COLUMNS if c != "value" or opts.keep_raw_value)
-        return ValueDecoder(opts.value_format or "json", columns, names, keep, avro_schema=opts.value_schema
+        value_format = "json" if opts.value_format in (None, "json-schema") else opts.value_format
+        return ValueDecoder(value_format, columns, names, keep, avro_schema=opts.value_schema
                             if opts.value_format == "avro" else None, avro_framing=opts.avro_framing,
                             avro_schema_id=opts.avro_schema_id, unknown_fields=unknown_fields,
                             tombstones=opts.tombstones, errors_tolerance=opts.errors_tolerance,
                             schema_registry=tuple(sorted(opts.schema_registry.items())), cdc=opts.cdc,
-                            key_schema=opts.key_schema, id_columns=tuple(opts.id_columns))
+                            key_schema=opts.key_schema, id_columns=tuple(opts.id_columns),
+                            json_framing="confluent" if opts.value_format == "json-schema" else "plain")
 
     def _decoder_from_known_schema(self) -> ValueDecoder | None:
         """The decoder when the value's columns are known before reading: a DDL, an Avro schema,
@@ -52,6 +54,8 @@ class PipelineDecoding(PipelineCore):
             return None
         if opts.value_format == "avro" and not opts.value_schema:
             return self._decoder_from_registry()
+        if opts.value_format == "json-schema" and not opts.value_schema and opts.schema_registry:
+            return self._decoder_from_json_schema()
         if opts.value_format == "avro":
             from chandy.connectors.spark.avro import change_row_schema, value_struct
 
@@ -93,11 +97,11 @@ class PipelineDecoding(PipelineCore):
         import dataclasses
 
         from chandy.connectors.spark.avro import AvroValueSchemaError, avro_columns, change_row_schema
-        from chandy.connectors.spark.registry import latest_avro_schema
+        from chandy.connectors.spark.registry import latest_schema
 
         opts = self.options
         subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
-        latest = latest_avro_schema(opts.schema_registry, subject)
+        latest = latest_schema(opts.schema_registry, subject)
         text = latest.schema.schema_str
         try:
             row = change_row_schema(text) if opts.cdc else text
@@ -115,6 +119,37 @@ class PipelineDecoding(PipelineCore):
         decoder = self._make_decoder(columns, names, "ignore" if opts.cdc else self._avro_unknown_fields)
         return dataclasses.replace(decoder, avro_schema=text, as_written=not opts.cdc,
                                    columns_schema_id=latest.schema_id)
+
+    def _decoder_from_json_schema(self) -> ValueDecoder:
+        """``--value-format json-schema`` with a Schema Registry and no ``--value-schema``: the
+        subject's latest JSON Schema gives the columns (:mod:`chandy.connectors.spark.json_schema`),
+        then the table's other columns; fields without a column evolve the table as JSON's do.
+
+        Raises:
+            PipelineError: as :func:`~chandy.connectors.spark.registry.latest_schema`, a schema
+                without columns, or ``--cdc`` (give the row's DDL with ``--value-schema``).
+        """
+        from chandy.connectors.spark.json_schema import JsonSchemaError, json_schema_columns
+        from chandy.connectors.spark.registry import latest_schema
+
+        opts = self.options
+        if opts.cdc:
+            raise PipelineError("--cdc with --value-format json-schema takes the row's columns from --value-schema "
+                                "(Spark DDL), not from the registry's envelope schema")
+        subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
+        latest = latest_schema(opts.schema_registry, subject, "JSON")
+        try:
+            columns, names = json_schema_columns(latest.schema.schema_str)
+        except JsonSchemaError as exc:
+            raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version} "
+                                f"(schema ID {latest.schema_id}): {exc}") from exc
+        if self.table_fields is not None:
+            table, table_names = self._table_columns()
+            extra = [(f, n) for f, n in zip(table, table_names, strict=True) if n not in names]
+            columns, names = pa.schema(list(columns) + [f for f, _ in extra]), names + tuple(n for _, n in extra)
+        log.info("job %s: the table's schema is subject %s version %d (schema ID %d) from %s", self.job_id, subject,
+                 latest.version, latest.schema_id, url)
+        return self._make_decoder(columns, names, self._unknown_fields)
 
     @property
     def _avro_unknown_fields(self) -> str:
@@ -148,6 +183,10 @@ class PipelineDecoding(PipelineCore):
         lines = []
         for raw in self._sample(ranges):
             try:
+                if self.options.value_format == "json-schema":
+                    from chandy.connectors.spark.json_schema import unframe
+
+                    raw = unframe(raw)
                 value = json.loads(raw)
             except (ValueError, UnicodeDecodeError):
                 continue

@@ -181,7 +181,9 @@ class PipelineOptions:
         "cores or spark.default.parallelism)."))
     master: str = _opt("local[*]", "--master", help="Spark master URL.")
     spark_conf: Mapping[str, str] = _opt({}, "--conf", kind="settings", help="Spark setting (repeatable).")
-    value_format: str | None = _opt(None, "--value-format", choices=("json", "avro"), help="Decode values into columns.")
+    value_format: str | None = _opt(None, "--value-format", choices=("json", "avro", "json-schema"), help=(
+        "Decode values into columns: JSON, Avro, or JSON with Confluent's JSON Schema framing (json-schema: the "
+        "5-byte header of JSONSerializer; with --schema-registry-url the subject's JSON Schema gives the columns)."))
     value_schema: str | None = _opt(None, "--value-schema", read_at_file=True,
                                     help="JSON: Spark DDL (default inferred); Avro: schema JSON or @file.")
     avro_framing: str = _opt("single-object", "--avro-framing", choices=("single-object", "confluent", "raw"))
@@ -315,8 +317,8 @@ class PipelineOptions:
                 parse_offsets_spec(self.ending_offsets, "--ending-offsets", ending=True)
         except OffsetsSpecError as exc:
             raise PipelineError(str(exc)) from exc
-        if self.value_format not in (None, "json", "avro"):
-            raise PipelineError(f"value format must be json or avro, got {self.value_format!r}")
+        if self.value_format not in (None, "json", "avro", "json-schema"):
+            raise PipelineError(f"value format must be json, avro or json-schema, got {self.value_format!r}")
         if self.value_format == "avro" and not self.value_schema and not self.schema_registry:
             raise PipelineError("Avro values need a value schema (--value-schema) or a Schema Registry "
                                 "(--schema-registry-url, whose subject's latest version is the table's schema)")
@@ -330,9 +332,11 @@ class PipelineOptions:
                                 "(one topic's default is <topic>-value)")
         if self.avro_framing not in ("single-object", "confluent", "raw"):
             raise PipelineError(f"Avro framing must be single-object, confluent or raw, got {self.avro_framing!r}")
-        if self.schema_registry and (self.value_format != "avro" or self.avro_framing != "confluent"):
+        if self.schema_registry and self.value_format != "json-schema" and (
+                self.value_format != "avro" or self.avro_framing != "confluent"):
             raise PipelineError("a Schema Registry (--schema-registry-url) needs --value-format avro --avro-framing "
-                                "confluent: the registry resolves each record's writer schema by its ID")
+                                "confluent (the registry resolves each record's writer schema by its ID) or "
+                                "--value-format json-schema")
         if self.schema_registry and "url" not in self.schema_registry:
             raise PipelineError("Schema Registry settings need a url (--schema-registry-url)")
         if self.transform and ":" not in self.transform:
@@ -366,7 +370,7 @@ class PipelineOptions:
         except ValueError as exc:
             raise PipelineError(f"--table-property {exc}") from exc
         object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
-        if self.value_format == "json" and self.value_schema:
+        if self.value_format in ("json", "json-schema") and self.value_schema:
             from chandy.connectors.spark.ddl import parse_ddl
 
             parse_ddl(self.value_schema)
@@ -403,7 +407,8 @@ class PipelineOptions:
         if self.cdc not in (None, "debezium"):
             raise PipelineError(f"--cdc takes debezium, got {self.cdc!r}")
         if self.cdc and self.value_format is None:
-            raise PipelineError("--cdc debezium needs --value-format json or avro: the change events are decoded")
+            raise PipelineError("--cdc debezium needs --value-format json, avro or json-schema: the change events are "
+                                "decoded")
         if self.cdc and self.transform:
             raise PipelineError("--cdc cannot take a --transform: the merge needs the change records as decoded "
                                 "(their key, operation, partition and offset)")

@@ -26,14 +26,15 @@ def registry_client(settings: Mapping[str, str]) -> Any:
     return _REGISTRY_CLIENTS[key]
 
 
-def latest_avro_schema(settings: Mapping[str, str], subject: str) -> Any:
+def latest_schema(settings: Mapping[str, str], subject: str, schema_type: str = "AVRO") -> Any:
     """The latest version of ``subject`` (``confluent_kafka.schema_registry.RegisteredSchema``:
-    ``schema.schema_str``, ``schema_id``, ``version``), which must be Avro; the registry's
-    ``GET /subjects/{subject}/versions/latest``.
+    ``schema.schema_str``, ``schema_id``, ``version``), which must be of ``schema_type`` (the
+    registry's ``AVRO``, ``JSON`` or ``PROTOBUF``); the registry's ``GET
+    /subjects/{subject}/versions/latest``.
 
     Raises:
         PipelineError: the registry unreachable or refusing (its URL, the subject and why), the
-            subject unknown, or its latest version not Avro.
+            subject unknown, or its latest version of another type.
     """
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
@@ -47,7 +48,7 @@ def latest_avro_schema(settings: Mapping[str, str], subject: str) -> Any:
     except Exception as exc:  # the HTTP client's connection errors, a bad URL: say which registry
         raise PipelineError(f"Schema Registry {url} is unreachable ({type(exc).__name__}: {exc}): the table's "
                             f"schema comes from its subject {subject}") from exc
-    schema_type = getattr(latest.schema, "schema_type", None) or "AVRO"
-    if schema_type != "AVRO":
-        raise PipelineError(f"Schema Registry {url}: subject {subject} holds a {schema_type} schema, not Avro")
+    found = getattr(latest.schema, "schema_type", None) or "AVRO"
+    if found != schema_type:
+        raise PipelineError(f"Schema Registry {url}: subject {subject} holds a {found} schema, not {schema_type}")
     return latest

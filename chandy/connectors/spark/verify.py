@@ -67,9 +67,11 @@ def _raw_reader(decoder: ValueDecoder) -> Callable[[bytes | None], Mapping[str, 
     import json
 
     if decoder.value_format == "json":
+        from chandy.connectors.spark.json_schema import unframe
+
         def read_json(raw: bytes | None) -> Mapping[str, Any]:
             try:
-                value = json.loads(raw) if raw else None
+                value = json.loads(raw if not raw or decoder.json_framing == "plain" else unframe(raw)) if raw else None
             except ValueError:
                 return {}
             return value if isinstance(value, dict) else {}
