@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-import io
 import json
-import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +32,7 @@ import pyarrow as pa
 
 from chandy.connectors.lake.changes import OP_COLUMN
 from chandy.connectors.spark.evolution import SchemaChangeError, offset_ranges
+from chandy.connectors.spark.value_parsers import _Bad, _TypeChange, avro_parser, protobuf_parser
 from chandy.connectors.type_mapping import Unfit, json_converter, parse_json, plain_numbers
 from chandy.coordinator.errors import ChandyError
 
@@ -52,14 +51,6 @@ BAD_RECORDS_SCHEMA = pa.schema([
 class BadRecordError(ChandyError):
     """A record that does not decode, under ``errors_tolerance="none"``: the message names its
     topic, partition and offset and what was wrong."""
-
-
-class _Bad(Exception):
-    """Internal: why one record is bad."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,15 +137,18 @@ class ValueDecoder:
         fields = [ARROW_SCHEMA.field(c) for c in self.keep] + list(self.columns)
         return pa.schema(fields + ([_op_field()] if self.cdc else []))
 
-    def _parser(self, on_writer: Callable[[int, Any], None] | None = None) -> Callable[[bytes], dict[str, Any]]:
-        """A parser of one value into its fields; ``on_writer(schema ID, parsed JSON)`` is called
-        for each writer schema read the first time (``as_written`` only)."""
+    def _parser(self, on_writer: Callable[[int, pa.Schema, tuple[str, ...]], None] | None = None
+                ) -> Callable[[bytes], dict[str, Any]]:
+        """A parser of one value into its fields; ``on_writer(schema ID, its columns, their names
+        in the value)`` is called for each writer schema read the first time (``as_written`` only)."""
         if self.value_format == "json":
             return _parse_json if self.json_framing == "plain" else lambda raw: _parse_json(_unframed(raw))
+        if self.value_format == "protobuf":
+            return protobuf_parser(self, on_writer)
         if self.as_written:
-            return self._avro_parser(None, on_writer)
+            return avro_parser(self, None, on_writer)
         assert self.avro_schema is not None
-        return self._avro_parser(self.avro_schema)
+        return avro_parser(self, self.avro_schema)
 
     def key_parser(self) -> Callable[[bytes | None], dict[str, Any]]:
         """With ``cdc``: a function from a record's key to its fields (see ``key_schema``).
@@ -164,9 +158,9 @@ class ValueDecoder:
 
         avro = None
         if self.key_schema is not None:
-            avro = self._avro_parser(self.key_schema)
+            avro = avro_parser(self, self.key_schema)
         elif self.avro_framing == "confluent" and self.schema_registry:
-            avro = self._avro_parser(None)
+            avro = avro_parser(self, None)
 
         def parse(raw: bytes | None) -> dict[str, Any]:
             if avro is None or raw is None or raw[:1] == b"{":
@@ -182,80 +176,6 @@ class ValueDecoder:
         """With ``cdc``: the key columns of a change whose key is ``raw``: ``id_columns``, else
         the key's fields (raises ``ChangeEventError`` for a key that does not parse)."""
         return self.id_columns or tuple(self.key_parser()(raw))
-
-    def _avro_parser(self, schema_text: str | None,
-                     on_writer: Callable[[int, Any], None] | None = None) -> Callable[[bytes], dict[str, Any]]:
-        """A parser of Avro records of ``schema_text`` in ``avro_framing`` (None: the Confluent
-        framing's writer schema, from the Schema Registry, read as written; ``on_writer`` is
-        called with each writer schema's ID and JSON the first time it is read)."""
-        import fastavro
-
-        from chandy.connectors.spark.avro import reader_schema
-        from chandy.schemas.codec import WireFormatError, fingerprint, split_single_object
-
-        definition = json.loads(schema_text) if schema_text is not None else None
-        # the same bytes, read into the columns' values
-        parsed = fastavro.parse_schema(reader_schema(definition)) if definition is not None else None
-        expected_fp = fingerprint(definition) if definition is not None else b""
-        framing, schema_id = self.avro_framing, self.avro_schema_id
-        registry = dict(self.schema_registry)
-        writers: dict[int, Any] = {}
-
-        def writer_schema(found: int) -> Any:
-            if found not in writers:
-                from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-                from chandy.connectors.spark.registry import registry_client
-
-                try:
-                    text = registry_client(registry).get_schema(found).schema_str
-                except SchemaRegistryError as exc:
-                    if exc.http_status_code == 404:
-                        raise _Bad("UnknownSchemaId", f"schema ID {found} is not in the Schema Registry") from exc
-                    raise
-                try:
-                    definition = json.loads(text)
-                    writers[found] = fastavro.parse_schema(reader_schema(definition))
-                except Exception as exc:  # not Avro (JSON Schema, Protobuf) or not JSON: a bad record
-                    raise _Bad("UnknownSchemaId", f"schema ID {found} is not an Avro schema: {exc}") from exc
-                if on_writer is not None:
-                    on_writer(found, definition)
-            return writers[found]
-
-        def parse_avro(raw: bytes) -> dict[str, Any]:
-            body, writer = raw, parsed
-            if framing == "single-object":
-                try:
-                    found_fp, body = split_single_object(raw)
-                except WireFormatError as exc:
-                    raise _Bad("WireFormatError", str(exc).split(" (at ")[0]) from exc
-                if found_fp != expected_fp:
-                    raise _Bad("WireFormatError", f"unknown writer schema fingerprint {found_fp.hex()} "
-                                                  f"(the value schema's is {expected_fp.hex()})")
-            elif framing == "confluent":
-                if len(raw) < 5 or raw[0] != 0:
-                    raise _Bad("WireFormatError", f"not the Confluent wire format: magic byte {raw[:1].hex() or 'missing'}, "
-                                                  "expected 00 followed by a 4-byte schema ID")
-                found = struct.unpack(">I", raw[1:5])[0]
-                if schema_id is not None and found != schema_id:
-                    raise _Bad("WireFormatError", f"schema ID {found}, expected {schema_id}")
-                body = raw[5:]
-                writer = writer_schema(found) if registry else parsed
-            if writer is None:
-                raise _Bad("WireFormatError", "no Avro schema to read the record with")
-            stream = io.BytesIO(body)
-            try:
-                reader = parsed if parsed is not None and writer is not parsed else None
-                value = fastavro.schemaless_reader(stream, writer, reader)
-            except Exception as exc:  # fastavro raises many types on bad bytes
-                raise _Bad(type(exc).__name__, f"not Avro of the value schema: {exc}") from exc
-            if stream.tell() != len(body):
-                raise _Bad("WireFormatError", f"{len(body) - stream.tell()} trailing byte(s) after the Avro record")
-            if not isinstance(value, dict):
-                raise _Bad("WireFormatError", "the Avro value is not a record")
-            return value
-
-        return parse_avro
 
     def decode(self, batch: pa.RecordBatch, *, vectorized: bool = True) -> tuple[pa.RecordBatch, pa.RecordBatch | None, int]:
         """One batch of Kafka records (:data:`~chandy.connectors.spark.records.ARROW_SCHEMA`): returns
@@ -359,19 +279,17 @@ class ValueDecoder:
         decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
         return decoded, (_bad_batch(batch, bad) if bad else None), skipped
 
-    def _writer_check(self, new_types: dict[str, pa.DataType]) -> Callable[[int, Any], None]:
-        """``as_written``: what to do with a writer schema read the first time: its fields the
-        columns lack are noted in ``new_types`` (their column types); a field of another type
-        than its column raises :class:`_TypeChange` unless Avro's resolution promotes it."""
-        from chandy.connectors.spark.avro import avro_columns, promotes
+    def _writer_check(self, new_types: dict[str, pa.DataType]) -> Callable[[int, pa.Schema, tuple[str, ...]], None]:
+        """``as_written``: what to do with a writer schema read the first time (its columns and
+        their names in the value): its fields the columns lack are noted in ``new_types`` (their
+        column types); a field of another type than its column raises :class:`_TypeChange`
+        unless Avro's resolution (Protobuf's wire compatibility is the same) promotes it."""
+        from chandy.connectors.spark.avro import promotes
 
         known = {name: field for name, field in zip(self.source_names, self.columns, strict=True)}
         first: dict[str, int] = {}
 
-        def check(schema_id: int, definition: Any) -> None:
-            if not isinstance(definition, dict) or definition.get("type") != "record":
-                raise _TypeChange(f"schema ID {schema_id} is not an Avro record")
-            written, names = avro_columns(definition)
+        def check(schema_id: int, written: pa.Schema, names: tuple[str, ...]) -> None:
             for field, name in zip(written, names, strict=True):
                 column = known.get(name)
                 if column is None:
@@ -496,10 +414,6 @@ class ValueDecoder:
 
 #: What a value that does not fit its column raises on its way into Arrow.
 _UNFIT = (Unfit, pa.ArrowException, TypeError, ValueError, decimal.InvalidOperation, OverflowError)
-
-class _TypeChange(Exception):
-    """Internal: a writer schema whose field cannot land in its column (``as_written``)."""
-
 
 def _inferred_type(values: list[Any]) -> pa.DataType | None:
     """The Arrow type of a new field, from its first non-null value (JSON objects become

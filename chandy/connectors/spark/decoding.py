@@ -56,6 +56,8 @@ class PipelineDecoding(PipelineCore):
             return self._decoder_from_registry()
         if opts.value_format == "json-schema" and not opts.value_schema and opts.schema_registry:
             return self._decoder_from_json_schema()
+        if opts.value_format == "protobuf":
+            return self._decoder_from_protobuf()
         if opts.value_format == "avro":
             from chandy.connectors.spark.avro import change_row_schema, value_struct
 
@@ -84,6 +86,15 @@ class PipelineDecoding(PipelineCore):
                       else f.name for f in arrow)
         return arrow, names
 
+    def _with_table_columns(self, columns: pa.Schema, names: tuple[str, ...]) -> tuple[pa.Schema, tuple[str, ...]]:
+        """``columns`` from a registry's schema, then the existing table's other columns (added by
+        earlier writer schemas, which a later version may have dropped): they stay."""
+        if self.table_fields is None:
+            return columns, names
+        table, table_names = self._table_columns()
+        extra = [(f, n) for f, n in zip(table, table_names, strict=True) if n not in names]
+        return pa.schema(list(columns) + [f for f, _ in extra]), names + tuple(n for _, n in extra)
+
     def _decoder_from_registry(self) -> ValueDecoder:
         """Avro with a Schema Registry and no ``--value-schema``: the subject's latest version
         is the table's schema. The columns are its fields (then the table's other columns); each
@@ -109,11 +120,7 @@ class PipelineDecoding(PipelineCore):
         except AvroValueSchemaError as exc:
             raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version} "
                                 f"(schema ID {latest.schema_id}): {exc}") from exc
-        if self.table_fields is not None:  # the table's other columns (added by earlier writer schemas) stay
-            table, table_names = self._table_columns()
-            extra = [(f, n) for f, n in zip(table, table_names, strict=True) if n not in names]
-            columns = pa.schema(list(columns) + [f for f, _ in extra])
-            names = names + tuple(n for _, n in extra)
+        columns, names = self._with_table_columns(columns, names)
         log.info("job %s: the table's schema is subject %s version %d (schema ID %d) from %s", self.job_id, subject,
                  latest.version, latest.schema_id, url)
         decoder = self._make_decoder(columns, names, "ignore" if opts.cdc else self._avro_unknown_fields)
@@ -143,13 +150,38 @@ class PipelineDecoding(PipelineCore):
         except JsonSchemaError as exc:
             raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version} "
                                 f"(schema ID {latest.schema_id}): {exc}") from exc
-        if self.table_fields is not None:
-            table, table_names = self._table_columns()
-            extra = [(f, n) for f, n in zip(table, table_names, strict=True) if n not in names]
-            columns, names = pa.schema(list(columns) + [f for f, _ in extra]), names + tuple(n for _, n in extra)
+        columns, names = self._with_table_columns(columns, names)
         log.info("job %s: the table's schema is subject %s version %d (schema ID %d) from %s", self.job_id, subject,
                  latest.version, latest.schema_id, url)
         return self._make_decoder(columns, names, self._unknown_fields)
+
+    def _decoder_from_protobuf(self) -> ValueDecoder:
+        """``--value-format protobuf``: the first message of the subject's latest schema gives the
+        columns (:mod:`chandy.connectors.spark.protobuf`), then the table's other columns; each
+        record is read with its writer's message, as Avro's ``as_written``.
+
+        Raises:
+            PipelineError: as :func:`~chandy.connectors.spark.registry.latest_schema`, or a schema
+                Chandy cannot read or map (``ProtobufSchemaError``'s message).
+        """
+        import dataclasses
+
+        from chandy.connectors.spark.protobuf import ProtobufSchemaError, arrow_columns, message_descriptor
+        from chandy.connectors.spark.registry import latest_schema, registry_client
+
+        opts = self.options
+        subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
+        latest = latest_schema(opts.schema_registry, subject, "PROTOBUF")
+        try:
+            message = message_descriptor(registry_client(opts.schema_registry), latest.schema_id, [0])
+            columns, names = arrow_columns(message)
+        except ProtobufSchemaError as exc:
+            raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version}: {exc}") from exc
+        columns, names = self._with_table_columns(columns, names)
+        log.info("job %s: the table's schema is message %s of subject %s version %d (schema ID %d) from %s",
+                 self.job_id, message.full_name, subject, latest.version, latest.schema_id, url)
+        decoder = self._make_decoder(columns, names, self._avro_unknown_fields)
+        return dataclasses.replace(decoder, as_written=True, columns_schema_id=latest.schema_id)
 
     @property
     def _avro_unknown_fields(self) -> str:

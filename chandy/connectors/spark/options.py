@@ -28,7 +28,7 @@ SINK_OPERATOR = "lake-sink"
 #: errors a retry cannot fix: the job stops at the first one instead of retrying (a module missing
 #: in the executors' Python survived Spark's own task retries, on any executor it tried)
 DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError", "SchemaChangeError",
-                        "KafkaDataLossError",
+                        "KafkaDataLossError", "ProtobufSchemaError",
                         "ModuleNotFoundError")
 
 #: Chandy's packages a Spark task imports (the layers below the application), shipped to the
@@ -181,9 +181,11 @@ class PipelineOptions:
         "cores or spark.default.parallelism)."))
     master: str = _opt("local[*]", "--master", help="Spark master URL.")
     spark_conf: Mapping[str, str] = _opt({}, "--conf", kind="settings", help="Spark setting (repeatable).")
-    value_format: str | None = _opt(None, "--value-format", choices=("json", "avro", "json-schema"), help=(
-        "Decode values into columns: JSON, Avro, or JSON with Confluent's JSON Schema framing (json-schema: the "
-        "5-byte header of JSONSerializer; with --schema-registry-url the subject's JSON Schema gives the columns)."))
+    value_format: str | None = _opt(None, "--value-format", choices=("json", "avro", "json-schema", "protobuf"), help=(
+        "Decode values into columns: JSON, Avro, JSON with Confluent's JSON Schema framing (json-schema: the "
+        "5-byte header of JSONSerializer; with --schema-registry-url the subject's JSON Schema gives the columns), "
+        "or Confluent-framed Protobuf (protobuf: needs --schema-registry-url, each record read with its writer's "
+        "message)."))
     value_schema: str | None = _opt(None, "--value-schema", read_at_file=True,
                                     help="JSON: Spark DDL (default inferred); Avro: schema JSON or @file.")
     avro_framing: str = _opt("single-object", "--avro-framing", choices=("single-object", "confluent", "raw"))
@@ -317,8 +319,11 @@ class PipelineOptions:
                 parse_offsets_spec(self.ending_offsets, "--ending-offsets", ending=True)
         except OffsetsSpecError as exc:
             raise PipelineError(str(exc)) from exc
-        if self.value_format not in (None, "json", "avro", "json-schema"):
-            raise PipelineError(f"value format must be json, avro or json-schema, got {self.value_format!r}")
+        if self.value_format not in (None, "json", "avro", "json-schema", "protobuf"):
+            raise PipelineError(f"value format must be json, avro, json-schema or protobuf, got {self.value_format!r}")
+        if self.value_format == "protobuf" and (not self.schema_registry or self.value_schema or self.cdc):
+            raise PipelineError("--value-format protobuf reads each record with its writer's message from a Schema "
+                                "Registry: it needs --schema-registry-url, and takes neither --value-schema nor --cdc")
         if self.value_format == "avro" and not self.value_schema and not self.schema_registry:
             raise PipelineError("Avro values need a value schema (--value-schema) or a Schema Registry "
                                 "(--schema-registry-url, whose subject's latest version is the table's schema)")
@@ -332,11 +337,11 @@ class PipelineOptions:
                                 "(one topic's default is <topic>-value)")
         if self.avro_framing not in ("single-object", "confluent", "raw"):
             raise PipelineError(f"Avro framing must be single-object, confluent or raw, got {self.avro_framing!r}")
-        if self.schema_registry and self.value_format != "json-schema" and (
+        if self.schema_registry and self.value_format not in ("json-schema", "protobuf") and (
                 self.value_format != "avro" or self.avro_framing != "confluent"):
             raise PipelineError("a Schema Registry (--schema-registry-url) needs --value-format avro --avro-framing "
-                                "confluent (the registry resolves each record's writer schema by its ID) or "
-                                "--value-format json-schema")
+                                "confluent (the registry resolves each record's writer schema by its ID), "
+                                "--value-format json-schema or --value-format protobuf")
         if self.schema_registry and "url" not in self.schema_registry:
             raise PipelineError("Schema Registry settings need a url (--schema-registry-url)")
         if self.transform and ":" not in self.transform:

@@ -1,0 +1,300 @@
+"""Protobuf values (``--value-format protobuf``) from a Schema Registry: Confluent's framing, the
+writer's message descriptor by schema ID, and which Protobuf fields become which columns.
+
+Confluent's ``ProtobufSerializer`` writes the magic byte ``0``, the 4-byte big-endian schema ID,
+the *message indexes* (the path of the message type in its ``.proto`` file: a zigzag varint
+count, then that many zigzag varints; a single ``0`` byte means ``[0]``, the first message),
+then the Protobuf binary. The schema is fetched from the registry in its serialized form (a
+base64 ``FileDescriptorProto``, ``GET /schemas/ids/{id}?format=serialized``), its references
+(imported ``.proto`` files registered under their own subjects) with it, and decoded with
+protobuf's own runtime (``google.protobuf``).
+
+Columns follow Spark's ``from_protobuf`` (``SchemaConverters``), with ``upcast.unsigned.ints``
+(an unsigned value never turns negative) and ``emit.default.values`` (a field without presence
+lands the value protobuf's runtime reads, 0 or ``""`` when unset):
+
+===============================================  ==========================================
+Protobuf                                         column
+===============================================  ==========================================
+``int32``, ``sint32``, ``sfixed32``              int
+``uint32``, ``fixed32``                          bigint
+``int64``, ``sint64``, ``sfixed64``              bigint
+``uint64``, ``fixed64``                          decimal(20, 0)
+``float`` / ``double`` / ``bool``                float / double / boolean
+``string`` / ``bytes``                           string / binary
+enum                                             string (the value's name; an unknown number
+                                                 as its decimal text)
+message                                          struct, one field per Protobuf field
+``google.protobuf.Timestamp``                    timestamp (UTC, microseconds)
+``repeated T``                                   array<T>
+``map<K, V>``                                    map<K, V>
+===============================================  ==========================================
+
+A field with presence (a message, a proto3 ``optional``, a proto2 field, a ``oneof`` member)
+lands NULL when unset. A message that contains itself has no column type (refused, as
+``from_protobuf`` refuses it without ``recursive.fields.max.depth``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from chandy.coordinator.errors import ChandyError
+
+
+class ProtobufSchemaError(ChandyError):
+    """A Protobuf schema Chandy cannot read from the registry or map to columns (the message
+    says which schema ID or field)."""
+
+
+class ProtobufFramingError(ValueError):
+    """A value that is not Confluent-framed Protobuf (a bad record)."""
+
+
+def _zigzag_varint(raw: bytes, position: int) -> tuple[int, int]:
+    """(the zigzag-decoded varint at ``position``, the position after it)."""
+    shift = result = 0
+    while True:
+        if position >= len(raw) or shift > 63:
+            raise ProtobufFramingError("the message indexes end before their last varint")
+        byte = raw[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), position
+        shift += 7
+
+
+def split_framing(raw: bytes) -> tuple[int, list[int], bytes]:
+    """(schema ID, message indexes, Protobuf binary) of a Confluent-framed Protobuf value.
+
+    Raises:
+        ProtobufFramingError: no magic byte 0, or message indexes that do not parse.
+    """
+    if len(raw) < 6 or raw[0] != 0:
+        raise ProtobufFramingError(f"not the Confluent wire format: magic byte {raw[:1].hex() or 'missing'}, "
+                                   "expected 00, a 4-byte schema ID and the message indexes")
+    schema_id = int.from_bytes(raw[1:5], "big")
+    count, position = _zigzag_varint(raw, 5)
+    if count < 0 or count > 100:
+        raise ProtobufFramingError(f"{count} message indexes")
+    if count == 0:
+        return schema_id, [0], raw[position:]
+    indexes = []
+    for _ in range(count):
+        index, position = _zigzag_varint(raw, position)
+        indexes.append(index)
+    return schema_id, indexes, raw[position:]
+
+
+#: imports every registry serializer leaves out of a schema's references (the runtime's own)
+_BUILTIN_PREFIXES = ("google/protobuf/", "google/type/", "confluent/")
+
+
+def _well_known_pool() -> Any:
+    from google.protobuf import (
+        any_pb2,
+        descriptor_pb2,
+        descriptor_pool,
+        duration_pb2,
+        empty_pb2,
+        field_mask_pb2,
+        struct_pb2,
+        timestamp_pb2,
+        wrappers_pb2,
+    )
+
+    pool = descriptor_pool.DescriptorPool()
+    for module in (any_pb2, descriptor_pb2, duration_pb2, empty_pb2, field_mask_pb2, struct_pb2, timestamp_pb2,
+                   wrappers_pb2):
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    return pool
+
+
+def _file_proto(name: str, schema_str: str, where: str) -> Any:
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    try:
+        proto.ParseFromString(base64.b64decode(schema_str.encode("ascii"), validate=True))
+    except (ValueError, UnicodeEncodeError, DecodeError) as exc:
+        raise ProtobufSchemaError(
+            f"{where}: the registry returned the schema as .proto text, not as a serialized descriptor "
+            "(format=serialized, which Confluent's registry serves; Apicurio 2.x answers text for schemas "
+            "registered as text): Chandy reads Protobuf schemas in their serialized form only") from exc
+    proto.name = name
+    return proto
+
+
+def message_descriptor(registry: Any, schema_id: int, indexes: list[int]) -> Any:
+    """The writer's message descriptor: schema ``schema_id`` (and its references) from
+    ``registry`` (a ``SchemaRegistryClient``) in a pool of its own, the message at ``indexes``.
+
+    Raises:
+        ProtobufSchemaError: the schema is not Protobuf, not serialized, or has no such message.
+    """
+    schema = registry.get_schema(schema_id, fmt="serialized")
+    if (getattr(schema, "schema_type", None) or "AVRO") != "PROTOBUF":
+        raise ProtobufSchemaError(f"schema ID {schema_id} is a {schema.schema_type} schema, not Protobuf")
+    pool = _well_known_pool()
+    _add_references(registry, schema, pool, set())
+    proto = _file_proto(f"chandy-schema-{schema_id}.proto", schema.schema_str, f"schema ID {schema_id}")
+    descriptor = pool.AddSerializedFile(proto.SerializeToString())
+    messages = list(descriptor.message_types_by_name.values())
+    found: Any = None
+    for depth, index in enumerate(indexes):
+        choices = messages if depth == 0 else list(found.nested_types)
+        if not 0 <= index < len(choices):
+            raise ProtobufSchemaError(f"schema ID {schema_id} has no message at indexes {indexes}")
+        found = choices[index]
+    return found
+
+
+def _add_references(registry: Any, schema: Any, pool: Any, seen: set[str]) -> None:
+    for reference in schema.references or ():
+        if reference.name.startswith(_BUILTIN_PREFIXES) or reference.name in seen:
+            continue
+        seen.add(reference.name)
+        referred = registry.get_version(reference.subject, reference.version, True, "serialized").schema
+        _add_references(registry, referred, pool, seen)
+        pool.AddSerializedFile(_file_proto(reference.name, referred.schema_str,
+                                           f"reference {reference.name}").SerializeToString())
+
+
+_TIMESTAMP = "google.protobuf.Timestamp"
+
+
+def arrow_columns(message: Any) -> tuple[pa.Schema, tuple[str, ...]]:
+    """A message descriptor's fields as landed columns (see the module docstring): (Arrow
+    fields, each one's Protobuf field name); a field named like a Kafka column lands as
+    ``value_<name>``.
+
+    Raises:
+        ProtobufSchemaError: a message that contains itself.
+    """
+    from chandy.connectors.spark.records import ARROW_SCHEMA
+
+    fields = [pa.field(f.name, _field_type(f, (message.full_name,))) for f in message.fields]
+    renamed = [f.with_name(f"value_{f.name}") if f.name in ARROW_SCHEMA.names else f for f in fields]
+    return pa.schema(renamed), tuple(f.name for f in fields)
+
+
+def _is_map(field: Any) -> bool:
+    kind = field.message_type
+    return kind is not None and kind.GetOptions().map_entry
+
+
+def _is_repeated(field: Any) -> bool:
+    repeated = getattr(field, "is_repeated", None)  # protobuf 6+; label before
+    return bool(field.label == field.LABEL_REPEATED if repeated is None else repeated)
+
+
+def _field_type(field: Any, stack: tuple[str, ...]) -> pa.DataType:
+    if _is_map(field):
+        entry = field.message_type
+        return pa.map_(_scalar_type(entry.fields_by_name["key"], stack),
+                       _scalar_type(entry.fields_by_name["value"], stack))
+    kind = _scalar_type(field, stack)
+    return pa.list_(kind) if _is_repeated(field) else kind
+
+
+def _scalar_type(field: Any, stack: tuple[str, ...]) -> pa.DataType:
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    kind = field.type
+    if kind in (F.TYPE_INT32, F.TYPE_SINT32, F.TYPE_SFIXED32):
+        return pa.int32()
+    if kind in (F.TYPE_UINT32, F.TYPE_FIXED32, F.TYPE_INT64, F.TYPE_SINT64, F.TYPE_SFIXED64):
+        return pa.int64()
+    if kind in (F.TYPE_UINT64, F.TYPE_FIXED64):
+        return pa.decimal128(20, 0)
+    simple = {F.TYPE_FLOAT: pa.float32(), F.TYPE_DOUBLE: pa.float64(), F.TYPE_BOOL: pa.bool_(),
+              F.TYPE_STRING: pa.string(), F.TYPE_BYTES: pa.binary(), F.TYPE_ENUM: pa.string()}
+    if kind in simple:
+        return simple[kind]
+    message = field.message_type
+    if message.full_name == _TIMESTAMP:
+        return pa.timestamp("us", tz="UTC")
+    if message.full_name in stack:
+        raise ProtobufSchemaError(f"field {field.full_name}: message {message.full_name} contains itself "
+                                  "(recursive messages have no column type)")
+    return pa.struct([pa.field(f.name, _field_type(f, (*stack, message.full_name))) for f in message.fields])
+
+
+def message_values(message: Any) -> dict[str, Any]:
+    """A parsed message's fields as column values: a field with presence that is unset is None,
+    one without presence its runtime value (see the module docstring)."""
+    return {field.name: _value(message, field) for field in message.DESCRIPTOR.fields}
+
+
+def _value(message: Any, field: Any) -> Any:
+    if _is_map(field):
+        entry = field.message_type
+        value_field = entry.fields_by_name["value"]
+        return [(key, _scalar(value, value_field)) for key, value in getattr(message, field.name).items()]
+    if _is_repeated(field):
+        return [_scalar(v, field) for v in getattr(message, field.name)]
+    if field.has_presence and not message.HasField(field.name):
+        return None
+    return _scalar(getattr(message, field.name), field)
+
+
+def _scalar(value: Any, field: Any) -> Any:
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    if field.type == F.TYPE_ENUM:
+        named = field.enum_type.values_by_number.get(value)
+        return named.name if named is not None else str(value)
+    if field.type in (F.TYPE_UINT64, F.TYPE_FIXED64):
+        return decimal.Decimal(value)
+    if field.type == F.TYPE_MESSAGE:
+        if field.message_type.full_name == _TIMESTAMP:
+            return datetime.datetime.fromtimestamp(value.seconds, datetime.UTC) + datetime.timedelta(
+                microseconds=value.nanos // 1000)
+        return message_values(value)
+    return value
+
+
+class ProtobufReader:
+    """Reads Confluent-framed Protobuf values with each one's writer schema (cached per schema ID
+    and message indexes). ``registry``: a ``SchemaRegistryClient``."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+        self._classes: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+    def writer(self, schema_id: int, indexes: list[int]) -> tuple[Any, bool]:
+        """(the message class of the writer, whether it is read here the first time)."""
+        key = (schema_id, tuple(indexes))
+        if key in self._classes:
+            return self._classes[key], False
+        from google.protobuf import message_factory
+
+        self._classes[key] = message_factory.GetMessageClass(message_descriptor(self.registry, schema_id, indexes))
+        return self._classes[key], True
+
+    def read(self, raw: bytes) -> tuple[int, Any, Mapping[str, Any], bool]:
+        """(schema ID, the writer's message descriptor, the value's fields, whether the writer is
+        new to this reader).
+
+        Raises:
+            ProtobufFramingError: not framed, or bytes that are not a message of the writer's type.
+            ProtobufSchemaError: the writer's schema cannot be read (see :func:`message_descriptor`).
+        """
+        from google.protobuf.message import DecodeError
+
+        schema_id, indexes, body = split_framing(raw)
+        cls, new = self.writer(schema_id, indexes)
+        message = cls()
+        try:
+            message.ParseFromString(body)
+        except DecodeError as exc:
+            raise ProtobufFramingError(f"not a Protobuf {cls.DESCRIPTOR.full_name}: {exc}") from exc
+        return schema_id, cls.DESCRIPTOR, message_values(message), new

@@ -1,0 +1,53 @@
+"""Issue 45: Protobuf values read with each record's writer message from a real Schema Registry
+(Apicurio's Confluent API, :mod:`tests.fixtures.schema_registry`) and produced by confluent-kafka's
+own ``ProtobufSerializer``, decoded without Spark and compared field by field with protobuf's
+runtime: the column mapping of every kind of field, presence, a writer that adds a field, a
+value that is not framed."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from chandy.connectors.spark.decode import ValueDecoder
+from chandy.connectors.spark.protobuf import arrow_columns, message_descriptor, split_framing
+from chandy.connectors.spark.records import to_record_batch
+from tests.fixtures.messages import FakeMessage as Message
+from tests.fixtures.protobuf_messages import expected_row, order, order_class
+
+
+def test_protobuf_values_land_as_the_runtime_reads_them_and_a_new_field_adds_a_column(schema_registry_url) -> None:
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    topic = f"pb{uuid.uuid4().hex[:8]}"
+    context = SerializationContext(topic, MessageField.VALUE)
+    v1, v2 = order_class(1), order_class(2)
+    serialize_v1 = ProtobufSerializer(v1, registry, {"auto.register.schemas": True})
+    serialize_v2 = ProtobufSerializer(v2, registry, {"auto.register.schemas": True,
+                                                     "subject.name.strategy": lambda c, r: f"{topic}-v2"})
+    messages = [order(v1, i) for i in range(12)] + [order(v2, i) for i in range(12, 24)]
+    raw = [(serialize_v1 if m.DESCRIPTOR is v1.DESCRIPTOR else serialize_v2)(m, context) for m in messages]
+    latest = registry.get_latest_version(f"{topic}-value")
+    assert split_framing(raw[0])[:2] == (latest.schema_id, [0])
+    columns, names = arrow_columns(message_descriptor(registry, latest.schema_id, [0]))
+    assert [(f.name, str(f.type)) for f in columns] == [
+        ("id", "int64"), ("qty", "int32"), ("note", "string"), ("status", "string"), ("tags", "list<item: string>"),
+        ("attrs", "map<string, int64>"), ("at", "timestamp[us, tz=UTC]"), ("big", "decimal128(20, 0)"),
+        ("address", "struct<city: string, zip: int32>"), ("count", "int64")]
+    decoder = ValueDecoder("protobuf", columns, names, ("offset",), schema_registry=(("url", schema_registry_url),),
+                           unknown_fields="add", as_written=True, columns_schema_id=latest.schema_id,
+                           errors_tolerance="all")
+    batch = to_record_batch([Message(i, r) for i, r in enumerate(raw)] + [Message(24, b"\x01not framed")])
+    decoded, bad, _ = decoder.decode(batch)
+    assert decoded.schema.field("price").type == pa.float64()  # V2's field, typed as its writer says
+    rows = decoded.to_pylist()
+    assert len(rows) == 24
+    for row, message in zip(rows, messages, strict=True):
+        expected = {"price": None, **expected_row(message)}
+        row["attrs"] = sorted(row["attrs"])
+        assert {k: row[k] for k in expected} == expected, row["offset"]
+    assert bad is not None and bad.column("error_class").to_pylist() == ["WireFormatError"]
+    assert "magic byte 01" in bad.column("error_message")[0].as_py()
