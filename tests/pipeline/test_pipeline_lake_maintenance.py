@@ -81,3 +81,31 @@ def test_optimize_during_a_run_keeps_every_record_exactly_once(lake_spark, kafka
     rows = DeltaTable(table).to_pyarrow_table().select(["topic", "partition", "offset"]).to_pylist()
     keys = [(r["topic"], r["partition"], r["offset"]) for r in rows]
     assert len(keys) == len(set(keys)) == 650 and set(keys) == all_offsets(kafka_bootstrap_servers, topic)
+
+
+def test_vacuum_every_deletes_what_the_jobs_compactions_removed_while_it_runs(lake_spark, kafka_bootstrap_servers,
+                                                                              tmp_path: Path) -> None:
+    """Issue 47 (maintenance inside the job): --optimize-every 2 --vacuum-every 2
+    --vacuum-retention-hours 0 compacts and then vacuums while the pipeline runs: the table's
+    history holds VACUUM commits between the pipeline's, the files compactions removed are gone
+    from storage, and every record is still in the table exactly once."""
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(300)])
+    table = tmp_path / "t"
+    options = PipelineOptions(table_uri=str(table), bootstrap_servers=kafka_bootstrap_servers, topics=(topic,),
+                              stop_when_drained=True, prefix=f"lv{uuid.uuid4().hex[:6]}", max_records_per_checkpoint=25,
+                              optimize_every=2, vacuum_every=2, vacuum_retention_hours=0.0,
+                              restart_backoff_initial_ms=100)
+    pipeline = Pipeline(options, spark=lake_spark)
+    assert pipeline.run().records_landed == 300
+    history = DeltaTable(str(table)).history()
+    vacuums = [c for c in history if c["operation"] == "VACUUM END"]
+    assert vacuums, [c["operation"] for c in history]
+    pipeline_commits = [c["version"] for c in history if c.get("chandy.job_id") == pipeline.job_id]
+    assert min(c["version"] for c in vacuums) < max(pipeline_commits)  # while the job ran, not after it
+    compacted = sum(int(c["operationMetrics"]["numFilesRemoved"]) for c in history if c["operation"] == "OPTIMIZE")
+    assert compacted > 0
+    # every file a compaction removed is gone: storage holds exactly what the table references
+    referenced = {Path(u).name for u in DeltaTable(str(table)).file_uris()}
+    assert {p.name for p in table.rglob("*.parquet")} == referenced
+    assert not DeltaLakeSink(str(table)).removed_files()
+    assert verify_table(pipeline.sink, kafka_bootstrap_servers, [topic]) == (300, 0, 0)

@@ -350,3 +350,35 @@ def test_records_gone_from_kafka_end_the_job_then_are_skipped_only_when_asked(sp
     assert rest.records_landed == 80
     assert group_offsets(kafka_bootstrap_servers, "g-" + prefix, topic, 1) == {0: 200}
 
+
+
+def test_min_records_per_checkpoint_waits_for_enough_records_up_to_the_max_trigger_delay(
+        spark, kafka_bootstrap_servers, tmp_path) -> None:
+    """Issue 47 (Spark's minOffsetsPerTrigger with maxTriggerDelay): with 10 records waiting and
+    --min-records-per-checkpoint 50, a running job triggers no checkpoint (without the option it
+    lands the 10 at once); 45 more arrive and one checkpoint lands all 55; then 5 records wait
+    until --max-trigger-delay (2 s) has passed and land in a checkpoint of their own."""
+    import threading
+
+    topic = make_topic(kafka_bootstrap_servers, [f"m{i}".encode() for i in range(10)], partitions=1)
+    table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
+    opts = options(kafka_bootstrap_servers, topic, table, prefix, stop_when_drained=False, max_checkpoints=1,
+                   checkpoint_interval_ms=100, min_records_per_checkpoint=50, max_trigger_delay_ms=600_000)
+    pipeline = Pipeline(opts, spark=spark)
+    results: list = []
+    thread = threading.Thread(target=lambda: results.append(pipeline.run()))
+    thread.start()
+    deadline = time.monotonic() + 120
+    while pipeline.service is None or pipeline.service.job_status != "RUNNING":
+        assert time.monotonic() < deadline and thread.is_alive(), "the job never ran"
+        time.sleep(0.1)
+    time.sleep(3)  # 30 intervals of 100 ms: without the minimum, checkpoint 1 would hold the 10
+    produce(kafka_bootstrap_servers, topic, [f"n{i}".encode() for i in range(45)], 1)
+    thread.join(120)
+    assert results and results[0].records_landed == 55 and len(landed(table)) == 55
+    produce(kafka_bootstrap_servers, topic, [f"o{i}".encode() for i in range(5)], 1)
+    delayed = Pipeline(PipelineOptions(**{**opts.__dict__, "max_trigger_delay_ms": 2000}), spark=spark)
+    started = time.monotonic()
+    assert delayed.run().records_landed == 5
+    assert time.monotonic() - started >= 2.0  # held back for the delay, then triggered with 5 < 50
+    assert sorted(o for _, _, o in landed(table)) == list(range(60))

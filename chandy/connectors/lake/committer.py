@@ -79,6 +79,10 @@ class LakeCommitter:
             a multiple of this, on a thread of its own, concurrently with the next checkpoints;
             None: never. A failed compaction is logged, never fails the job.
         optimize_target_size: the compacted files' size in bytes (None: the sink's default).
+        vacuum_every: after every checkpoint whose ID is a multiple of this, on the same thread
+            after any compaction, delete what the tables removed more than
+            ``vacuum_retention_hours`` ago (``sink.vacuum``: Delta's lite VACUUM, Iceberg's
+            expire snapshots); None: never. A failed vacuum is logged, never fails the job.
         open_table: opens the sink of a table the job routes records to (``--route``), by its
             normalised URI; None: every file belongs to ``sink``.
         changes: the files are change files (``--cdc``): each table applies them as an upsert
@@ -95,7 +99,8 @@ class LakeCommitter:
                  offsets_of: Callable[[CheckpointMetadata], OffsetRanges] | None = None,
                  cluster_id: str | None = None, optimize_every: int | None = None,
                  optimize_target_size: int | None = None, open_table: Callable[[str], LakeSink] | None = None,
-                 changes: bool = False) -> None:
+                 changes: bool = False, vacuum_every: int | None = None,
+                 vacuum_retention_hours: float = 168.0) -> None:
         self.context = context
         self.open_table = open_table
         self.changes = changes
@@ -111,6 +116,8 @@ class LakeCommitter:
         self.cluster_id = cluster_id
         self.optimize_every = optimize_every
         self.optimize_target_size = optimize_target_size
+        self.vacuum_every, self.vacuum_retention_hours = vacuum_every, vacuum_retention_hours
+        self.vacuumed: list[list[str]] = []  # the paths each vacuum of this run deleted
         self.committed_checkpoints: list[int] = []
         self.records_committed = 0
         self.table_offsets: dict[TP, int] = {}  # what the table holds for this job, per partition
@@ -132,9 +139,12 @@ class LakeCommitter:
             self._optimizer.shutdown(wait=True)
 
     def _maybe_optimize(self, checkpoint_id: int, sinks: list[LakeSink]) -> None:
-        """Start a compaction of ``sinks`` (the tables the checkpoint committed to) after every
-        ``optimize_every``-th checkpoint, unless one still runs."""
-        if not self.optimize_every or checkpoint_id % self.optimize_every:
+        """Start the table maintenance due after checkpoint ``checkpoint_id`` on ``sinks`` (the
+        tables the checkpoint committed to): a compaction after every ``optimize_every``-th
+        checkpoint, then a vacuum after every ``vacuum_every``-th, unless the last still runs."""
+        compact = bool(self.optimize_every) and not checkpoint_id % (self.optimize_every or 1)
+        vacuum = bool(self.vacuum_every) and not checkpoint_id % (self.vacuum_every or 1)
+        if not compact and not vacuum:
             return
         if self._optimizing is not None and not self._optimizing.done():
             log.info("checkpoint %d: the previous compaction still runs; not starting another", checkpoint_id)
@@ -146,9 +156,12 @@ class LakeCommitter:
         def optimize() -> None:
             for sink in sinks:
                 try:
-                    self.optimizations.append(sink.optimize(target_size=target_size))
+                    if compact:
+                        self.optimizations.append(sink.optimize(target_size=target_size))
+                    if vacuum:
+                        self.vacuumed.append(sink.vacuum(retention_hours=self.vacuum_retention_hours))
                 except Exception as exc:  # noqa: BLE001 - storage and delta-rs errors alike: the next one may succeed
-                    log.warning("compaction of %s after checkpoint %d failed (the pipeline goes on): %s",
+                    log.warning("maintenance of %s after checkpoint %d failed (the pipeline goes on): %s",
                                 sink.table_uri, checkpoint_id, exc)
 
         self._optimizing = self._optimizer.submit(optimize)
@@ -490,11 +503,14 @@ class LakeCommitterProvider:
     optimize_target_size: int | None = None
     open_table: Callable[[str], LakeSink] | None = None
     changes: bool = False
+    vacuum_every: int | None = None
+    vacuum_retention_hours: float = 168.0
 
     def create(self, context: Any) -> LakeCommitter:
         return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id,
                              optimize_every=self.optimize_every, optimize_target_size=self.optimize_target_size,
-                             open_table=self.open_table, changes=self.changes)
+                             open_table=self.open_table, changes=self.changes, vacuum_every=self.vacuum_every,
+                             vacuum_retention_hours=self.vacuum_retention_hours)
 
 
 def _table_of(checkpoint_data: bytes | None) -> str | None:

@@ -169,6 +169,13 @@ class PipelineOptions:
         "the run starts; it stops with exit 0 once every partition reached its end."))
     max_records_per_checkpoint: int | None = _opt(None, "--max-records-per-checkpoint", minimum=1,
                                                   help="Cap per partition per checkpoint (micro-batch).")
+    min_records_per_checkpoint: int | None = _opt(None, "--min-records-per-checkpoint", minimum=1, help=(
+        "Spark's minOffsetsPerTrigger: a periodic checkpoint waits until the topics hold at least this many "
+        "records to land, or --max-trigger-delay has passed since the last one (fewer, larger files at low "
+        "traffic; not in a bounded run: --until-drained, --ending-offsets)."))
+    max_trigger_delay_ms: int = _opt(900_000, "--max-trigger-delay", minimum=0, help=(
+        "Spark's maxTriggerDelay, in ms: how long --min-records-per-checkpoint may hold back a checkpoint "
+        "while some records wait."))
     checkpoint_interval_ms: int = _opt(0, "--checkpoint-interval", minimum=0, help=(
         "Minimum ms between checkpoint triggers (0: back to back while there is lag)."))
     checkpoint_timeout_ms: int = _opt(300_000, "--checkpoint-timeout", minimum=1,
@@ -245,6 +252,13 @@ class PipelineOptions:
         "Compact the table's small files after every K-th checkpoint, while the pipeline runs."))
     optimize_target_size: int | None = _opt(None, "--optimize-target-size", minimum=1, metavar="BYTES",
                                             help="With --optimize-every: the compacted files' size (default: the table format's).")
+    vacuum_every: int | None = _opt(None, "--vacuum-every", minimum=1, metavar="K", help=(
+        "After every K-th checkpoint, while the pipeline runs (after any compaction): delete what the table "
+        "removed more than --vacuum-retention-hours ago (Delta: lite VACUUM; Iceberg: expire snapshots), as "
+        "`chandy lake vacuum` does."))
+    vacuum_retention_hours: float = _opt(168.0, "--vacuum-retention-hours", metavar="HOURS", help=(
+        "With --vacuum-every: how long removed files and old snapshots stay readable by time travel (Delta's "
+        "delta.deletedFileRetentionDuration default, 7 days)."))
     catalog_properties: Mapping[str, str] = _opt({}, "--catalog-property", kind="settings", help=(
         "pyiceberg catalog property for iceberg:// tables (repeatable; default: a SQLite catalog and local warehouse)."))
     table_properties: Mapping[str, str] = _opt({}, "--table-property", kind="settings", help=(
@@ -361,6 +375,8 @@ class PipelineOptions:
                                 "fails the micro-batch), as Kafka Connect's errors.deadletterqueue.topic.name")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise PipelineError(f"--metrics-port takes a port 0-65535, got {self.metrics_port}")
+        if self.vacuum_retention_hours < 0:
+            raise PipelineError(f"--vacuum-retention-hours takes hours >= 0, got {self.vacuum_retention_hours}")
         if self.optimize_target_size is not None and self.optimize_target_size < 1:
             raise PipelineError(f"--optimize-target-size takes bytes >= 1, got {self.optimize_target_size}")
         self._check_routing_and_cdc()

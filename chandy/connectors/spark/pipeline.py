@@ -166,7 +166,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                                                          cluster_id=self.cluster_id, optimize_every=opts.optimize_every,
                                                          optimize_target_size=opts.optimize_target_size,
                                                          open_table=self._routed_table if opts.routes else None,
-                                                         changes=opts.cdc is not None),
+                                                         changes=opts.cdc is not None, vacuum_every=opts.vacuum_every,
+                                                         vacuum_retention_hours=opts.vacuum_retention_hours),
                                    KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
             prefix=opts.prefix, producer_overrides=opts.driver_producer_overrides,
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
@@ -342,6 +343,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 if time.monotonic() > deadline:
                     raise PipelineError("partition discovery found no partitions within 60 s")
                 time.sleep(0.05)
+            last_trigger = time.monotonic()
             while True:
                 if self._stop.is_set():
                     stopped_because = ("stopped by " + signal.Signals(self.stop_signal).name if self.stop_signal
@@ -369,6 +371,9 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 if (request is not None and request[0].request_type is ControlRequestType.STOP_WITH_SAVEPOINT
                         and request[0].drain and sum(lag.values()) > 0):
                     self._draining, request = request, None  # land what is available first (Flink's --drain)
+                if request is None and self._holding_back(sum(lag.values()), last_trigger):
+                    self._idle(IDLE_POLL_S)  # Spark's minOffsetsPerTrigger: wait for more, up to maxTriggerDelay
+                    continue
                 if request is None and sum(lag.values()) == 0:
                     if self.reached_ending_offsets():
                         stopped_because = f"reached --ending-offsets {opts.ending_offsets}"
@@ -382,7 +387,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     # look for new records often, so the first one after an idle spell waits little
                     self._idle(IDLE_POLL_S)
                     continue
-                batch_started = time.monotonic()
+                batch_started = last_trigger = time.monotonic()
                 started_ms = time.time() * 1000
                 trigger = self._trigger_for(request)
                 checkpoint_id = trigger.checkpoint_id or -1  # None: refused before it got an ID
@@ -514,6 +519,18 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         phases = {"trigger": ranges_ms - started_ms, "tasks": acked - ranges_ms, "finalize": completed - acked,
                   "lake_commit": committed - completed, "notify": done_ms - committed - job_end, "job_end": job_end}
         return {k: round(max(0.0, v), 1) for k, v in phases.items()}
+
+    def _holding_back(self, lag: int, last_trigger: float) -> bool:
+        """Whether a periodic checkpoint waits for more records (Spark's ``minOffsetsPerTrigger``
+        with ``maxTriggerDelay``): some are there, fewer than ``--min-records-per-checkpoint``,
+        and the last trigger is less than ``--max-trigger-delay`` ago; never in a bounded run nor
+        while a stop with ``--drain`` lands what is there."""
+        opts = self.options
+        if opts.min_records_per_checkpoint is None or lag == 0 or opts.stop_when_drained or opts.ending_offsets \
+                or self._draining is not None:
+            return False
+        return lag < opts.min_records_per_checkpoint and \
+            time.monotonic() - last_trigger < opts.max_trigger_delay_ms / 1000
 
     def _record_failure(self, reason: str) -> None:
         """Make the job FAILED in the log and on the events topic before the run exits (issue 36:
