@@ -136,3 +136,45 @@ def with_logical_types(schema: Any, side: str, row: dict[str, Any]) -> dict[str,
         if logical is not None and row.get(name) is not None:
             row[name] = logical(row[name], field)
     return row
+
+
+#: ``--cdc-op-field`` values (any case) that delete, and those that upsert (Kafka Connect's Iceberg
+#: sink's I / U / D, and Debezium's c / u / r / d)
+_UPSERT_FIELD_OPS = ("i", "u", "c", "r")
+
+
+def upsert_row(value: Mapping[str, Any], op_field: str | None) -> tuple[dict[str, Any], str]:
+    """The row and operation of a ``--cdc upsert`` value: the value itself is the row; its
+    ``op_field`` (Kafka Connect Iceberg sink's ``iceberg.tables.cdc-field``), when given and
+    present, says ``D`` (delete) or ``I``/``U``/``C``/``R`` (upsert), in any case; otherwise the
+    row is upserted. (A tombstone, a null value, deletes its key's row: the caller's concern.)
+
+    Raises:
+        ChangeEventError: an operation field of another value.
+    """
+    op = "u"
+    if op_field is not None and value.get(op_field) is not None:
+        given = str(value[op_field]).lower()
+        if given == DELETE_OP:
+            op = DELETE_OP
+        elif given not in _UPSERT_FIELD_OPS:
+            raise ChangeEventError(f"field {op_field} is {value[op_field]!r}: --cdc-op-field takes I, U, C, R (upsert) "
+                                   "or D (delete)")
+    return dict(value), op
+
+
+def scalar_key(raw: bytes | None) -> Any:
+    """A key that is no JSON object (``--cdc upsert`` on a compacted topic keyed by ``42`` or
+    ``"a-1"``): its JSON value when it is JSON, else its UTF-8 text; None for no key, a JSON
+    object or bytes that are not text."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None if isinstance(value, dict | list) or value is None else value
+

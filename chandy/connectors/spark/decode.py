@@ -90,6 +90,9 @@ class ValueDecoder:
             None: keys are JSON, or, with the Confluent framing and a Schema Registry, Avro
             whose writer schema the registry gives.
         id_columns: with ``cdc``, the key columns of the rows (empty: the key's fields).
+        op_field: with ``cdc="upsert"``, the value's field holding the operation (Kafka Connect
+            Iceberg sink's ``cdc-field``: ``D`` deletes, ``I``/``U``/``C``/``R`` upsert, any case);
+            None: every value upserts, a tombstone deletes.
         as_written: with a Schema Registry and no ``--value-schema`` (the registry is the source
             of the schema): each record is read with its own writer schema, as written, with no
             resolution against ``avro_schema`` (which only gave the starting ``columns``). A field
@@ -124,6 +127,7 @@ class ValueDecoder:
     cdc: str | None = None
     key_schema: str | None = None
     id_columns: tuple[str, ...] = ()
+    op_field: str | None = None
     as_written: bool = False
     columns_schema_id: int | None = None
     json_framing: str = "plain"
@@ -194,7 +198,7 @@ class ValueDecoder:
 
             values = unframe_column(values)  # None: a value is not framed, read value by value
             vectorized = vectorized and values is not None
-        if vectorized and self.value_format == "json" and self.cdc is not None and self.unknown_fields == "ignore":
+        if vectorized and self.value_format == "json" and self.cdc == "debezium" and self.unknown_fields == "ignore":
             from chandy.connectors.spark.json_batch import decode_json_change_batch
 
             changes = decode_json_change_batch(values, self.columns, self.source_names,
@@ -328,7 +332,9 @@ class ValueDecoder:
             DELETE_OP,
             ChangeEventError,
             change_row,
+            scalar_key,
             unwrap_payload,
+            upsert_row,
             with_logical_types,
         )
 
@@ -337,7 +343,14 @@ class ValueDecoder:
         id_columns = self.id_columns
 
         def key_row(i: int) -> dict[str, Any]:
-            fields = key_of(keys[i].as_py())
+            raw_key = keys[i].as_py()
+            try:
+                fields = key_of(raw_key)
+            except ChangeEventError:
+                plain = scalar_key(raw_key) if self.cdc == "upsert" and len(id_columns) == 1 else None
+                if plain is None:
+                    raise
+                return {id_columns[0]: plain}  # a compacted topic's plain key ("42", 42) is the one id column
             if id_columns:
                 missing = [c for c in id_columns if c not in fields]
                 if missing:
@@ -360,8 +373,11 @@ class ValueDecoder:
                     return key_row(i), DELETE_OP
                 if not isinstance(envelope, dict):
                     raise _Bad("JsonParseError", f"not a JSON object but {type(envelope).__name__}")
-                row, op = change_row(envelope, lambda: key_row(i))
-                if envelope is not value:  # the JSON converter's schema says which fields are logical types
+                if self.cdc == "upsert":
+                    row, op = upsert_row(envelope, self.op_field)
+                else:
+                    row, op = change_row(envelope, lambda: key_row(i))
+                if envelope is not value and self.cdc == "debezium":  # the JSON converter's schema: logical types
                     row = with_logical_types(value.get("schema"), "before" if op == DELETE_OP else "after", row)
                 missing = [c for c in (id_columns or ()) if row.get(c) is None]
                 if missing:

@@ -43,7 +43,7 @@ class PipelineDecoding(PipelineCore):
                             avro_schema_id=opts.avro_schema_id, unknown_fields=unknown_fields,
                             tombstones=opts.tombstones, errors_tolerance=opts.errors_tolerance,
                             schema_registry=tuple(sorted(opts.schema_registry.items())), cdc=opts.cdc,
-                            key_schema=opts.key_schema, id_columns=tuple(opts.id_columns),
+                            key_schema=opts.key_schema, id_columns=tuple(opts.id_columns), op_field=opts.cdc_op_field,
                             json_framing="confluent" if opts.value_format == "json-schema" else "plain")
 
     def _decoder_from_known_schema(self) -> ValueDecoder | None:
@@ -61,7 +61,7 @@ class PipelineDecoding(PipelineCore):
         if opts.value_format == "avro":
             from chandy.connectors.spark.avro import change_row_schema, value_struct
 
-            row_schema = change_row_schema(opts.value_schema or "") if opts.cdc else opts.value_schema
+            row_schema = change_row_schema(opts.value_schema or "") if opts.cdc == "debezium" else opts.value_schema
             columns, names = self._value_columns(value_struct(row_schema or ""))
             return self._make_decoder(columns, names, "ignore")
         if opts.value_schema:
@@ -115,7 +115,7 @@ class PipelineDecoding(PipelineCore):
         latest = latest_schema(opts.schema_registry, subject)
         text = latest.schema.schema_str
         try:
-            row = change_row_schema(text) if opts.cdc else text
+            row = change_row_schema(text) if opts.cdc == "debezium" else text
             columns, names = avro_columns(row)
         except AvroValueSchemaError as exc:
             raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version} "
@@ -124,7 +124,7 @@ class PipelineDecoding(PipelineCore):
         log.info("job %s: the table's schema is subject %s version %d (schema ID %d) from %s", self.job_id, subject,
                  latest.version, latest.schema_id, url)
         decoder = self._make_decoder(columns, names, "ignore" if opts.cdc else self._avro_unknown_fields)
-        return dataclasses.replace(decoder, avro_schema=text, as_written=not opts.cdc,
+        return dataclasses.replace(decoder, avro_schema=text, as_written=opts.cdc != "debezium",
                                    columns_schema_id=latest.schema_id)
 
     def _decoder_from_json_schema(self) -> ValueDecoder:
@@ -222,7 +222,7 @@ class PipelineDecoding(PipelineCore):
                 value = json.loads(raw)
             except (ValueError, UnicodeDecodeError):
                 continue
-            if self.options.cdc and isinstance(value, dict):  # infer the row's columns, not the envelope's
+            if self.options.cdc == "debezium" and isinstance(value, dict):  # the row's columns, not the envelope's
                 from chandy.connectors.spark.debezium import unwrap_payload
 
                 envelope = unwrap_payload(value)

@@ -308,10 +308,16 @@ class PipelineOptions:
     unrouted: str = _opt("table", "--unrouted", choices=("table", "dead-letter"), help=(
         "Records no --route rule matches land in --table, or are bad records (dead-lettered with "
         "--errors-tolerance all --dead-letter-topic, else they fail the micro-batch)."))
-    cdc: str | None = _opt(None, "--cdc", choices=("debezium",), help=(
-        "Values are Debezium change events (before/after/op, JSON with or without schema/payload, or Avro): each "
-        "checkpoint upserts the last change per key (Delta MERGE, Iceberg delete + insert); op d and tombstones "
-        "delete. --value-schema then describes the row (JSON: DDL of the row; Avro: the envelope schema)."))
+    cdc: str | None = _opt(None, "--cdc", choices=("debezium", "upsert"), help=(
+        "debezium: values are Debezium change events (before/after/op, JSON with or without schema/payload, or "
+        "Avro); --value-schema then describes the row (JSON: DDL of the row; Avro: the envelope schema). upsert: "
+        "each value is the row itself, keyed by --id-columns (or the Kafka key's fields), a tombstone deletes its "
+        "key's row (a compacted topic's shape), --cdc-op-field may name an operation field. Either way each "
+        "checkpoint upserts the last change per key (Delta MERGE, Iceberg delete + insert)."))
+    cdc_op_field: str | None = _opt(None, "--cdc-op-field", metavar="FIELD", help=(
+        "With --cdc upsert: the value's field holding the change's operation, as Kafka Connect's Iceberg sink "
+        "(iceberg.tables.cdc-field): D (or d, delete) deletes the row, I, U, C, R (any case) upsert it; a "
+        "record without the field upserts. It stays a column of the row."))
     id_columns: tuple[str, ...] = _opt((), "--id-columns", kind="multiple", metavar="COLUMN[,COLUMN]", help=(
         "With --cdc: the row's key columns (repeatable or comma-separated)  [default: the Kafka key's fields]"))
     key_schema: str | None = _opt(None, "--key-schema", read_at_file=True, help=(
@@ -399,7 +405,7 @@ class PipelineOptions:
             from chandy.connectors.spark.avro import change_row_schema, value_fields
 
             # with --cdc the columns are the envelope's row (its source block may hold any type)
-            value_fields(change_row_schema(self.value_schema) if self.cdc else self.value_schema)
+            value_fields(change_row_schema(self.value_schema) if self.cdc == "debezium" else self.value_schema)
         if self.key_schema:
             from chandy.connectors.spark.avro import AvroValueSchemaError, value_fields
 
@@ -425,16 +431,18 @@ class PipelineOptions:
         if self.unrouted == "dead-letter" and (self.value_format is None or self.transform):
             raise PipelineError("--unrouted dead-letter needs a value format (--value-format) and no --transform: "
                                 "unrouted records are found as they are decoded")
-        if self.cdc not in (None, "debezium"):
-            raise PipelineError(f"--cdc takes debezium, got {self.cdc!r}")
+        if self.cdc not in (None, "debezium", "upsert"):
+            raise PipelineError(f"--cdc takes debezium or upsert, got {self.cdc!r}")
+        if self.cdc_op_field and self.cdc != "upsert":
+            raise PipelineError("--cdc-op-field names the operation field of --cdc upsert's rows")
         if self.cdc and self.value_format is None:
-            raise PipelineError("--cdc debezium needs --value-format json, avro or json-schema: the change events are "
-                                "decoded")
+            raise PipelineError(f"--cdc {self.cdc} needs --value-format json, avro or json-schema: the change "
+                                "events are decoded")
         if self.cdc and self.transform:
             raise PipelineError("--cdc cannot take a --transform: the merge needs the change records as decoded "
                                 "(their key, operation, partition and offset)")
         if (self.id_columns or self.key_schema) and not self.cdc:
-            raise PipelineError("--id-columns and --key-schema go with --cdc debezium")
+            raise PipelineError("--id-columns and --key-schema go with --cdc debezium or upsert")
         columns = tuple(c.strip() for text in self.id_columns for c in text.split(",") if c.strip())
         object.__setattr__(self, "id_columns", columns)
 
