@@ -55,6 +55,15 @@ FLINK_PANEL_EXPRESSIONS = (
     'sum by (job_name) (flink_taskmanager_job_task_operator_numRecordsOut)',
     'sum by (job_name) (flink_taskmanager_job_task_operator_numRecordsInErrors)',
     'max by (job_name, operator_name) (flink_taskmanager_job_task_operator_currentFetchEventTimeLag)',
+    # issue 47: the rest of what Flink dashboards plot for a job and a Kafka source
+    "sum(flink_jobmanager_numRunningJobs)",
+    "flink_jobmanager_job_restartingTime",
+    'sum by (job_name) (flink_taskmanager_job_task_operator_KafkaSourceReader_commitsSucceeded)',
+    'rate(flink_taskmanager_job_task_operator_KafkaSourceReader_commitsSucceeded[1m])',
+    'sum by (job_name) (flink_taskmanager_job_task_operator_KafkaSourceReader_commitsFailed)',
+    'max by (job_name) (flink_taskmanager_job_task_operator_sourceIdleTime)',
+    'max by (job_name, operator_name) (flink_taskmanager_job_task_operator_currentEmitEventTimeLag)',
+    'max by (job_name) (flink_taskmanager_job_task_checkpointAlignmentTime)',
 )
 
 

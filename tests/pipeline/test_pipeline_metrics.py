@@ -65,3 +65,16 @@ def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, k
             if name == op + "currentFetchEventTimeLag"}
     assert lags, "no currentFetchEventTimeLag served"
     assert all(0 <= lag <= ended_ms - produced_ms + 1000 for lag in lags.values()), lags
+    # issue 47: the rest of Flink's job and Kafka-source names dashboards query
+    assert last[("flink_jobmanager_numRunningJobs", (("host", socket.gethostname()),))] == 1
+    assert last[("flink_jobmanager_job_restartingTime", scope)] == 0  # no restart in this run
+    assert first[(op + "KafkaSourceReader_commitsSucceeded", source)] == 1
+    assert last[(op + "KafkaSourceReader_commitsSucceeded", source)] == 2
+    assert last[(op + "KafkaSourceReader_commitsFailed", source)] == 0
+    assert 0 <= last[(op + "sourceIdleTime", source)] < ended_ms - produced_ms
+    emitted = {dict(labels)["subtask_index"]: value for (name, labels), value in last.items()
+               if name == op + "currentEmitEventTimeLag"}
+    assert emitted == lags  # chained in one task: a record is emitted to the writer as it is fetched
+    assert last[("flink_taskmanager_job_task_checkpointAlignmentTime", tuple(sorted((*scope, task,
+                                                                                     ("subtask_index", "0")))))] == 0
+

@@ -268,6 +268,9 @@ def test_lake_errors_for_a_while_restart_the_job_until_it_recovers(spark, kafka_
     state, _ = load_state(kafka_bootstrap_servers, ChandyTopics(prefix).coordinator_log, pipeline.job_id)
     assert state.job_status is not JobStatus.FAILED
     assert state.epoch >= 1 + summary.restarts  # each restart a new coordinator (Flink's numRestarts)
+    # Flink's restartingTime (issue 47): the last restart took at least its backoff (200 ms doubled by
+    # exponential-delay's 1.5 at least once), and it is over
+    assert pipeline.restarting_ms >= 200 and pipeline._restart_began is None
 
 
 def test_a_restart_strategy_that_gives_up_fails_the_job(spark, kafka_bootstrap_servers, tmp_path, monkeypatch) -> None:

@@ -86,6 +86,10 @@ class PipelineCore:
         self._backlog: collections.deque[tuple[ControlRequest, concurrent.futures.Future]] = collections.deque()
         self.election: LeaderElection | None = None
         self.takeover_s: float | None = None
+        #: Flink's restartingTime: the last restart of this run, from its failure to the new
+        #: coordinator running, in ms (0 before any); _restart_began: when the one in progress began
+        self.restarting_ms = 0.0
+        self._restart_began: float | None = None
         self._last_committed = 0
         self._lag_consumer: Any = None  # reads the source's last stable offsets (micro_batch.py)
         #: the job's restart strategy (Flink's), made at the start of :meth:`Pipeline.run`

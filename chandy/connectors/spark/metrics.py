@@ -41,8 +41,27 @@ In the task scope (``flink_taskmanager_job_task_<metric>``, labelled ``job_id``,
 ``host``, ``task_name``, ``subtask_index``): ``numRecordsInPerSecond`` and
 ``numRecordsOutPerSecond`` of the task that runs the source and the sink chained.
 
-Not served: Flink's ``currentEmitEventTimeLag``, and the Kafka consumer's byte and request
-metrics (``bytes_consumed_rate``, ``records_per_request_avg``). With ``--metrics-legacy-names`` the bare names
+``currentEmitEventTimeLag``        EmitTime - EventTime, the same values: the source and the
+                                   sink run chained in one task, which emits a record to the
+                                   writer as it fetches it
+``sourceIdleTime``                 ms since the source last read a record (a micro-batch that
+                                   read some), since the run started if none yet (source)
+``KafkaSourceReader_commitsSucceeded``
+                                   offset commits of this run (one per completed checkpoint:
+                                   the offsets are committed inside its completion's Kafka
+                                   transaction; source)
+``KafkaSourceReader_commitsFailed``
+                                   0: an offset commit that fails fails the checkpoint's
+                                   completion (``numberOfFailedCheckpoints``) instead
+
+The job's ``flink_jobmanager_job_restartingTime``: how long the last restart of this run took in
+ms, from the failure to the new coordinator running (0 before any restart; Flink's "the time it
+took to restart the job"). In the task scope, ``checkpointAlignmentTime`` is 0:
+a micro-batch has no channels whose barriers need aligning.
+
+Not served: the Kafka consumer's byte and request metrics (``bytes_consumed_rate``,
+``records_per_request_avg``): the tasks' librdkafka statistics are not collected. With
+``--metrics-legacy-names`` the bare names
 of Chandy 0.1 (labels ``job_id``, ``operator``, and ``topic``/``partition`` for the lag) are
 served too.
 """
@@ -51,6 +70,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, TypeVar
 
@@ -78,6 +98,8 @@ class MicroBatchProgress(Protocol):
     def spark_job_ms(self) -> float: ...
     @property
     def bad_records(self) -> int: ...
+    @property
+    def checkpoints_completed(self) -> int: ...
 
 
 _T = TypeVar("_T")
@@ -103,11 +125,14 @@ class PipelineMetricsCollector(Collector):
 
     def __init__(self, scope: MetricScope | str, source_operator: str, sink_operator: str,
                  read_commit_ms: Callable[[], float | None] | None = None,
-                 read_fetch_lag_ms: Callable[[], Mapping[int, int]] | None = None) -> None:
+                 read_fetch_lag_ms: Callable[[], Mapping[int, int]] | None = None,
+                 read_restarting_ms: Callable[[], float] | None = None) -> None:
         self.scope = scope if isinstance(scope, MetricScope) else MetricScope(scope)
         self.job_id = self.scope.job_id
         self.read_commit_ms = read_commit_ms
         self.read_fetch_lag_ms = read_fetch_lag_ms
+        self.read_restarting_ms = read_restarting_ms
+        self._last_read = time.monotonic()  # when the source last read records (sourceIdleTime)
         self.source = source_operator
         self.sink = sink_operator
         self._progress: MicroBatchProgress | None = None
@@ -116,6 +141,10 @@ class PipelineMetricsCollector(Collector):
     def update(self, progress: MicroBatchProgress) -> None:
         """Record the progress after a micro-batch (the pipeline's thread)."""
         with self._lock:
+            before = self._progress
+            if progress.records_landed + progress.bad_records > (
+                    0 if before is None else before.records_landed + before.bad_records):
+                self._last_read = time.monotonic()
             self._progress = progress
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -147,11 +176,13 @@ class PipelineMetricsCollector(Collector):
             yield family
         fetch_lag = _scrape(self.read_fetch_lag_ms, "fetch lag")
         if fetch_lag:
-            family = scope.operator_gauge("currentFetchEventTimeLag", "FetchTime - EventTime of the newest record the "
-                                          "subtask fetched for the latest committed checkpoint, in ms.")
-            for subtask, millis in sorted(fetch_lag.items()):
-                family.add_metric(scope.operator_labels(self.source, subtask), millis)
-            yield family
+            for name, what in (("currentFetchEventTimeLag", "FetchTime"), ("currentEmitEventTimeLag", "EmitTime")):
+                family = scope.operator_gauge(name, f"{what} - EventTime of the newest record the subtask fetched for "
+                                                    "the latest committed checkpoint, in ms.")
+                for subtask, millis in sorted(fetch_lag.items()):
+                    family.add_metric(scope.operator_labels(self.source, subtask), millis)
+                yield family
+        yield from self._availability(p)
         lag = scope.operator_gauge("pendingRecords", "Consumer lag per partition after the latest micro-batch, in records.",
                                    ("topic", "partition"))
         for index, ((topic, partition), records) in enumerate(sorted(p.lag.items())):
@@ -178,6 +209,30 @@ class PipelineMetricsCollector(Collector):
             yield family
         if scope.legacy_names:
             yield from self._legacy(p, gauges)
+
+    def _availability(self, p: MicroBatchProgress) -> Iterator[GaugeMetricFamily]:
+        """``sourceIdleTime``, the KafkaSourceReader's offset commits, ``restartingTime`` and the
+        task's ``checkpointAlignmentTime`` (see the module docstring)."""
+        scope = self.scope
+        idle = scope.operator_gauge("sourceIdleTime", "Time since the source last read a record, in ms.")
+        idle.add_metric(scope.operator_labels(self.source), (time.monotonic() - self._last_read) * 1000)
+        yield idle
+        for name, help_text, value in (
+                ("KafkaSourceReader_commitsSucceeded", "Offset commits of this run (one per completed checkpoint).",
+                 p.checkpoints_completed),
+                ("KafkaSourceReader_commitsFailed", "Offset commits that failed (always 0: one that fails fails its "
+                                                    "checkpoint's completion).", 0)):
+            family = scope.operator_gauge(name, help_text)
+            family.add_metric(scope.operator_labels(self.source), value)
+            yield family
+        restarting = scope.job_gauge("restartingTime", "How long the last restart of this run took, in ms "
+                                                       "(0: none yet).")
+        restarting.add_metric(scope.job_labels, self.read_restarting_ms() if self.read_restarting_ms else 0.0)
+        yield restarting
+        alignment = scope.task_gauge("checkpointAlignmentTime", "Barrier alignment of the latest checkpoint, in ns "
+                                                                "(0: a micro-batch has no channels to align).")
+        alignment.add_metric(scope.task_labels(), 0)
+        yield alignment
 
     def _legacy(self, p: MicroBatchProgress, gauges: list[tuple[str, str, str, float]]) -> Iterator[GaugeMetricFamily]:
         """Chandy 0.1's bare names, labelled ``job_id`` and ``operator``."""

@@ -280,6 +280,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 try:
                     return self._run_attempt(spark, counts, on_progress, started, totals)
                 except Restart as restart:
+                    self._restart_began = time.monotonic()
                     if not self._restart_after(restart, totals):
                         return PipelineSummary(
                             opts.table_uri, self.job_id, totals.landed, totals.completed, totals.failed,
@@ -302,6 +303,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         opts = self.options
         try:
             self.service = self._start_coordinator()
+            if self._restart_began is not None:
+                self.restarting_ms, self._restart_began = (time.monotonic() - self._restart_began) * 1000, None
         except JobTerminatedError as exc:  # a standby of a job that ended: it says why and exits 0
             self._notice(str(exc))
             return PipelineSummary(opts.table_uri, self.job_id, totals.landed, totals.completed, totals.failed,
@@ -325,7 +328,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 read_commit_ms=lambda: service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.last_commit_ms,
                                                                          timeout_s=5.0),
                 read_fetch_lag_ms=lambda: service.call_operator_coordinator(
-                    SINK_OPERATOR, lambda c: dict(c.fetch_event_time_lag_ms), timeout_s=5.0))
+                    SINK_OPERATOR, lambda c: dict(c.fetch_event_time_lag_ms), timeout_s=5.0),
+                read_restarting_ms=lambda: self.restarting_ms)
             self.service.metrics_server.register(metrics)
         completed = failed = consecutive = 0
         first_failure: str | None = None

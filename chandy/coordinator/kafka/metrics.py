@@ -27,6 +27,8 @@ bytes, and -1 where Flink reports -1 (nothing completed or restored yet):
 ``runningTime``                     the same while the job is RUNNING, else 0 (Flink 1.17+'s name)
 ``numRestarts``                     times the job was started again after its first start
                                     (coordinator epochs after the first: restarts, take-overs)
+``numRunningJobs``                  ``flink_jobmanager_numRunningJobs{host}``: 1 while this
+                                    process's coordinator runs the job (RUNNING), else 0
 ``<status>State``                   1 for the job's status, 0 for the others (Flink's job
                                     status metrics, ``metrics.job.status.enable: STATE``):
                                     ``createdState``, ``runningState``, ``failingState``,
@@ -86,6 +88,8 @@ CHECKPOINT_GAUGES: tuple[tuple[str, str], ...] = (
 
 #: Flink's PrometheusReporter prefix of the job-scoped metrics (logical scope ``jobmanager.job``)
 JOB_PREFIX = "flink_jobmanager_job_"
+#: the JobManager's own scope (``flink_jobmanager_<metric>``, labelled ``host``)
+JOBMANAGER_PREFIX = "flink_jobmanager_"
 #: ... and of an operator's metrics (logical scope ``taskmanager.job.task.operator``)
 OPERATOR_PREFIX = "flink_taskmanager_job_task_operator_"
 #: ... and of a task's (logical scope ``taskmanager.job.task``)
@@ -135,6 +139,10 @@ class MetricScope:
     def task_gauge(self, name: str, help_text: str) -> GaugeMetricFamily:
         """An empty ``flink_taskmanager_job_task_<name>`` gauge with the task labels."""
         return GaugeMetricFamily(TASK_PREFIX + name, help_text, labels=list(TASK_LABELS))
+
+    def jobmanager_gauge(self, name: str, help_text: str) -> GaugeMetricFamily:
+        """An empty ``flink_jobmanager_<name>`` gauge labelled ``host`` (the JobManager's own)."""
+        return GaugeMetricFamily(JOBMANAGER_PREFIX + name, help_text, labels=["host"])
 
     def job_gauge(self, name: str, help_text: str) -> GaugeMetricFamily:
         """An empty ``flink_jobmanager_job_<name>`` gauge with the job labels."""
@@ -230,6 +238,9 @@ class CheckpointMetricsCollector(Collector):
             yield restarts
         if self.read_status is not None:
             status = self.read_status()
+            jobs = scope.jobmanager_gauge("numRunningJobs", "Jobs RUNNING under this coordinator process (0 or 1).")
+            jobs.add_metric([scope.host], 1 if status == "RUNNING" else 0)
+            yield jobs
             for name in JOB_STATUSES:
                 state = scope.job_gauge(f"{name.lower()}State", f"1 while the job is {name}, else 0.")
                 state.add_metric(scope.job_labels, 1 if status == name else 0)
