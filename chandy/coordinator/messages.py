@@ -173,6 +173,15 @@ class OffsetRange:
 
 
 @dataclasses.dataclass(frozen=True)
+class PartitionEventTime:
+    """The newest Kafka record timestamp (ms since the epoch) of one topic partition a job landed."""
+
+    topic: str
+    partition: int
+    event_time_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
 class OperatorParallelism:
     """An operator of a job (Flink's job vertex) and its number of subtasks."""
 
@@ -187,7 +196,9 @@ class CheckpointEvent(_Message):
     ``REQUEST_FAILED``, with ``request_id``), a job status change (``JOB_STATUS_CHANGED``, with
     ``job_status``) and a lake commit (``LAKE_COMMITTED``: checkpoint ``checkpoint_id`` is
     visible in ``table_uri`` at ``table_version``, Delta's version or Iceberg's snapshot ID; the
-    commit added ``records_added`` records in ``files_added`` files, read from ``offset_ranges``),
+    commit added ``records_added`` records in ``files_added`` files, read from ``offset_ranges``; the
+    table holds every record read with a Kafka timestamp up to ``valid_through_ms``, the minimum of
+    the per-partition ``event_times``, the completeness watermark),
     A ``TRIGGERED`` event also carries ``job_name``, the checkpointing configuration
     ``checkpoint_config`` (ms and counts) and the job's ``operators``.
 
@@ -223,6 +234,8 @@ class CheckpointEvent(_Message):
     job_name: str | None = None
     checkpoint_config: dict[str, int] | None = None
     operators: tuple[OperatorParallelism, ...] | None = None
+    valid_through_ms: int | None = None
+    event_times: tuple[PartitionEventTime, ...] | None = None
 
 
 #: Avro schema name -> message class, for decoding.

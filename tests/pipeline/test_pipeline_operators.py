@@ -382,3 +382,41 @@ def test_min_records_per_checkpoint_waits_for_enough_records_up_to_the_max_trigg
     assert delayed.run().records_landed == 5
     assert time.monotonic() - started >= 2.0  # held back for the delay, then triggered with 5 < 50
     assert sorted(o for _, _, o in landed(table)) == list(range(60))
+
+
+def test_each_commit_says_up_to_which_event_time_the_table_is_complete(spark, kafka_bootstrap_servers,
+                                                                        tmp_path) -> None:
+    """Issue 47 (the completeness watermark, Kafka Connect Iceberg sink's valid-through
+    timestamp): every LAKE_COMMITTED event and Delta commit carries, per partition, the newest
+    Kafka timestamp landed and their minimum, as read back with fastavro and deltalake; a restart
+    that lands only partition 0 keeps partition 1's time from the table, so the minimum never
+    claims what partition 1 has not landed."""
+    from tests.fixtures import exactly_once
+
+    topic = make_topic(kafka_bootstrap_servers, [])
+    base = (int(time.time()) - 600) * 1000  # inside the broker's retention
+    producer = kafka_config.producer(kafka_bootstrap_servers)
+    for i in range(40):  # partition 0 at base + i s, partition 1 stamped a minute earlier
+        producer.produce(topic, f"v{i}".encode(), partition=i % 2, timestamp=base + i * 1000 - 60_000 * (i % 2))
+    producer.flush(30)
+    table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
+    opts = options(kafka_bootstrap_servers, topic, table, prefix, max_records_per_checkpoint=10)
+    first = Pipeline(opts, spark=spark).run()
+    newest = {0: base + 38_000, 1: base + 39_000 - 60_000}
+    events = [e for e in exactly_once.read_events(kafka_bootstrap_servers, prefix, first.job_id)
+              if e["event_type"] == "LAKE_COMMITTED"]
+    assert len(events) == first.checkpoints_completed == 2
+    last = events[-1]
+    assert {(t["topic"], t["partition"]): t["event_time_ms"] for t in last["event_times"]} == \
+        {(topic, 0): newest[0], (topic, 1): newest[1]}
+    assert last["valid_through_ms"] == newest[1]
+    assert events[0]["valid_through_ms"] < last["valid_through_ms"]  # checkpoint 1 landed 10 of each
+    assert DeltaTable(table).history(1)[0]["chandy.valid_through_ms"] == str(newest[1])
+    for i in range(40, 46):  # only partition 0 gets more
+        producer.produce(topic, f"v{i}".encode(), partition=0, timestamp=base + i * 1000)
+    producer.flush(30)
+    again = Pipeline(opts, spark=spark).run()
+    assert again.records_landed == 6
+    commit = DeltaTable(table).history(1)[0]
+    assert json.loads(commit["chandy.event_time_ms"]) == {topic: {"0": base + 45_000, "1": newest[1]}}
+    assert commit["chandy.valid_through_ms"] == str(newest[1])

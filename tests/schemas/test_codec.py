@@ -129,9 +129,10 @@ HISTORY = load_history()
 
 
 def test_the_shipped_history_holds_every_earlier_version_of_a_changed_schema() -> None:
-    # CheckpointEvent changed twice (control requests, then lake commits), JobStatusRecord once
+    # CheckpointEvent changed three times (control requests, lake commits, the completeness
+    # watermark), JobStatusRecord once
     names = sorted(s.name for s in HISTORY)
-    assert names.count("chandy.v1.CheckpointEvent") >= 2 and "chandy.v1.JobStatusRecord" in names
+    assert names.count("chandy.v1.CheckpointEvent") >= 3 and "chandy.v1.JobStatusRecord" in names
     current = {s.fingerprint for s in SCHEMAS.values()}
     assert not current & {s.fingerprint for s in HISTORY}, "a current version is not history"
 
@@ -152,18 +153,25 @@ def test_records_of_every_earlier_version_decode_with_the_default_repository(old
 @pytest.mark.parametrize("old", [s for s in HISTORY if s.name == "chandy.v1.CheckpointEvent"],
                          ids=lambda s: s.fingerprint.hex())
 def test_an_earlier_reader_reads_a_lake_commit_event_as_unknown_and_keeps_the_fields_it_knows(old: Schema) -> None:
-    from chandy.coordinator.messages import CheckpointEvent, OffsetRange
+    """A reader from before lake commits reads LAKE_COMMITTED as UNKNOWN; one from before the
+    completeness watermark (issue 47) reads the event without valid_through_ms and event_times."""
+    from chandy.coordinator.messages import CheckpointEvent, OffsetRange, PartitionEventTime
 
     event = CheckpointEvent("job", 7, "LAKE_COMMITTED", "CHECKPOINT", 2, 1000, 900, table_uri="delta:/t",
                             table_format="delta", table_version=12, previous_table_version=11, records_added=5,
-                            files_added=1, offset_ranges=(OffsetRange("t", 0, 10, 15),), job_name="orders")
+                            files_added=1, offset_ranges=(OffsetRange("t", 0, 10, 15),), job_name="orders",
+                            valid_through_ms=1_790_000_000_000,
+                            event_times=(PartitionEventTime("t", 0, 1_790_000_000_000),
+                                         PartitionEventTime("t", 1, 1_790_000_500_000)))
     data = SingleObjectCodec().encode(event.SCHEMA, event.to_avro())
     reader = SingleObjectCodec(SchemaRepository([old]))
     reader.repository.register(SCHEMAS[old.name])  # the old reader is given the new writer schema
     decoded = reader.decode(data, WHERE).value
-    assert decoded["event_type"] == "UNKNOWN"
+    knows_lake_commits = any(f["name"] == "table_version" for f in old.definition["fields"])
+    assert decoded["event_type"] == ("LAKE_COMMITTED" if knows_lake_commits else "UNKNOWN")
     assert (decoded["job_id"], decoded["checkpoint_id"], decoded["epoch"]) == ("job", 7, 2)
-    assert "table_version" not in decoded
+    assert ("table_version" in decoded) is knows_lake_commits
+    assert "valid_through_ms" not in decoded and "event_times" not in decoded
     assert CheckpointEvent.from_avro(SingleObjectCodec().decode(data, WHERE).value) == event
 
 

@@ -48,9 +48,11 @@ from chandy.connectors.lake.sink import (
     LakeSchemaError,
     LakeSink,
     data_files_from_handles,
+    offsets_from_json,
+    valid_through_ms,
 )
 from chandy.coordinator.faults import crash_point
-from chandy.coordinator.messages import OffsetRange
+from chandy.coordinator.messages import OffsetRange, PartitionEventTime
 from chandy.coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
 from chandy.coordinator.storage import (
     CheckpointMetadata,
@@ -128,6 +130,9 @@ class LakeCommitter:
         #: per subtask, FetchTime - EventTime (ms) of the newest record its latest committed
         #: checkpoint fetched (Flink's currentFetchEventTimeLag), from its "source-metrics" handle
         self.fetch_event_time_lag_ms: dict[int, int] = {}
+        #: the completeness watermark: per (topic, partition) the newest Kafka timestamp (ms) the
+        #: job's commits landed, read from the table at a restore and recorded with each commit
+        self.event_times: dict[TP, int] = {}
         self._optimizer: concurrent.futures.ThreadPoolExecutor | None = None
         self._optimizing: concurrent.futures.Future | None = None
 
@@ -186,17 +191,25 @@ class LakeCommitter:
             return []
         return data_files_from_handles(h for s in operator.subtask_states for h in s.state_handles)
 
-    def _note_fetch_lag(self, metadata: CheckpointMetadata) -> None:
-        """Keep each subtask's fetch lag of this checkpoint (its ``source-metrics`` handle, if any)."""
+    def _note_source_metrics(self, metadata: CheckpointMetadata) -> dict[TP, int]:
+        """Keep each subtask's fetch lag of this checkpoint (its ``source-metrics`` handle, if
+        any), and return the completeness watermark's per-partition times once this checkpoint
+        lands: :attr:`event_times` raised by the newest timestamps its subtasks read."""
+        event_times = dict(self.event_times)
         operator = metadata.operator(self.context.operator_id)
         for subtask in operator.subtask_states if operator is not None else ():
             for handle in subtask.state_handles:
-                if handle.kind == SOURCE_METRICS_KIND:
-                    try:
-                        lag = int(handle.properties["fetch_time_ms"]) - int(handle.properties["event_time_ms"])
-                    except (KeyError, ValueError):
-                        continue
-                    self.fetch_event_time_lag_ms[subtask.subtask_index] = lag
+                if handle.kind != SOURCE_METRICS_KIND:
+                    continue
+                try:
+                    lag = int(handle.properties["fetch_time_ms"]) - int(handle.properties["event_time_ms"])
+                    read = offsets_from_json(handle.properties.get("partition_event_time_ms"))
+                except (KeyError, ValueError, LakeCommitError):
+                    continue
+                self.fetch_event_time_lag_ms[subtask.subtask_index] = lag
+                for tp, millis in read.items():
+                    event_times[tp] = max(millis, event_times.get(tp, millis))
+        return event_times
 
     def _check_ranges(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges, already_committed: int | None,
                       held: Mapping[TP, int], *, gaps: bool = True) -> None:
@@ -250,9 +263,9 @@ class LakeCommitter:
         crash_point("before-lake-commit", checkpoint_id)
         metadata = self._metadata(checkpoint_id)
         files = self.files_of(checkpoint_id, metadata)
-        self._note_fetch_lag(metadata)
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
         own_done = self._refresh_table_offsets()
+        event_times = self._note_source_metrics(metadata)  # over what the table holds, just refreshed
         offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
         by_table: dict[str, list[DataFile]] = {}
         for f in files:
@@ -261,13 +274,15 @@ class LakeCommitter:
         for table_uri in sorted(set(by_table) - {self.sink.table_uri}):  # the job's own table last
             sink = self._sink_of(table_uri)
             done = sink.committed_checkpoint(self.context.job_id)
-            landed.append((sink, self._commit_table(sink, checkpoint_id, by_table[table_uri], ranges, offsets, done), None))
+            landed.append((sink, self._commit_table(sink, checkpoint_id, by_table[table_uri], ranges, offsets, done,
+                                                    event_times), None))
             crash_point("between-table-commits", checkpoint_id)
         own = self._commit_table(self.sink, checkpoint_id, by_table.get(self.sink.table_uri, []), ranges, offsets,
-                                 own_done)
+                                 own_done, event_times)
         landed.append((self.sink, own, ranges))
         if self._table_checkpoint is None or self._table_checkpoint <= checkpoint_id:
             self.table_offsets, self._table_checkpoint = offsets, checkpoint_id  # else: the table's, already read
+            self.event_times = event_times
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
         committed_to = [sink for sink, committed, _ in landed if committed]
@@ -292,6 +307,7 @@ class LakeCommitter:
                     progress.checkpoint_id, self._table_checkpoint)
         self.table_offsets = dict(progress.offsets)
         self._table_checkpoint = progress.checkpoint_id
+        self.event_times = dict(progress.event_times)
         return progress.checkpoint_id
 
     def _check_recorded(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges) -> None:
@@ -319,9 +335,12 @@ class LakeCommitter:
                 "announced or committed to the consumer group")
 
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
-                      offsets: Mapping[TP, int], done: int | None) -> LakeCommit | None:
+                      offsets: Mapping[TP, int], done: int | None,
+                      event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
         """Commit one table's files of ``checkpoint_id`` (append, or apply changes), recording the
-        job's cumulative ``offsets``; None when the table holds it already or there was nothing.
+        job's cumulative ``offsets`` and the completeness watermark's ``event_times`` (the job's:
+        every table it writes holds every record read below it); None when the table holds it
+        already or there was nothing.
         A table that holds it already must hold exactly these ranges (:meth:`_check_recorded`).
         ``done``: the job's newest checkpoint in the table, just read."""
         routed = sink is not self.sink
@@ -341,8 +360,9 @@ class LakeCommitter:
                 "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
         commit = sink.commit_changes if self.changes else sink.commit
         try:
+            watermark = {"event_times": dict(event_times)} if event_times else {}  # sinks of older callers take none
             committed = commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
-                               cluster_id=self.cluster_id)
+                               cluster_id=self.cluster_id, **watermark)
         except LakeSchemaError as exc:  # say which records did not fit
             where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
                               if end > start)
@@ -406,11 +426,16 @@ class LakeCommitter:
             if end > start)
         record = LakeCommitRecord(self.context.job_id, sink.table_uri, commit.checkpoint_id, commit.table_version,
                                   int(time.time() * 1000))
+        watermark: dict[str, Any] = {}
+        if commit.event_times:  # the completeness watermark the commit recorded
+            watermark = {"valid_through_ms": valid_through_ms(commit.event_times), "event_times": tuple(
+                PartitionEventTime(topic, partition, millis)
+                for (topic, partition), millis in sorted(commit.event_times.items()))}
         self.context.publish_event(
             commit.checkpoint_id, "LAKE_COMMITTED", records=[record], table_uri=sink.table_uri,
             table_format=sink.FORMAT, table_version=commit.table_version,
             previous_table_version=commit.previous_table_version, records_added=commit.records,
-            files_added=commit.files, offset_ranges=offset_ranges)
+            files_added=commit.files, offset_ranges=offset_ranges, **watermark)
         log.info("checkpoint %d: LAKE_COMMITTED published (%s version %s)", commit.checkpoint_id, sink.table_uri,
                  commit.table_version)
 
@@ -441,6 +466,7 @@ class LakeCommitter:
         """
         progress = self.sink.progress(self.context.job_id)
         self.table_offsets, self._table_checkpoint = dict(progress.offsets), progress.checkpoint_id
+        self.event_times = dict(progress.event_times)
         source_table = _table_of(checkpoint_data)
         if checkpoint_id != NO_CHECKPOINT and source_table not in (None, self.sink.table_uri):
             # a savepoint of another table (Flink's `flink run -s` into a new sink): its files stay

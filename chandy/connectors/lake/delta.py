@@ -37,6 +37,7 @@ from chandy.connectors.lake.delta_maintenance import DeltaMaintenance, is_confli
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
+    EVENT_TIMES_KEY,
     FILES_KEY,
     RECORDS_KEY,
     TP,
@@ -50,6 +51,7 @@ from chandy.connectors.lake.sink import (
     offsets_to_json,
     schema_from_b64,
     schema_to_b64,
+    watermark_metadata,
 )
 from chandy.connectors.type_mapping import to_lake_types
 from chandy.coordinator.filesystems import delta_options, open_filesystem
@@ -204,6 +206,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         done = table.transaction_version(job_id)
         offsets: dict[TP, int] | None = None
         cluster_id = None
+        event_times: dict[TP, int] = {}
         others: dict[str, dict[TP, int]] = {}
         for commit in table.history():  # newest first
             owner = commit.get("chandy.job_id")
@@ -213,9 +216,10 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
                 if offsets is None:
                     offsets = offsets_from_json(commit["chandy.offsets"])
                     cluster_id = commit.get("chandy.kafka_cluster_id")
+                    event_times = offsets_from_json(commit.get(EVENT_TIMES_KEY))
             elif owner not in others:
                 others[owner] = offsets_from_json(commit["chandy.offsets"])
-        return TableProgress(done, offsets or {}, cluster_id, others)
+        return TableProgress(done, offsets or {}, cluster_id, others, event_times)
 
     def missing_files(self, files: Iterable[DataFile]) -> list[str]:
         """Paths (relative to the table root) of ``files`` that are not in the table's location:
@@ -227,10 +231,11 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         """The :class:`LakeCommit` of one ``history()`` entry made by Chandy."""
         version = int(entry["version"])
         records, files = entry.get(RECORDS_KEY), entry.get(FILES_KEY)
-        offsets = entry.get("chandy.offsets")
+        offsets, event_times = entry.get("chandy.offsets"), entry.get(EVENT_TIMES_KEY)
         return LakeCommit(int(entry["chandy.checkpoint_id"]), version, version - 1 if version > 0 else None,
                           None if records is None else int(records), None if files is None else int(files),
-                          int(entry.get("timestamp") or 0), None if offsets is None else offsets_from_json(offsets))
+                          int(entry.get("timestamp") or 0), None if offsets is None else offsets_from_json(offsets),
+                          None if event_times is None else offsets_from_json(event_times))
 
     @classmethod
     def _commit_in(cls, history: Iterable[Mapping[str, Any]], match: Mapping[str, str]) -> LakeCommit | None:
@@ -276,10 +281,12 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         return found
 
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
+               event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
         """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id)
         and ``commitInfo`` recording the job, the checkpoint, the records and files added and the
-        ``offsets`` (end offset per (topic, partition), cumulative) it covers.
+        ``offsets`` (end offset per (topic, partition), cumulative) it covers, and the
+        completeness watermark of ``event_times`` (:func:`~chandy.connectors.lake.sink.watermark_metadata`).
 
         Returns the :class:`LakeCommit` made (its version), or None (committing nothing) when the
         table already holds this checkpoint or a later one of the job, or when there are neither
@@ -313,6 +320,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
             metadata["chandy.offsets"] = offsets_to_json(offsets)
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
+        metadata.update(watermark_metadata(event_times))
         properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
         fields = None if table is None else self._fields_of(table)
         schemas = [schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
@@ -356,7 +364,8 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         return None  # not reached
 
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-                       offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+                       offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
+                       event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
         """Apply the change ``files`` (``--cdc``) in one Delta ``MERGE`` commit (delta-rs
         ``DeltaTable.merge``) carrying the app transaction (job id, checkpoint id) and the
         ``commitInfo`` :meth:`commit` records: per key (the files' ``id_columns``) the last change
@@ -391,7 +400,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
                      self.table_uri, done)
             return None
         if not files:
-            return self.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id)
+            return self.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id, event_times=event_times)
         changes = latest_changes(read_change_files(self.fs, self.root, files), id_columns_of(files, self.table_uri))
         where = f"checkpoint {checkpoint_id}: "
         rows = changes.latest.drop_columns([OP_COLUMN])
@@ -413,6 +422,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
             metadata["chandy.offsets"] = offsets_to_json(offsets)
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
+        metadata.update(watermark_metadata(event_times))
         properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
         on = " AND ".join(f"t.`{c}` = s.`{c}`" for c in changes.id_columns)
         is_delete = f"s.`{OP_COLUMN}` = 'd'"

@@ -34,12 +34,18 @@ import pyarrow as pa
 
 from chandy.connectors.lake.cleanup import delete_files, job_files
 from chandy.connectors.lake.iceberg_catalog import catalog_properties_for, parse_iceberg_uri
-from chandy.connectors.lake.iceberg_commits import PROPERTY_PREFIX, commit_in, commits_after, landed_after, without_snapshot
+from chandy.connectors.lake.iceberg_commits import (
+    PROPERTY_PREFIX,
+    commit_in,
+    commit_record,
+    commits_after,
+    landed_after,
+    recorded_event_times,
+    without_snapshot,
+)
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
-    FILES_KEY,
-    RECORDS_KEY,
     TP,
     DataFile,
     LakeCommit,
@@ -48,7 +54,6 @@ from chandy.connectors.lake.sink import (
     TableProgress,
     merge_schemas,
     offsets_from_json,
-    offsets_to_json,
     schema_from_b64,
     schema_to_b64,
 )
@@ -261,7 +266,7 @@ class IcebergSink(SchemaChecked):
                 owner = key[len(PROPERTY_PREFIX):-len(".offsets")]
                 if owner != job_id:
                     others[owner] = offsets_from_json(value)
-        return TableProgress(done, offsets, cluster_id, others)
+        return TableProgress(done, offsets, cluster_id, others, recorded_event_times(table, job_id))
 
     def missing_files(self, files: Iterable[DataFile]) -> list[str]:
         """Paths (relative to the table root) of ``files`` that are not in the table's location:
@@ -278,7 +283,8 @@ class IcebergSink(SchemaChecked):
         return commits_after(table, job_id, checkpoint_id, newest, offsets or None)
 
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
+               event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
         """Add ``files`` in one Iceberg commit recording (job id, checkpoint id, offsets, records and
         files added) in the snapshot summary and the table properties. Returns the
         :class:`LakeCommit` made (its snapshot), or None (committing nothing) when the table already
@@ -313,13 +319,9 @@ class IcebergSink(SchemaChecked):
             for schema in schemas:
                 self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
             merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
-            summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token,
-                       RECORDS_KEY: str(sum(f.records for f in files)), FILES_KEY: str(len(files))}
-            properties = {key + "checkpoint_id": str(checkpoint_id), key + "commit_token": token}
-            if offsets:
-                summary["chandy.offsets"] = properties[key + "offsets"] = offsets_to_json(offsets)
-            if cluster_id:
-                summary["chandy.kafka_cluster_id"] = properties[key + "kafka_cluster_id"] = cluster_id
+            summary, properties = commit_record(job_id, checkpoint_id, token, records=sum(f.records for f in files),
+                                                files=len(files), offsets=offsets, cluster_id=cluster_id,
+                                                event_times=event_times)
             try:
                 if table is None:
                     assert merged is not None
@@ -352,13 +354,15 @@ class IcebergSink(SchemaChecked):
         return None  # not reached
 
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-                       offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+                       offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
+                       event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
         """Apply the change ``files`` (``--cdc``) in one Iceberg transaction (a row-level delete
         of every key the changes touch, then an append of the upserted rows; see
         :func:`chandy.connectors.lake.iceberg_changes.apply_changes`, which documents it)."""
         from chandy.connectors.lake.iceberg_changes import apply_changes
 
-        return apply_changes(self, job_id, checkpoint_id, files, offsets=offsets, cluster_id=cluster_id)
+        return apply_changes(self, job_id, checkpoint_id, files, offsets=offsets, cluster_id=cluster_id,
+                             event_times=event_times)
 
     def _commit_failure(self, exc: Exception, attempt: int, action: str) -> LakeCommitError | None:
         """After commit attempt ``attempt`` failed with ``exc``: the error to raise (any failure

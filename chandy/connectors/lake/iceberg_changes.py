@@ -19,14 +19,15 @@ from chandy.connectors.lake.changes import (
     latest_changes,
     read_change_files,
 )
-from chandy.connectors.lake.iceberg_commits import PROPERTY_PREFIX, commit_in, without_snapshot
-from chandy.connectors.lake.sink import COMMIT_ATTEMPTS, COMMIT_TOKEN, FILES_KEY, RECORDS_KEY, TP, DataFile, LakeCommit, offsets_to_json
+from chandy.connectors.lake.iceberg_commits import PROPERTY_PREFIX, commit_in, commit_record, without_snapshot
+from chandy.connectors.lake.sink import COMMIT_ATTEMPTS, COMMIT_TOKEN, TP, DataFile, LakeCommit
 
 log = logging.getLogger(__name__)
 
 
 def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-                  offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+                  offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
+                  event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
     """Apply the change ``files`` (``--cdc``) to ``sink``'s table (an
     :class:`~chandy.connectors.lake.iceberg.IcebergSink`) in one Iceberg transaction: a row-level
     delete of every key the changes touch (pyiceberg's copy-on-write ``Transaction.delete``: the
@@ -50,18 +51,14 @@ def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[Da
         log.info("checkpoint %d of job %s is already in %s: skipped", checkpoint_id, job_id, sink.table_uri)
         return None
     if not files:
-        return sink.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id)
+        return sink.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id, event_times=event_times)
     changes = latest_changes(read_change_files(sink.fs, sink.root, files), id_columns_of(files, sink.table_uri))
     token = uuid.uuid4().hex
     key = f"{PROPERTY_PREFIX}{job_id}."
-    summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token,
-               RECORDS_KEY: str(changes.latest.num_rows), FILES_KEY: "0", "chandy.changes": str(changes.changes),
-               "chandy.upserts": str(changes.upserts.num_rows), "chandy.deletes": str(changes.deletes.num_rows)}
-    properties = {key + "checkpoint_id": str(checkpoint_id), key + "commit_token": token}
-    if offsets:
-        summary["chandy.offsets"] = properties[key + "offsets"] = offsets_to_json(offsets)
-    if cluster_id:
-        summary["chandy.kafka_cluster_id"] = properties[key + "kafka_cluster_id"] = cluster_id
+    summary, properties = commit_record(job_id, checkpoint_id, token, records=changes.latest.num_rows, files=0,
+                                        offsets=offsets, cluster_id=cluster_id, event_times=event_times)
+    summary.update({"chandy.changes": str(changes.changes), "chandy.upserts": str(changes.upserts.num_rows),
+                    "chandy.deletes": str(changes.deletes.num_rows)})
     where = f"checkpoint {checkpoint_id}: "
     rows = changes.upserts
     shape = changes.latest.drop_columns([OP_COLUMN]).schema  # the change files' columns, deletes' too

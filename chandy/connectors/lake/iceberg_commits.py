@@ -15,12 +15,15 @@ from typing import Any
 
 from chandy.connectors.lake.sink import (
     COMMIT_TOKEN,
+    EVENT_TIMES_KEY,
     FILES_KEY,
     RECORDS_KEY,
     TP,
     LakeCommit,
     LakeCommitError,
     offsets_from_json,
+    offsets_to_json,
+    watermark_metadata,
 )
 
 log = logging.getLogger(__name__)
@@ -29,16 +32,46 @@ log = logging.getLogger(__name__)
 PROPERTY_PREFIX = "chandy.job."
 
 
+def commit_record(job_id: str, checkpoint_id: int, token: str, *, records: int, files: int,
+                  offsets: Mapping[TP, int] | None, cluster_id: str | None,
+                  event_times: Mapping[TP, int] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(snapshot summary, table properties) of one Chandy commit: the job, the checkpoint, the
+    token, the records and files added, the job's cumulative ``offsets``, the Kafka cluster and
+    the completeness watermark of ``event_times``
+    (:func:`~chandy.connectors.lake.sink.watermark_metadata`, in the summary, and the per-partition
+    times as the job's ``event_time_ms`` property, which a restart reads back)."""
+    key = f"{PROPERTY_PREFIX}{job_id}."
+    summary = {"chandy.job_id": job_id, "chandy.checkpoint_id": str(checkpoint_id), COMMIT_TOKEN: token,
+               RECORDS_KEY: str(records), FILES_KEY: str(files)}
+    properties = {key + "checkpoint_id": str(checkpoint_id), key + "commit_token": token}
+    if offsets:
+        summary["chandy.offsets"] = properties[key + "offsets"] = offsets_to_json(offsets)
+    if cluster_id:
+        summary["chandy.kafka_cluster_id"] = properties[key + "kafka_cluster_id"] = cluster_id
+    watermark = watermark_metadata(event_times, iceberg=True)
+    if watermark:
+        summary.update(watermark)
+        properties[key + "event_time_ms"] = watermark[EVENT_TIMES_KEY]
+    return summary, properties
+
+
+def recorded_event_times(table: Any, job_id: str) -> dict[TP, int]:
+    """The per-partition times of the completeness watermark ``job_id``'s newest commit of
+    ``table`` recorded (see :func:`commit_record`)."""
+    return offsets_from_json(table.properties.get(f"{PROPERTY_PREFIX}{job_id}.event_time_ms"))
+
+
 def snapshot_commit(snapshot: Any, checkpoint_id: int) -> LakeCommit:
     """The :class:`LakeCommit` of ``snapshot``, which committed ``checkpoint_id`` (records and
     files from Chandy's summary keys, else Iceberg's ``added-records`` / ``added-data-files``)."""
     summary = snapshot.summary
     records = summary.get(RECORDS_KEY) or summary.get("added-records")
     files = summary.get(FILES_KEY) or summary.get("added-data-files")
-    offsets = summary.get("chandy.offsets")
+    offsets, event_times = summary.get("chandy.offsets"), summary.get(EVENT_TIMES_KEY)
     return LakeCommit(checkpoint_id, snapshot.snapshot_id, snapshot.parent_snapshot_id,
                       None if records is None else int(records), None if files is None else int(files),
-                      snapshot.timestamp_ms, None if offsets is None else offsets_from_json(offsets))
+                      snapshot.timestamp_ms, None if offsets is None else offsets_from_json(offsets),
+                      None if event_times is None else offsets_from_json(event_times))
 
 
 def commit_in(table: Any, match: Mapping[str, str], checkpoint_id: int) -> LakeCommit | None:

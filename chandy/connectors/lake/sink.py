@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 import hashlib
 import json
 import re
@@ -36,7 +37,8 @@ SCHEMA_KIND = "lake-schema"
 SCHEMA_HASH = "schema_hash"
 #: the kind of the state handle a pipeline task acknowledges besides its files: the newest Kafka
 #: record timestamp it fetched and when (``chandy.connectors.spark.datasource.FetchClock``), for
-#: Flink's ``currentFetchEventTimeLag``
+#: Flink's ``currentFetchEventTimeLag``, and per partition the newest it read (``partition_event_time_ms``,
+#: JSON as ``chandy.offsets``), for the completeness watermark
 SOURCE_METRICS_KIND = "source-metrics"
 DATA_FILE_NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoint>\d{10})-(?P<subtask>\d{5})-a(?P<attempt>\d+)-[0-9a-f]+\.parquet$")
 
@@ -57,7 +59,6 @@ class LakeDivergenceError(LakeCommitError, SuppressRestartsError):
 
 TP = tuple[str, int]
 
-#: attempts of a commit (or an OPTIMIZE) that meets a concurrent commit delta-rs cannot rebase
 #: commitInfo (Delta) / snapshot summary and table property (Iceberg) key of a random token each
 #: commit carries: after a conflict, the table's commit of the checkpoint is this writer's only if it
 #: holds the token (a fenced coordinator then does not report a newer one's commit as its own)
@@ -65,6 +66,14 @@ COMMIT_TOKEN = "chandy.commit_token"
 #: commitInfo (Delta) / snapshot summary (Iceberg) keys of the records and data files a commit added
 RECORDS_KEY = "chandy.records"
 FILES_KEY = "chandy.files"
+#: the completeness watermark a commit records (commitInfo / snapshot summary, and an Iceberg table
+#: property per job): per partition the newest Kafka record timestamp the job has landed (JSON as
+#: ``chandy.offsets``, ms), and their minimum (ms); Iceberg's snapshots also carry the minimum
+#: under Kafka Connect's Iceberg sink's name, as an ISO-8601 instant
+EVENT_TIMES_KEY = "chandy.event_time_ms"
+VALID_THROUGH_KEY = "chandy.valid_through_ms"
+ICEBERG_VALID_THROUGH_KEY = "kafka.connect.valid-through-ts"
+#: attempts of a commit (or an OPTIMIZE) that meets a concurrent commit delta-rs cannot rebase
 COMMIT_ATTEMPTS = 8
 
 
@@ -76,13 +85,16 @@ class TableProgress:
     ``checkpoint_id``: the job's newest committed checkpoint (its app transaction version), or
     None; ``offsets``: end offset (exclusive) per (topic, partition) landed by the job;
     ``cluster_id``: the Kafka cluster the job's newest commit read from; ``other_jobs``: the
-    offsets other jobs recorded in the same table, by job ID.
+    offsets other jobs recorded in the same table, by job ID; ``event_times``: the completeness
+    watermark's per-partition times the newest commit recorded (:func:`watermark_metadata`).
     """
 
     checkpoint_id: int | None
     offsets: Mapping[TP, int]
     cluster_id: str | None
     other_jobs: Mapping[str, Mapping[TP, int]]
+    #: per (topic, partition) the newest Kafka record timestamp (ms) the job's commits landed
+    event_times: Mapping[TP, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +108,8 @@ class LakeCommit:
     made no snapshot). ``records`` and ``files`` the commit added (None when an older Chandy
     made the commit without recording them); ``timestamp`` in ms since the epoch; ``offsets`` the
     job's cumulative end offsets the commit recorded (``chandy.offsets``; None when it recorded
-    none, or the table keeps them elsewhere).
+    none, or the table keeps them elsewhere); ``event_times`` the completeness watermark's
+    per-partition times it recorded (:data:`EVENT_TIMES_KEY`; None when none).
     """
 
     checkpoint_id: int
@@ -106,6 +119,7 @@ class LakeCommit:
     files: int | None
     timestamp: int
     offsets: Mapping[TP, int] | None = None
+    event_times: Mapping[TP, int] | None = None
 
 
 def offsets_to_json(offsets: Mapping[TP, int]) -> str:
@@ -123,6 +137,28 @@ def offsets_from_json(text: str | None) -> dict[TP, int]:
         return {(topic, int(p)): int(o) for topic, parts in nested.items() for p, o in parts.items()}
     except (ValueError, AttributeError, TypeError) as exc:
         raise LakeCommitError(f"the table's chandy.offsets commit metadata is not readable: {text[:200]!r}: {exc}") from exc
+
+
+def valid_through_ms(event_times: Mapping[TP, int] | None) -> int | None:
+    """The completeness watermark of per-partition ``event_times``: their minimum (ms), None
+    when there are none. Within a partition whose timestamps grow with its offsets (Kafka's
+    LogAppendTime, or producers that stamp records in order), every record stamped before it has
+    landed."""
+    return min(event_times.values()) if event_times else None
+
+
+def watermark_metadata(event_times: Mapping[TP, int] | None, *, iceberg: bool = False) -> dict[str, str]:
+    """The commit metadata that records ``event_times`` (:data:`EVENT_TIMES_KEY`,
+    :data:`VALID_THROUGH_KEY`, with ``iceberg`` also :data:`ICEBERG_VALID_THROUGH_KEY` as Kafka
+    Connect's Iceberg sink writes it); empty when there are none."""
+    valid_through = valid_through_ms(event_times)
+    if valid_through is None or not event_times:
+        return {}
+    metadata = {EVENT_TIMES_KEY: offsets_to_json(event_times), VALID_THROUGH_KEY: str(valid_through)}
+    if iceberg:
+        instant = datetime.datetime.fromtimestamp(valid_through / 1000, datetime.UTC)
+        metadata[ICEBERG_VALID_THROUGH_KEY] = instant.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return metadata
 
 
 def _type_shape(delta_type_json: Any) -> Any:
@@ -392,11 +428,12 @@ class LakeSink(Protocol):
 
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[tuple[str, int], int] | None = None,
-               cluster_id: str | None = None) -> LakeCommit | None: ...
+               cluster_id: str | None = None, event_times: Mapping[TP, int] | None = None) -> LakeCommit | None: ...
 
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[tuple[str, int], int] | None = None,
-                       cluster_id: str | None = None) -> LakeCommit | None: ...
+                       cluster_id: str | None = None, event_times: Mapping[TP, int] | None = None
+                       ) -> LakeCommit | None: ...
 
     def commits_after(self, job_id: str, checkpoint_id: int) -> list[LakeCommit]: ...
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
 
 from chandy.connectors.lake.routing import Router
-from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeSink, data_files_to_handles
+from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeSink, data_files_to_handles, offsets_to_json
 from chandy.connectors.spark.decode import ValueDecoder, decode_batches
 from chandy.connectors.spark.evolution import SchemaChangeError, concat_evolving, offset_ranges
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
@@ -120,11 +120,14 @@ def read_ranges(options: TaskOptions, ranges: list) -> Iterator[pa.RecordBatch]:
 class FetchClock:
     """Watches a subtask's raw batches go by (:meth:`watch`): the newest Kafka record timestamp
     fetched (ms since the epoch) and the wall-clock time it was fetched (ms), for Flink's
-    ``currentFetchEventTimeLag`` (FetchTime - EventTime of the last fetched record)."""
+    ``currentFetchEventTimeLag`` (FetchTime - EventTime of the last fetched record), and per
+    (topic, partition) the newest timestamp read, for the completeness watermark the lake commit
+    records (:func:`chandy.connectors.lake.sink.watermark_metadata`)."""
 
     def __init__(self) -> None:
         self.event_time_ms: int | None = None
         self.fetch_time_ms: int | None = None
+        self.partition_event_time_ms: dict[tuple[str, int], int] = {}
 
     def watch(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``batches``, unchanged, noting each one's newest timestamp and fetch time."""
@@ -137,14 +140,21 @@ class FetchClock:
             if newest is not None:
                 self.event_time_ms = int(newest.timestamp() * 1000)
                 self.fetch_time_ms = int(time.time() * 1000)
+                per_partition = (pa.Table.from_batches([batch]).group_by(["topic", "partition"])
+                                 .aggregate([("timestamp", "max")]).to_pylist())
+                for row in per_partition:
+                    if row["timestamp_max"] is not None:
+                        key, millis = (row["topic"], row["partition"]), int(row["timestamp_max"].timestamp() * 1000)
+                        self.partition_event_time_ms[key] = max(millis, self.partition_event_time_ms.get(key, millis))
             yield batch
 
     def state_handle(self) -> StateHandle | None:
         """The :data:`SOURCE_METRICS_KIND` handle to acknowledge with (None: no timestamp seen)."""
         if self.event_time_ms is None or self.fetch_time_ms is None:
             return None
-        return StateHandle(SOURCE_METRICS_KIND, None, None, 0, {"event_time_ms": str(self.event_time_ms),
-                                                                 "fetch_time_ms": str(self.fetch_time_ms)})
+        return StateHandle(SOURCE_METRICS_KIND, None, None, 0, {
+            "event_time_ms": str(self.event_time_ms), "fetch_time_ms": str(self.fetch_time_ms),
+            "partition_event_time_ms": offsets_to_json(self.partition_event_time_ms)})
 
 
 def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,

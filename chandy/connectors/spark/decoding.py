@@ -134,15 +134,15 @@ class PipelineDecoding(PipelineCore):
 
         Raises:
             PipelineError: as :func:`~chandy.connectors.spark.registry.latest_schema`, a schema
-                without columns, or ``--cdc`` (give the row's DDL with ``--value-schema``).
+                without columns, or ``--cdc debezium`` (give the row's DDL with ``--value-schema``).
         """
         from chandy.connectors.spark.json_schema import JsonSchemaError, json_schema_columns
         from chandy.connectors.spark.registry import latest_schema
 
         opts = self.options
-        if opts.cdc:
-            raise PipelineError("--cdc with --value-format json-schema takes the row's columns from --value-schema "
-                                "(Spark DDL), not from the registry's envelope schema")
+        if opts.cdc == "debezium":
+            raise PipelineError("--cdc debezium with --value-format json-schema takes the row's columns from "
+                                "--value-schema (Spark DDL), not from the registry's envelope schema")
         subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
         latest = latest_schema(opts.schema_registry, subject, "JSON")
         try:
