@@ -368,13 +368,18 @@ def test_min_records_per_checkpoint_waits_for_enough_records_up_to_the_max_trigg
     results: list = []
     thread = threading.Thread(target=lambda: results.append(pipeline.run()))
     thread.start()
-    deadline = time.monotonic() + 120
-    while pipeline.service is None or pipeline.service.job_status != "RUNNING":
-        assert time.monotonic() < deadline and thread.is_alive(), "the job never ran"
-        time.sleep(0.1)
-    time.sleep(3)  # 30 intervals of 100 ms: without the minimum, checkpoint 1 would hold the 10
-    produce(kafka_bootstrap_servers, topic, [f"n{i}".encode() for i in range(45)], 1)
-    thread.join(120)
+    try:
+        deadline = time.monotonic() + 120
+        while pipeline.service is None or pipeline.service.coordinator is None:  # not yet leading its job
+            assert time.monotonic() < deadline and thread.is_alive(), "the job never started"
+            time.sleep(0.1)
+        time.sleep(3)  # 30 intervals of 100 ms: without the minimum, checkpoint 1 would hold the 10
+        produce(kafka_bootstrap_servers, topic, [f"n{i}".encode() for i in range(45)], 1)
+        thread.join(120)
+    finally:
+        if thread.is_alive():
+            pipeline.request_stop()
+            thread.join(60)
     assert results and results[0].records_landed == 55 and len(landed(table)) == 55
     produce(kafka_bootstrap_servers, topic, [f"o{i}".encode() for i in range(5)], 1)
     delayed = Pipeline(PipelineOptions(**{**opts.__dict__, "max_trigger_delay_ms": 2000}), spark=spark)
