@@ -48,11 +48,13 @@ def _produce(servers: str, registry: SchemaRegistryClient, topic: str, schema: d
     return int.from_bytes(serializer(values[0], context)[1:5], "big")
 
 
-def _source_values(servers: str, registry: SchemaRegistryClient, topic: str) -> dict[tuple[int, int], dict]:
-    """Every record of ``topic`` as confluent-kafka's AvroDeserializer reads it (its writer schema)."""
-    deserializer = AvroDeserializer(registry)
+def _source_values(servers: str, registry: SchemaRegistryClient, topic: str,
+                   deserializer: Any = None) -> dict[tuple[int, int], Any]:
+    """Every record of ``topic`` (2 partitions) as ``deserializer`` (confluent-kafka's; default its
+    AvroDeserializer, which reads each with its writer schema) reads it, by (partition, offset)."""
+    deserializer = deserializer or AvroDeserializer(registry)
     consumer = kafka_config.consumer(servers)
-    found: dict[tuple[int, int], dict] = {}
+    found: dict[tuple[int, int], Any] = {}
     for partition in (0, 1):
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
         consumer.assign([TopicPartition(topic, partition, low)])
@@ -216,15 +218,7 @@ def test_json_schema_values_land_with_the_registrys_columns_and_evolve(spark, ka
     assert Pipeline(opts, spark=spark).run().records_landed == 60
     schema = {f.name: str(f.type) for f in pa.schema(DeltaTable(table).schema().to_arrow())}
     assert (schema["qty"], schema["at"], schema["price"]) == ("int32", "timestamp[us, tz=UTC]", "double")
-    deserializer = JSONDeserializer(None, schema_registry_client=registry)
-    consumer = kafka_config.consumer(servers)
-    source = {}
-    for partition in (0, 1):
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        while sum(1 for p, _ in source if p == partition) < 30:
-            for message in consumer.consume(100, timeout=5):
-                source[(partition, message.offset())] = deserializer(message.value(), context)
-    consumer.close()
+    source = _source_values(servers, registry, topic, JSONDeserializer(None, schema_registry_client=registry))
     landed = _landed(table)
     assert set(landed) == set(source)
     for where, value in source.items():
@@ -265,21 +259,15 @@ def test_protobuf_values_land_once_with_the_registrys_columns_and_evolve(spark, 
     assert Pipeline(opts, spark=spark).run().records_landed == 60
     assert str(pa.schema(DeltaTable(table).schema().to_arrow()).field("price").type) == "double"
     landed = _landed(table)
-    reader = ProtobufDeserializer(v2, None, registry)
-    consumer = kafka_config.consumer(servers)
+    source = _source_values(servers, registry, topic, ProtobufDeserializer(v2, None, registry))
+    assert set(source) == set(landed)
     compared = 0
-    for partition in (0, 1):
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        seen = 0
-        while seen < 30:
-            for message in consumer.consume(100, timeout=5):
-                row = landed[(partition, message.offset())]
-                expected = {"price": None, **expected_row(reader(message.value(), context))}
-                if int(row["id"]) < 30:
-                    expected["price"] = None  # V1 has no price: read as V2, the runtime says 0.0
-                row["attrs"] = sorted(row["attrs"])
-                assert {k: row[k] for k in expected} == expected, (partition, message.offset())
-                seen += 1
-                compared += 1
-    consumer.close()
+    for where, message in source.items():
+        row = landed[where]
+        expected = {"price": None, **expected_row(message)}
+        if int(row["id"]) < 30:
+            expected["price"] = None  # V1 has no price: read as V2, the runtime says 0.0
+        row["attrs"] = sorted(row["attrs"])
+        assert {k: row[k] for k in expected} == expected, where
+        compared += 1
     assert compared == len(landed) == 60

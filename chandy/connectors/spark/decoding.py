@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -19,6 +20,7 @@ from chandy.connectors.spark.options import (
     PipelineError,
 )
 from chandy.connectors.type_mapping import inferred_json_type
+from chandy.coordinator.errors import ChandyError
 
 log = logging.getLogger(__name__)
 
@@ -95,36 +97,50 @@ class PipelineDecoding(PipelineCore):
         extra = [(f, n) for f, n in zip(table, table_names, strict=True) if n not in names]
         return pa.schema(list(columns) + [f for f, _ in extra]), names + tuple(n for _, n in extra)
 
-    def _decoder_from_registry(self) -> ValueDecoder:
-        """Avro with a Schema Registry and no ``--value-schema``: the subject's latest version
-        is the table's schema. The columns are its fields (then the table's other columns); each
-        record is read with its own writer schema (``ValueDecoder.as_written``, not with
-        ``--cdc``, whose rows are resolved against the latest version).
+    def _registry_columns(self, schema_type: str, to_columns: Callable[[Any], tuple[pa.Schema, tuple[str, ...]]]
+                          ) -> tuple[Any, pa.Schema, tuple[str, ...]]:
+        """(the latest version of the value subject, which must be a ``schema_type`` schema, and
+        the columns ``to_columns`` makes of it followed by the table's other columns, with each
+        one's name in the value), logged; the schema's errors (a ``ChandyError``) as one line
+        naming the registry, the subject, the version and the schema ID.
 
         Raises:
-            PipelineError: the registry unreachable or refusing (its URL, the subject and why),
-                the subject unknown, or its latest version not an Avro record that has columns.
+            PipelineError: as :func:`~chandy.connectors.spark.registry.latest_schema`, or a schema
+                that has no columns.
         """
-        import dataclasses
-
-        from chandy.connectors.spark.avro import AvroValueSchemaError, avro_columns, change_row_schema
         from chandy.connectors.spark.registry import latest_schema
 
         opts = self.options
         subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
-        latest = latest_schema(opts.schema_registry, subject)
-        text = latest.schema.schema_str
+        latest = latest_schema(opts.schema_registry, subject, schema_type)
         try:
-            row = change_row_schema(text) if opts.cdc == "debezium" else text
-            columns, names = avro_columns(row)
-        except AvroValueSchemaError as exc:
+            columns, names = to_columns(latest)
+        except ChandyError as exc:  # AvroValueSchemaError, JsonSchemaError, ProtobufSchemaError
             raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version} "
                                 f"(schema ID {latest.schema_id}): {exc}") from exc
         columns, names = self._with_table_columns(columns, names)
-        log.info("job %s: the table's schema is subject %s version %d (schema ID %d) from %s", self.job_id, subject,
-                 latest.version, latest.schema_id, url)
-        decoder = self._make_decoder(columns, names, "ignore" if opts.cdc else self._avro_unknown_fields)
-        return dataclasses.replace(decoder, avro_schema=text, as_written=opts.cdc != "debezium",
+        log.info("job %s: the table's schema is subject %s version %d (schema ID %d, %s) from %s", self.job_id,
+                 subject, latest.version, latest.schema_id, schema_type, url)
+        return latest, columns, names
+
+    def _decoder_from_registry(self) -> ValueDecoder:
+        """Avro with a Schema Registry and no ``--value-schema``: the subject's latest version
+        is the table's schema. The columns are its fields (then the table's other columns); each
+        record is read with its own writer schema (``ValueDecoder.as_written``, not with
+        ``--cdc debezium``, whose rows are resolved against the latest version).
+
+        Raises:
+            PipelineError: see :meth:`_registry_columns`.
+        """
+        import dataclasses
+
+        from chandy.connectors.spark.avro import avro_columns, change_row_schema
+
+        debezium = self.options.cdc == "debezium"
+        latest, columns, names = self._registry_columns("AVRO", lambda latest: avro_columns(
+            change_row_schema(latest.schema.schema_str) if debezium else latest.schema.schema_str))
+        decoder = self._make_decoder(columns, names, "ignore" if self.options.cdc else self._avro_unknown_fields)
+        return dataclasses.replace(decoder, avro_schema=latest.schema.schema_str, as_written=not debezium,
                                    columns_schema_id=latest.schema_id)
 
     def _decoder_from_json_schema(self) -> ValueDecoder:
@@ -133,26 +149,15 @@ class PipelineDecoding(PipelineCore):
         then the table's other columns; fields without a column evolve the table as JSON's do.
 
         Raises:
-            PipelineError: as :func:`~chandy.connectors.spark.registry.latest_schema`, a schema
-                without columns, or ``--cdc debezium`` (give the row's DDL with ``--value-schema``).
+            PipelineError: see :meth:`_registry_columns`; or ``--cdc debezium`` (give the row's
+                DDL with ``--value-schema``).
         """
-        from chandy.connectors.spark.json_schema import JsonSchemaError, json_schema_columns
-        from chandy.connectors.spark.registry import latest_schema
+        from chandy.connectors.spark.json_schema import json_schema_columns
 
-        opts = self.options
-        if opts.cdc == "debezium":
+        if self.options.cdc == "debezium":
             raise PipelineError("--cdc debezium with --value-format json-schema takes the row's columns from "
                                 "--value-schema (Spark DDL), not from the registry's envelope schema")
-        subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
-        latest = latest_schema(opts.schema_registry, subject, "JSON")
-        try:
-            columns, names = json_schema_columns(latest.schema.schema_str)
-        except JsonSchemaError as exc:
-            raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version} "
-                                f"(schema ID {latest.schema_id}): {exc}") from exc
-        columns, names = self._with_table_columns(columns, names)
-        log.info("job %s: the table's schema is subject %s version %d (schema ID %d) from %s", self.job_id, subject,
-                 latest.version, latest.schema_id, url)
+        _, columns, names = self._registry_columns("JSON", lambda latest: json_schema_columns(latest.schema.schema_str))
         return self._make_decoder(columns, names, self._unknown_fields)
 
     def _decoder_from_protobuf(self) -> ValueDecoder:
@@ -161,25 +166,16 @@ class PipelineDecoding(PipelineCore):
         record is read with its writer's message, as Avro's ``as_written``.
 
         Raises:
-            PipelineError: as :func:`~chandy.connectors.spark.registry.latest_schema`, or a schema
-                Chandy cannot read or map (``ProtobufSchemaError``'s message).
+            PipelineError: see :meth:`_registry_columns` (a schema Chandy cannot read or map).
         """
         import dataclasses
 
-        from chandy.connectors.spark.protobuf import ProtobufSchemaError, arrow_columns, message_descriptor
-        from chandy.connectors.spark.registry import latest_schema, registry_client
+        from chandy.connectors.spark.protobuf import arrow_columns, message_descriptor
+        from chandy.connectors.spark.registry import registry_client
 
-        opts = self.options
-        subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
-        latest = latest_schema(opts.schema_registry, subject, "PROTOBUF")
-        try:
-            message = message_descriptor(registry_client(opts.schema_registry), latest.schema_id, [0])
-            columns, names = arrow_columns(message)
-        except ProtobufSchemaError as exc:
-            raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version}: {exc}") from exc
-        columns, names = self._with_table_columns(columns, names)
-        log.info("job %s: the table's schema is message %s of subject %s version %d (schema ID %d) from %s",
-                 self.job_id, message.full_name, subject, latest.version, latest.schema_id, url)
+        registry = registry_client(self.options.schema_registry)
+        latest, columns, names = self._registry_columns(
+            "PROTOBUF", lambda latest: arrow_columns(message_descriptor(registry, latest.schema_id, [0])))
         decoder = self._make_decoder(columns, names, self._avro_unknown_fields)
         return dataclasses.replace(decoder, as_written=True, columns_schema_id=latest.schema_id)
 
