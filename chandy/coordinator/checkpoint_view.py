@@ -24,7 +24,12 @@
 Field names are Flink's. What Chandy does not measure is 0, as in Flink for a job without those
 features: ``alignment_buffered``, ``processed_data``, ``persisted_data`` (no unaligned
 checkpoints); ``checkpointed_size`` equals ``state_size`` (no incremental checkpoints).
-``tasks`` is empty (acknowledgements are not on the events topic). ``counts.restored`` and
+``tasks`` holds one Flink ``TaskCheckpointStatistics`` per operator (job vertex, by operator ID) the
+TRIGGERED event named: its ``num_subtasks``, and, since acknowledgements are not on the events
+topic, what the checkpoint's totals tell exactly: with one operator all of it; with several, a
+completed checkpoint's ``num_acknowledged_subtasks`` (all of them) and -1 for what is known only
+in total (sizes, the latest acknowledgement, the duration, an unfinished checkpoint's
+acknowledgements). ``counts.restored`` and
 ``latest.restored`` stay 0 and null: restores are not published as events (the coordinator's own
 ``CoordinatorService.stats()`` has them). History is bounded by ``history_size`` (Flink's
 ``web.checkpoints.history``, default 10 there, 100 here); counts and the summary cover every
@@ -94,6 +99,25 @@ class _Checkpoint:
     failure_timestamp: int | None = None
     failure_reason: str | None = None
     failure_message: str | None = None
+    #: operator ID -> parallelism, as its TRIGGERED event said (the job's vertices)
+    operators: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def _tasks(self) -> dict[str, dict[str, Any]]:
+        """Flink's ``tasks`` map: a ``TaskCheckpointStatistics`` per operator (see the module
+        docstring for what is exact and what is -1)."""
+        single, completed = len(self.operators) == 1, self.status == "COMPLETED"
+        tasks = {}
+        for operator, parallelism in self.operators.items():
+            size = self.state_size if single else -1
+            acknowledged = parallelism if completed else self.num_acknowledged if single else -1
+            tasks[operator] = {
+                "id": operator, "status": self.status,
+                "latest_ack_timestamp": self.latest_ack_timestamp if single else -1,
+                "checkpointed_size": size, "state_size": size,
+                "end_to_end_duration": self.end_to_end_duration if single else -1,
+                "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
+                "num_subtasks": parallelism, "num_acknowledged_subtasks": acknowledged}
+        return tasks
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -114,7 +138,7 @@ class _Checkpoint:
             "num_acknowledged_subtasks": self.num_acknowledged,
             "checkpoint_type": {"CHECKPOINT": "CHECKPOINT", "SAVEPOINT": "SAVEPOINT",
                                 "SAVEPOINT_TERMINATE": "SYNC_SAVEPOINT"}.get(self.checkpoint_type, self.checkpoint_type),
-            "tasks": {},
+            "tasks": self._tasks(),
         }
         if self.status == "COMPLETED":
             body["external_path"] = self.external_path
@@ -200,6 +224,8 @@ class JobCheckpointsView:
             return  # a repeated terminal event (at-least-once readers) counts once
         checkpoint.num_subtasks = event.num_subtasks or checkpoint.num_subtasks
         checkpoint.num_acknowledged = event.num_acknowledged
+        if kind == "TRIGGERED" or not checkpoint.operators:
+            checkpoint.operators = dict(self.operators)
         if kind == "TRIGGERED":
             return
         checkpoint.end_to_end_duration = (event.end_to_end_duration_ms if event.end_to_end_duration_ms is not None

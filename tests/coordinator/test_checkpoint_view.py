@@ -184,3 +184,31 @@ def test_lake_commits_give_the_end_to_end_lag_and_triggers_the_job_name_config_a
     assert (details["name"], details["state"], details["start-time"], details["duration"]) == ("orders", "RUNNING",
                                                                                                1000, 8000)
     assert [(v["id"], v["parallelism"]) for v in details["vertices"]] == [("kafka-source", 4), ("lake-sink", 2)]
+
+
+def test_details_carry_one_task_checkpoint_statistics_per_operator():
+    """Issue 47: Flink's ``tasks`` map (``TaskCheckpointStatistics`` per job vertex) from the
+    operators a TRIGGERED event names: exact with one operator (the pipeline's lake sink), and with
+    several only what the totals tell (a completed checkpoint's acknowledgements), -1 otherwise."""
+    import dataclasses
+
+    from chandy.coordinator.messages import OperatorParallelism
+
+    view = JobCheckpointsView(JOB)
+    one = (OperatorParallelism("lake-sink", 2),)
+    view.apply(dataclasses.replace(event(1, "TRIGGERED", at=1000, trigger=1000), operators=one))
+    view.apply(event(1, "COMPLETED", at=1040, trigger=1000, duration=40, size=100, acks=2))
+    view.apply(dataclasses.replace(event(2, "TRIGGERED", at=2000, trigger=2000, acks=1), operators=one))
+    task = view.checkpoint_details(1)["tasks"]["lake-sink"]
+    assert task == {"id": "lake-sink", "status": "COMPLETED", "latest_ack_timestamp": 1040, "checkpointed_size": 100,
+                    "state_size": 100, "end_to_end_duration": 40, "alignment_buffered": 0, "processed_data": 0,
+                    "persisted_data": 0, "num_subtasks": 2, "num_acknowledged_subtasks": 2}
+    pending = view.checkpoint_details(2)["tasks"]["lake-sink"]
+    assert (pending["status"], pending["num_acknowledged_subtasks"]) == ("IN_PROGRESS", 1)
+    two = (OperatorParallelism("kafka-source", 1), OperatorParallelism("lake-sink", 2))
+    view.apply(dataclasses.replace(event(3, "TRIGGERED", at=3000, trigger=3000), operators=two))
+    view.apply(event(3, "COMPLETED", at=3050, trigger=3000, duration=50, size=10, acks=3))
+    tasks = view.checkpoint_details(3)["tasks"]
+    assert {k: (t["num_subtasks"], t["num_acknowledged_subtasks"], t["state_size"]) for k, t in tasks.items()} == {
+        "kafka-source": (1, 1, -1), "lake-sink": (2, 2, -1)}
+    assert folded().checkpoint_details(1)["tasks"] == {}  # no TRIGGERED event named operators
