@@ -376,6 +376,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                         and request[0].drain and sum(lag.values()) > 0):
                     self._draining, request = request, None  # land what is available first (Flink's --drain)
                 if request is None and self._holding_back(sum(lag.values()), last_trigger):
+                    if time.monotonic() - self.last_spark_job > KEEP_WARM_S:
+                        self._warm_python_workers(spark, with_sink=True)  # a long wait must not go cold
                     self._idle(IDLE_POLL_S)  # Spark's minOffsetsPerTrigger: wait for more, up to maxTriggerDelay
                     continue
                 if request is None and sum(lag.values()) == 0:

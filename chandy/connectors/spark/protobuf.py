@@ -262,23 +262,29 @@ def _scalar(value: Any, field: Any) -> Any:
     return value
 
 
+#: message classes per (registry client, schema ID, message indexes), for every reader of a process
+_CLASSES: dict[tuple[int, int, tuple[int, ...]], Any] = {}
+
+
 class ProtobufReader:
-    """Reads Confluent-framed Protobuf values with each one's writer schema (cached per schema ID
-    and message indexes). ``registry``: a ``SchemaRegistryClient``."""
+    """Reads Confluent-framed Protobuf values with each one's writer schema (the message classes
+    cached per process, by schema ID and message indexes). ``registry``: a ``SchemaRegistryClient``."""
 
     def __init__(self, registry: Any) -> None:
         self.registry = registry
-        self._classes: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._seen: set[tuple[int, tuple[int, ...]]] = set()
 
     def writer(self, schema_id: int, indexes: list[int]) -> tuple[Any, bool]:
-        """(the message class of the writer, whether it is read here the first time)."""
+        """(the message class of the writer, whether this reader meets it the first time)."""
         key = (schema_id, tuple(indexes))
-        if key in self._classes:
-            return self._classes[key], False
-        from google.protobuf import message_factory
+        cached = (id(self.registry), *key)
+        if cached not in _CLASSES:
+            from google.protobuf import message_factory
 
-        self._classes[key] = message_factory.GetMessageClass(message_descriptor(self.registry, schema_id, indexes))
-        return self._classes[key], True
+            _CLASSES[cached] = message_factory.GetMessageClass(message_descriptor(self.registry, schema_id, indexes))
+        new = key not in self._seen
+        self._seen.add(key)
+        return _CLASSES[cached], new
 
     def read(self, raw: bytes) -> tuple[int, Any, Mapping[str, Any], bool]:
         """(schema ID, the writer's message descriptor, the value's fields, whether the writer is

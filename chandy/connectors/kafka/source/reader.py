@@ -217,8 +217,9 @@ class KafkaRangeReader:
                      f"{stop}) are no longer in Kafka (the partition's log holds [{low}, {high}): aged out by "
                      "retention, deleted, or the topic was created again)")
             if fail_on_data_loss:
-                raise KafkaDataLossError(f"{where}; nothing of this checkpoint landed. Start with "
-                                         "--no-fail-on-data-loss to skip them (Spark's failOnDataLoss=false)")
+                raise KafkaDataLossError(f"{where}; nothing of this checkpoint landed. To skip them, restore the "
+                                         "job from its latest checkpoint (--from-savepoint) with "
+                                         "--no-fail-on-data-loss (Spark's failOnDataLoss=false)")
             log.warning("%s: skipped (--no-fail-on-data-loss)", where)
         if resume < stop:  # assign again: librdkafka refuses to seek a partition in its error state
             self.consumer.assign([TopicPartition(split.topic, split.partition, resume)])
