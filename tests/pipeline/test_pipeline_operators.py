@@ -425,3 +425,25 @@ def test_each_commit_says_up_to_which_event_time_the_table_is_complete(spark, ka
     commit = DeltaTable(table).history(1)[0]
     assert json.loads(commit["chandy.event_time_ms"]) == {topic: {"0": base + 45_000, "1": newest[1]}}
     assert commit["chandy.valid_through_ms"] == str(newest[1])
+
+
+def test_a_table_partitioned_by_the_day_and_a_bucket_of_the_kafka_record(spark, kafka_bootstrap_servers,
+                                                                         tmp_path) -> None:
+    """Issue 47 (partition transforms): --partition-by day(timestamp) --partition-by bucket(4,
+    offset) on raw records: the Delta table is partitioned by timestamp_day and offset_bucket,
+    each row's timestamp_day is its Kafka timestamp's UTC date, and every record lands once."""
+    topic = make_topic(kafka_bootstrap_servers, [])
+    base = (int(time.time()) - 86_400) * 1000  # yesterday and today, inside the broker's retention
+    producer = kafka_config.producer(kafka_bootstrap_servers)
+    for i in range(40):
+        producer.produce(topic, f"v{i}".encode(), partition=i % 2, timestamp=base + (i // 20) * 86_400_000)
+    producer.flush(30)
+    table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
+    opts = options(kafka_bootstrap_servers, topic, table, prefix, partition_by=("day(timestamp)", "bucket(4, offset)"))
+    assert Pipeline(opts, spark=spark).run().records_landed == 40
+    delta = DeltaTable(table)
+    assert delta.metadata().partition_columns == ["timestamp_day", "offset_bucket"]
+    rows = delta.to_pyarrow_table().to_pylist()
+    assert len({(r["partition"], r["offset"]) for r in rows}) == len(rows) == 40
+    assert all(r["timestamp_day"] == r["timestamp"].astimezone(__import__("datetime").UTC).date() for r in rows)
+    assert {r["offset_bucket"] for r in rows} <= {0, 1, 2, 3} and len({r["timestamp_day"] for r in rows}) == 2

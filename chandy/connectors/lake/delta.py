@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from chandy.connectors.lake.cleanup import delete_files, job_files
 from chandy.connectors.lake.delta_maintenance import DeltaMaintenance, is_conflict
+from chandy.connectors.lake.partitioning import partition_columns, with_partition_columns
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
@@ -101,7 +102,9 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
 
     Args:
         table_uri: where the table lives (``file:///...``, ``s3://...``, a local path).
-        partition_by: partition columns (their values become ``<col>=<value>`` directories).
+        partition_by: partition columns (their values become ``<col>=<value>`` directories), or
+            transforms of columns (:mod:`~chandy.connectors.lake.partitioning`: ``day(ts)`` adds
+            and partitions by ``ts_day``).
         storage_options: options for fsspec and delta-rs, under their own names.
         add_columns: schema evolution: a column the data has and the table lacks is added to
             the table (an ADD COLUMN commit before the checkpoint's, as Delta's schema merge
@@ -118,7 +121,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         self.table_uri = normalize_table_uri(table_uri)
         self.add_columns = add_columns
         self.table_properties = dict(table_properties or {})
-        self.partition_by = list(partition_by)
+        self.partition_fields, self.partition_by = partition_columns(partition_by)  # transforms: added columns
         self.storage_options = dict(storage_options or {})
         self.fs, self.root = open_filesystem(self.table_uri, self.storage_options)
 
@@ -138,7 +141,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         ``partitioned``: a change file, ``--cdc``), not yet visible. Returns them."""
         if table.num_rows == 0:
             return []
-        table = to_lake_types(table)
+        table = to_lake_types(with_partition_columns(table, self.partition_fields))
         schema = schema_to_b64(table.schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
         if not self.partition_by or not partitioned:  # change files (--cdc) are never partitioned

@@ -43,6 +43,7 @@ from chandy.connectors.lake.iceberg_commits import (
     recorded_event_times,
     without_snapshot,
 )
+from chandy.connectors.lake.partitioning import partition_columns, with_partition_columns
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
@@ -94,10 +95,9 @@ class IcebergSink(SchemaChecked):
 
     Args:
         table_uri: ``iceberg://<catalog>/<namespace>.<table>``.
-        partition_by: identity partition columns: a new table gets that partition spec, each
-            task writes one file per partition value under ``data/<col>=<value>/`` (keeping the
-            columns in the file, from whose statistics pyiceberg's ``add_files`` reads the
-            partition); an existing table keeps its own spec.
+        partition_by: columns or transforms (:mod:`~chandy.connectors.lake.partitioning`): a new
+            table gets an identity spec of their partition columns, one file per value under
+            ``data/<col>=<value>/`` (``add_files`` reads it from its statistics); an existing table keeps its spec.
         catalog_properties: pyiceberg catalog properties (see :func:`catalog_properties_for`).
         storage_options: fsspec options for the table location.
         add_columns: schema evolution: columns the data has and the table lacks are added in the
@@ -119,7 +119,7 @@ class IcebergSink(SchemaChecked):
         self.table_uri = normalize_table_uri(table_uri)
         self.add_columns, self.table_properties = add_columns, dict(table_properties or {})
         self.catalog_name, self.namespace, self.name = parse_iceberg_uri(self.table_uri)
-        self.partition_by = list(partition_by)
+        self.partition_fields, self.partition_by = partition_columns(partition_by)  # transforms: added columns
         self.storage_options = dict(storage_options or {})
         self._catalog: Any = None
         if location is not None:  # a task's writer: no catalog (nor pyiceberg) needed to write files
@@ -194,7 +194,7 @@ class IcebergSink(SchemaChecked):
 
         if table.num_rows == 0:
             return []
-        table = to_lake_types(table)
+        table = to_lake_types(with_partition_columns(table, self.partition_fields))
         schema = schema_to_b64(table.schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
         parts: list[tuple[str, dict[str, Any], Any]] = [("", {}, table)]

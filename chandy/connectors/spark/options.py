@@ -205,7 +205,9 @@ class PipelineOptions:
     keep_raw_value: bool = _opt(False, "--keep-raw-value", kind="flag", help="Keep the value bytes next to the decoded columns.")
     transform: str | None = _opt(None, "--transform", metavar="MODULE:FUNCTION",
                                  help="DataFrame -> DataFrame, applied per micro-batch.")
-    partition_by: tuple[str, ...] = _opt((), "--partition-by", kind="multiple", help="Table partition column (repeatable).")
+    partition_by: tuple[str, ...] = _opt((), "--partition-by", kind="multiple", metavar="COLUMN|TRANSFORM(COLUMN)", help=(
+        "Partition the table by a column, or by a transform of one that adds its partition column (Iceberg's "
+        "names): year(ts), month(ts), day(ts), hour(ts), bucket(N, col), truncate(W, col)  (repeatable)."))
     consumer_overrides: Mapping[str, Any] = _opt({}, "-X", kind="settings", help="librdkafka consumer setting (repeatable).")
     producer_overrides: Mapping[str, Any] = _opt({}, "--producer-property", kind="settings",
                                                  help="librdkafka producer setting for acks (repeatable).")
@@ -386,6 +388,12 @@ class PipelineOptions:
         if self.optimize_target_size is not None and self.optimize_target_size < 1:
             raise PipelineError(f"--optimize-target-size takes bytes >= 1, got {self.optimize_target_size}")
         self._check_routing_and_cdc()
+        from chandy.connectors.lake.partitioning import PartitionSpecError, parse_partition_by
+
+        try:
+            parse_partition_by(self.partition_by)
+        except PartitionSpecError as exc:
+            raise PipelineError(str(exc)) from exc
         try:
             from chandy.connectors.lake.delta import check_delta_properties
             from chandy.connectors.lake.sink import parquet_write_options
