@@ -81,7 +81,7 @@ def test_a_delta_table_partitioned_by_day_and_bucket(tmp_path: Path) -> None:
     assert {p.parent.parent.name for p in (tmp_path / "t").rglob("*.parquet")} >= {"ts_day=2026-09-21",
                                                                                   "ts_day=2026-09-22"}
     # a reader prunes by the partition column
-    one_day = table.to_pyarrow_table(filters=[("ts_day", "=", "2026-09-22")])
+    one_day = table.to_pyarrow_table(filters=[("ts_day", "=", datetime.date(2026, 9, 22))])
     assert sorted(one_day.column("offset").to_pylist()) == [1, 2]
 
 
