@@ -77,4 +77,8 @@ def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, k
     assert emitted == lags  # chained in one task: a record is emitted to the writer as it is fetched
     assert last[("flink_taskmanager_job_task_checkpointAlignmentTime", tuple(sorted((*scope, task,
                                                                                      ("subtask_index", "0")))))] == 0
+    # the records' key and value bytes per second (make_topic keys record i as k<i>)
+    read = sum(len(b"v%d" % i) + len(f"k{i}") for i in range(300))
+    assert last[(op + "KafkaSourceReader_KafkaConsumer_bytes_consumed_rate", source)] == pytest.approx(
+        read / scrapes[-1][0].elapsed_s)
 

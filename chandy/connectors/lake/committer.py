@@ -133,6 +133,10 @@ class LakeCommitter:
         #: the completeness watermark: per (topic, partition) the newest Kafka timestamp (ms) the
         #: job's commits landed, read from the table at a restore and recorded with each commit
         self.event_times: dict[TP, int] = {}
+        #: the record bytes (keys and values) the checkpoints this run committed read, for the
+        #: Kafka consumer's bytes_consumed_rate
+        self.bytes_read = 0
+        self._bytes_pending = 0  # of the checkpoint being committed
         self._optimizer: concurrent.futures.ThreadPoolExecutor | None = None
         self._optimizing: concurrent.futures.Future | None = None
 
@@ -196,6 +200,7 @@ class LakeCommitter:
         any), and return the completeness watermark's per-partition times once this checkpoint
         lands: :attr:`event_times` raised by the newest timestamps its subtasks read."""
         event_times = dict(self.event_times)
+        self._bytes_pending = 0
         operator = metadata.operator(self.context.operator_id)
         for subtask in operator.subtask_states if operator is not None else ():
             for handle in subtask.state_handles:
@@ -207,6 +212,7 @@ class LakeCommitter:
                 except (KeyError, ValueError, LakeCommitError):
                     continue
                 self.fetch_event_time_lag_ms[subtask.subtask_index] = lag
+                self._bytes_pending += int(handle.properties.get("bytes_read") or 0)
                 for tp, millis in read.items():
                     event_times[tp] = max(millis, event_times.get(tp, millis))
         return event_times
@@ -285,6 +291,7 @@ class LakeCommitter:
             self.event_times = event_times
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
+            self.bytes_read += self._bytes_pending
         committed_to = [sink for sink, committed, _ in landed if committed]
         if committed_to:
             self._maybe_optimize(checkpoint_id, committed_to)

@@ -128,6 +128,7 @@ class FetchClock:
         self.event_time_ms: int | None = None
         self.fetch_time_ms: int | None = None
         self.partition_event_time_ms: dict[tuple[str, int], int] = {}
+        self.bytes_read = 0  # the records' keys and values, as consumed (Kafka's bytes-consumed)
 
     def watch(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``batches``, unchanged, noting each one's newest timestamp and fetch time."""
@@ -136,6 +137,8 @@ class FetchClock:
         import pyarrow.compute as pc
 
         for batch in batches:
+            for column in ("key", "value"):
+                self.bytes_read += pc.sum(pc.binary_length(batch.column(column))).as_py() or 0
             newest = pc.max(batch.column("timestamp")).as_py() if batch.num_rows else None
             if newest is not None:
                 self.event_time_ms = int(newest.timestamp() * 1000)
@@ -154,6 +157,7 @@ class FetchClock:
             return None
         return StateHandle(SOURCE_METRICS_KIND, None, None, 0, {
             "event_time_ms": str(self.event_time_ms), "fetch_time_ms": str(self.fetch_time_ms),
+            "bytes_read": str(self.bytes_read),
             "partition_event_time_ms": offsets_to_json(self.partition_event_time_ms)})
 
 

@@ -59,9 +59,13 @@ ms, from the failure to the new coordinator running (0 before any restart; Flink
 took to restart the job"). In the task scope, ``checkpointAlignmentTime`` is 0:
 a micro-batch has no channels whose barriers need aligning.
 
-Not served: the Kafka consumer's byte and request metrics (``bytes_consumed_rate``,
-``records_per_request_avg``): the tasks' librdkafka statistics are not collected. With
-``--metrics-legacy-names`` the bare names
+``KafkaSourceReader_KafkaConsumer_bytes_consumed_rate``: the keys' and values' bytes of the
+records this run's committed checkpoints read, per second since the run started (the records'
+own bytes, not the fetch responses' as Kafka's consumer counts them; without ``--transform``, as
+``currentFetchEventTimeLag``).
+
+Not served: the Kafka consumer's ``records_per_request_avg`` (the tasks' librdkafka statistics are
+not collected). With ``--metrics-legacy-names`` the bare names
 of Chandy 0.1 (labels ``job_id``, ``operator``, and ``topic``/``partition`` for the lag) are
 served too.
 """
@@ -126,12 +130,14 @@ class PipelineMetricsCollector(Collector):
     def __init__(self, scope: MetricScope | str, source_operator: str, sink_operator: str,
                  read_commit_ms: Callable[[], float | None] | None = None,
                  read_fetch_lag_ms: Callable[[], Mapping[int, int]] | None = None,
-                 read_restarting_ms: Callable[[], float] | None = None) -> None:
+                 read_restarting_ms: Callable[[], float] | None = None,
+                 read_bytes: Callable[[], int] | None = None) -> None:
         self.scope = scope if isinstance(scope, MetricScope) else MetricScope(scope)
         self.job_id = self.scope.job_id
         self.read_commit_ms = read_commit_ms
         self.read_fetch_lag_ms = read_fetch_lag_ms
         self.read_restarting_ms = read_restarting_ms
+        self.read_bytes = read_bytes
         self._last_read = time.monotonic()  # when the source last read records (sourceIdleTime)
         self.source = source_operator
         self.sink = sink_operator
@@ -199,6 +205,12 @@ class PipelineMetricsCollector(Collector):
                                                                             "run started.")
         consumed.add_metric(scope.operator_labels(self.source), read / seconds)
         yield consumed
+        read_bytes = _scrape(self.read_bytes, "bytes read")
+        if read_bytes is not None:
+            rate = scope.operator_gauge(consumer + "bytes_consumed_rate", "Record bytes (keys and values) read per "
+                                                                          "second since the run started.")
+            rate.add_metric(scope.operator_labels(self.source), read_bytes / seconds)
+            yield rate
         # the task's (the chained source and sink run as one task) record rates, in the task scope
         for name, help_text, value in (
                 ("numRecordsInPerSecond", "Records read per second since the run started.", read / seconds),
