@@ -243,14 +243,30 @@ class PipelinePreflight(PipelineCore):
         self._rewind_group_past_table(progress.offsets)
 
     def _rewind_group_past_table(self, table_offsets: Mapping[TP, int]) -> None:
-        """A consumer group ahead of the table is moved back to the table's offsets."""
+        """A consumer group ahead of the table is moved back to the table's offsets.
+
+        The group's offsets are read with ``isolation.level=read_uncommitted``: its committed
+        offsets as they stand, without waiting for a transaction in flight. A read_committed
+        consumer asks for stable offsets (KIP-447's ``require_stable``), which a coordinator killed
+        between ``send_offsets_to_transaction`` and its commit leaves unstable until the
+        transaction ends, and this runs before this run's coordinator fences it (a standby's
+        take-over waited here for 30 s, then failed). The offsets of that transaction never
+        count: the fencing aborts it.
+
+        Raises:
+            PipelineError: Kafka did not answer (naming the group and the error).
+        """
         opts = self.options
         if not table_offsets:
             return
         consumer = kafka_config.consumer(opts.bootstrap_servers, group_id=opts.resolved_group_id,
-                                         overrides=dict(opts.consumer_overrides))
+                                         overrides={**opts.consumer_overrides, "isolation.level": "read_uncommitted"})
         try:
-            committed = consumer.committed([TopicPartition(t, p) for t, p in sorted(table_offsets)], timeout=30)
+            try:
+                committed = consumer.committed([TopicPartition(t, p) for t, p in sorted(table_offsets)], timeout=30)
+            except KafkaException as exc:
+                raise PipelineError(f"reading consumer group {opts.resolved_group_id}'s offsets failed: "
+                                    f"{exc.args[0].str() if exc.args else exc} (is Kafka reachable?)") from exc
             ahead = [TopicPartition(tp.topic, tp.partition, table_offsets[(tp.topic, tp.partition)])
                      for tp in committed if tp.offset >= 0 and tp.offset > table_offsets[(tp.topic, tp.partition)]]
             if ahead:
