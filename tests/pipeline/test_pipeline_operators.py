@@ -340,7 +340,9 @@ def test_records_gone_from_kafka_end_the_job_then_are_skipped_only_when_asked(sp
     # a plain restart of the FAILED job is refused, naming the checkpoint to restore
     with pytest.raises(PipelineError, match=r"restore it with --from-savepoint PATH.*the latest: \S+\)") as refused:
         Pipeline(PipelineOptions(**{**opts.__dict__, "fail_on_data_loss": False}), spark=spark).run()
-    latest = re.search(r"the latest: (\S+)\)", str(refused.value)).group(1)  # type: ignore[union-attr]
+    found = re.search(r"the latest: (\S+)\)", str(refused.value))
+    assert found is not None
+    latest = found.group(1)
     assert sorted(o for _, _, o in landed(table)) == list(range(50))
     assert group_offsets(kafka_bootstrap_servers, "g-" + prefix, topic, 1) == {0: 50}
     rest = Pipeline(PipelineOptions(**{**opts.__dict__, "fail_on_data_loss": False, "from_savepoint": latest}),

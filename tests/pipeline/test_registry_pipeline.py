@@ -67,6 +67,15 @@ def _source_values(servers: str, registry: SchemaRegistryClient, topic: str,
     return found
 
 
+def _drained_run(servers: str, topic: str, table: str, registry_url: str, value_format: str) -> PipelineOptions:
+    """A run of ``topic`` into ``table`` until drained, 20 records a partition per checkpoint,
+    its values of ``value_format`` read through the registry."""
+    return PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,), stop_when_drained=True,
+                           prefix=f"rg{uuid.uuid4().hex[:6]}", value_format=value_format,
+                           schema_registry={"url": registry_url}, max_records_per_checkpoint=20,
+                           restart_backoff_initial_ms=100)
+
+
 def _landed(table: str) -> dict[tuple[int, int], dict]:
     rows = DeltaTable(table).to_pyarrow_table().to_pylist()
     assert len({(r["partition"], r["offset"]) for r in rows}) == len(rows), "a record landed twice"
@@ -211,10 +220,7 @@ def test_json_schema_values_land_with_the_registrys_columns_and_evolve(spark, ka
         producer.produce(topic, (v2 if i >= 30 else v1)(value, context), partition=i % 2)
     producer.flush(30)
     table = str(tmp_path / "orders")
-    opts = PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,), stop_when_drained=True,
-                           prefix=f"rj{uuid.uuid4().hex[:6]}", value_format="json-schema",
-                           schema_registry={"url": schema_registry_url}, max_records_per_checkpoint=20,
-                           restart_backoff_initial_ms=100)
+    opts = _drained_run(servers, topic, table, schema_registry_url, "json-schema")
     assert Pipeline(opts, spark=spark).run().records_landed == 60
     schema = {f.name: str(f.type) for f in pa.schema(DeltaTable(table).schema().to_arrow())}
     assert (schema["qty"], schema["at"], schema["price"]) == ("int32", "timestamp[us, tz=UTC]", "double")
@@ -252,10 +258,7 @@ def test_protobuf_values_land_once_with_the_registrys_columns_and_evolve(spark, 
         producer.produce(topic, writers[version](order(v1 if version == 1 else v2, i), context), partition=i % 2)
     producer.flush(30)
     table = str(tmp_path / "orders")
-    opts = PipelineOptions(table_uri=table, bootstrap_servers=servers, topics=(topic,), stop_when_drained=True,
-                           prefix=f"rp{uuid.uuid4().hex[:6]}", value_format="protobuf",
-                           schema_registry={"url": schema_registry_url}, max_records_per_checkpoint=20,
-                           restart_backoff_initial_ms=100)
+    opts = _drained_run(servers, topic, table, schema_registry_url, "protobuf")
     assert Pipeline(opts, spark=spark).run().records_landed == 60
     assert str(pa.schema(DeltaTable(table).schema().to_arrow()).field("price").type) == "double"
     landed = _landed(table)

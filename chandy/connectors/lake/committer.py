@@ -136,7 +136,6 @@ class LakeCommitter:
         #: the record bytes (keys and values) the checkpoints this run committed read, for the
         #: Kafka consumer's bytes_consumed_rate
         self.bytes_read = 0
-        self._bytes_pending = 0  # of the checkpoint being committed
         self._optimizer: concurrent.futures.ThreadPoolExecutor | None = None
         self._optimizing: concurrent.futures.Future | None = None
 
@@ -195,12 +194,12 @@ class LakeCommitter:
             return []
         return data_files_from_handles(h for s in operator.subtask_states for h in s.state_handles)
 
-    def _note_source_metrics(self, metadata: CheckpointMetadata) -> dict[TP, int]:
+    def _note_source_metrics(self, metadata: CheckpointMetadata) -> tuple[dict[TP, int], int]:
         """Keep each subtask's fetch lag of this checkpoint (its ``source-metrics`` handle, if
         any), and return the completeness watermark's per-partition times once this checkpoint
-        lands: :attr:`event_times` raised by the newest timestamps its subtasks read."""
-        event_times = dict(self.event_times)
-        self._bytes_pending = 0
+        lands (:attr:`event_times` raised by the newest timestamps its subtasks read) and the
+        record bytes its subtasks read."""
+        event_times, read_bytes = dict(self.event_times), 0
         operator = metadata.operator(self.context.operator_id)
         for subtask in operator.subtask_states if operator is not None else ():
             for handle in subtask.state_handles:
@@ -212,10 +211,10 @@ class LakeCommitter:
                 except (KeyError, ValueError, LakeCommitError):
                     continue
                 self.fetch_event_time_lag_ms[subtask.subtask_index] = lag
-                self._bytes_pending += int(handle.properties.get("bytes_read") or 0)
+                read_bytes += int(handle.properties.get("bytes_read") or 0)
                 for tp, millis in read.items():
                     event_times[tp] = max(millis, event_times.get(tp, millis))
-        return event_times
+        return event_times, read_bytes
 
     def _check_ranges(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges, already_committed: int | None,
                       held: Mapping[TP, int], *, gaps: bool = True) -> None:
@@ -271,7 +270,7 @@ class LakeCommitter:
         files = self.files_of(checkpoint_id, metadata)
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
         own_done = self._refresh_table_offsets()
-        event_times = self._note_source_metrics(metadata)  # over what the table holds, just refreshed
+        event_times, read_bytes = self._note_source_metrics(metadata)  # over what the table holds, just refreshed
         offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
         by_table: dict[str, list[DataFile]] = {}
         for f in files:
@@ -291,7 +290,7 @@ class LakeCommitter:
             self.event_times = event_times
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
-            self.bytes_read += self._bytes_pending
+            self.bytes_read += read_bytes
         committed_to = [sink for sink, committed, _ in landed if committed]
         if committed_to:
             self._maybe_optimize(checkpoint_id, committed_to)
