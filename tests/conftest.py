@@ -2,4 +2,4 @@
 Registry (tests.fixtures.schema_registry)."""
 
 pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.lake_pipeline", "tests.fixtures.object_store", "tests.fixtures.pipeline",
-                  "tests.fixtures.schema_registry"]
+                  "tests.fixtures.schema_registry", "tests.fixtures.spark_connect"]

@@ -159,6 +159,9 @@ def pipeline_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 kwargs["type"] = click.Choice(list(flag.choices))
             elif flag.minimum is not None or flag.maximum is not None:
                 kwargs["type"] = click.IntRange(flag.minimum, flag.maximum)
+        if flag.envvar:
+            kwargs["envvar"] = flag.envvar
+            kwargs["show_envvar"] = True
         if flag.required:
             kwargs["required"] = True
             kwargs.pop("default", None)

@@ -108,9 +108,13 @@ def test_a_py4j_error_without_a_python_cause_is_reported_by_its_java_cause() -> 
 
 
 def test_default_parallelism_is_a_subtask_per_partition_capped_by_local_cores() -> None:
-    assert default_parallelism(8, "local[2]", 2) == 2
-    assert default_parallelism(8, "local[*]", 16) == 8
-    assert default_parallelism(3, "local", 1) == 1
-    assert default_parallelism(0, "local[4]", 4) == 1  # a pattern that matches nothing yet
-    assert default_parallelism(8, "spark://h:7077", 2) == 8  # executors may still be joining
-    assert default_parallelism(12, "yarn", 4) == 12
+    assert default_parallelism(8, "local[2]", lambda: 2) == 2
+    assert default_parallelism(8, "local[*]", lambda: 16) == 8
+    assert default_parallelism(3, "local", lambda: 1) == 1
+    assert default_parallelism(0, "local[4]", lambda: 4) == 1  # a pattern that matches nothing yet
+    assert default_parallelism(8, "spark://h:7077", lambda: 2) == 8  # executors may still be joining
+
+    def never() -> int:
+        raise AssertionError("asked off a local master (a job under Spark Connect)")
+
+    assert default_parallelism(12, "yarn", never) == 12

@@ -11,7 +11,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from chandy.connectors.spark.options import DETERMINISTIC_ERRORS, PipelineError, is_local_master
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 TASK_PACKAGES = ("chandy.connectors", "chandy.coordinator", "chandy.schemas")
 
 
-def default_parallelism(partitions: int, master: str, spark_default_parallelism: int) -> int:
+def default_parallelism(partitions: int, master: str, spark_default_parallelism: Callable[[], int]) -> int:
     """Subtasks when ``--parallelism`` is not given: one per source partition (as Spark's Kafka
     source plans a task per partition), but on a local master at most Spark's default parallelism
     (``SparkContext.defaultParallelism``: the local cores, or ``spark.default.parallelism``).
@@ -34,10 +34,12 @@ def default_parallelism(partitions: int, master: str, spark_default_parallelism:
     (``benchmarks/pipeline_vs_structured_streaming.py``): 50,000-record micro-batches took 395 ms
     with 2 subtasks and 671 ms with 8. Off a local master the executors may still be joining when
     the job starts (dynamic allocation), so the partitions decide alone. At least 1.
+    ``spark_default_parallelism`` is asked only on a local master (under Spark Connect the
+    answer costs a job, :func:`~chandy.connectors.spark.classic.default_parallelism`).
     """
     subtasks = max(1, partitions)
     if is_local_master(master):
-        subtasks = min(subtasks, max(1, spark_default_parallelism))
+        subtasks = min(subtasks, max(1, spark_default_parallelism()))
     return subtasks
 
 
@@ -128,15 +130,19 @@ def task_code_zip() -> str:
 
 def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrides: Mapping[str, Any],
               producer_overrides: Mapping[str, Any], sink: Mapping[str, Any] | None, topics: tuple[str, ...],
-              _: Any) -> None:
-    """In a Python worker: import what a micro-batch's task runs and create the worker's pooled
+              rows: Iterator[Any]) -> Iterator[Any]:
+    """For ``spark.range(slots, numPartitions=slots).mapInArrow(...)``, in a Python worker:
+    import what a micro-batch's task runs and create the worker's pooled
     Kafka clients of the job (a range reader and the ack sender, connecting in the background),
     with the reader's metadata of ``topics`` (librdkafka otherwise asks for a topic's metadata
     only at its next topic scan, up to a second after the first assignment: measured 0.7 s of a
     first read, 0.2 s with it) and, with ``sink`` (the keyword arguments of
     :func:`~chandy.connectors.spark.clients.task_sink`), its pooled lake sink, so the first
-    micro-batch (after a start, a take-over or an idle spell) finds them ready."""
+    micro-batch (after a start, a take-over or an idle spell) finds them ready. Yields one
+    ``warm boolean`` row."""
     import importlib
+
+    import pyarrow as pa
 
     from chandy.connectors.spark.clients import ack_sender, range_reader, task_sink
 
@@ -151,6 +157,9 @@ def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrid
     if sink is not None:
         task_sink(**sink)
     time.sleep(0.2)  # overlap the slots' tasks, so each slot's worker is started, not one reused
+    for _ in rows:
+        pass
+    yield pa.RecordBatch.from_pydict({"warm": [True]})
 
 
 def load_transform(spec: str) -> Callable[[Any], Any]:

@@ -161,11 +161,11 @@ class FetchClock:
             "partition_event_time_ms": offsets_to_json(self.partition_event_time_ms)})
 
 
-def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBatch], subtask: int,
-                             counts: Any = None) -> Iterator[pa.RecordBatch]:
-    """Decode a subtask's batches with ``options.decoder``; bad records are written, at the end
-    of the input, to the checkpoint's dead-letter file of this subtask (see
-    :mod:`chandy.connectors.spark.dead_letters`). ``counts``: a Spark accumulator of (bad, skipped)."""
+def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBatch],
+                             subtask: int) -> Iterator[pa.RecordBatch]:
+    """Decode a subtask's batches with ``options.decoder``; bad records (and the count of
+    skipped tombstones) are written, at the end of the input, to the checkpoint's dead-letter file
+    of this subtask (see :mod:`chandy.connectors.spark.dead_letters`)."""
     from chandy.connectors.spark.dead_letters import DeadLetterFile
 
     assert options.decoder is not None
@@ -176,8 +176,6 @@ def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBa
     else:
         yield from decode_batches(batches, options.decoder, dead.add, dead.add_skipped)
     dead.close()
-    if counts is not None and (dead.count or dead.skipped):
-        counts.add((dead.count, dead.skipped))
 
 
 def _with_raw(batches: Iterator[pa.RecordBatch], decoder: ValueDecoder,
@@ -366,20 +364,31 @@ class RoutedTables:
         return [dataclasses.replace(f, **changes) for f in written] if changes else written
 
 
-def read_write_and_acknowledge(options: TaskOptions, counts: Any = None) -> Callable[[int, Iterator[list]], Iterator[tuple[int, int]]]:
-    """For ``rdd.mapPartitionsWithIndex``: a task that reads its ranges, decodes them (with a
-    decoder), writes them and acknowledges, all in one Python worker (no round trip through the
-    JVM): the path without a transform."""
+#: the row each task of :func:`read_write_and_acknowledge` returns (Spark DDL)
+TASK_RESULT_DDL = "subtask long, attempt long, files long, records long"
 
-    def task(index: int, ranges: Iterator[list]) -> Iterator[tuple[int, int]]:
+
+def read_write_and_acknowledge(options: TaskOptions, per_subtask: list[list[list]]
+                               ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """For ``spark.range(n, numPartitions=n).mapInArrow(...)`` (a DataFrame operation, so classic
+    Spark and Spark Connect run it alike): partition *i* is subtask *i*, whose task reads its
+    ranges ``per_subtask[i]`` (``[topic, partition, start, stop]`` lists), decodes them (with a
+    decoder), writes them and acknowledges, all in one Python worker (no round trip through the
+    JVM): the path without a transform. Each task returns one :data:`TASK_RESULT_DDL` row."""
+
+    def task(rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _ in rows:  # partition i holds the one row i
+            pass
         context = task_context()
-        subtask = context.partitionId()
-        mine = [r for subtask_ranges in ranges for r in subtask_ranges]
+        subtask, attempt = context.partitionId(), context.attemptNumber()
         clock = FetchClock()
-        batches = clock.watch(read_ranges(options, mine))
+        batches = clock.watch(read_ranges(options, per_subtask[subtask]))
         if options.decoder is not None:
-            batches = decode_with_dead_letters(options, batches, subtask, counts)
-        yield write_and_acknowledge(options, batches, subtask, context.attemptNumber(), clock)
+            batches = decode_with_dead_letters(options, batches, subtask)
+        files, records = write_and_acknowledge(options, batches, subtask, attempt, clock)
+        yield pa.RecordBatch.from_pydict({"subtask": [subtask], "attempt": [attempt], "files": [files],
+                                          "records": [records]},
+                                         pa.schema([(name, pa.int64()) for name in ("subtask", "attempt", "files", "records")]))
 
     return task
 

@@ -4,7 +4,10 @@
    the end of its input, writes them as one Parquet file (:data:`~chandy.connectors.spark.decode.BAD_RECORDS_SCHEMA`),
    ``<checkpoint dir>/<job id>/taskowned/dead-letters/chk-N/part-<i>.parquet``, through a
    temporary name, so the file is whole or absent; a retried attempt rewrites the same file with
-   the same records (its ranges are fixed).
+   the same records (its ranges are fixed). The file's schema metadata also holds how many
+   tombstones the subtask skipped (``--tombstones skip``), so the driver counts them once per
+   completed checkpoint, with no accumulator (which Spark Connect lacks, and which counts a
+   retried task twice); a subtask that only skipped tombstones writes an empty file for the count.
 2. When N is fully acknowledged, :func:`completion_outputs` reads N's files and returns one
    Kafka message per bad record for the dead-letter topic; the coordinator publishes them in the
    same Kafka transaction as N's COMPLETED record. So they appear exactly when N completes, never
@@ -29,6 +32,9 @@ from chandy.coordinator.environment import OutboundMessage
 from chandy.coordinator.filesystems import open_filesystem
 
 log = logging.getLogger(__name__)
+
+#: the key of a dead-letter file's schema metadata that holds the tombstones its subtask skipped
+SKIPPED_KEY = "chandy.tombstones_skipped"
 
 
 def dead_letter_directory(checkpoint_dir: str, job_id: str, checkpoint_id: int | None = None) -> str:
@@ -60,30 +66,35 @@ class DeadLetterFile:
         self.skipped += records
 
     def close(self) -> None:
-        """Write the file (nothing when there are no bad records)."""
-        if not self.batches:
+        """Write the file (nothing when there are no bad records and no skipped tombstones)."""
+        if not self.batches and not self.skipped:
             return
         fs, directory = open_filesystem(self.directory, self.storage_options)
         fs.makedirs(directory, exist_ok=True)
         final = f"{directory}/part-{self.subtask:05d}.parquet"
         temporary = f"{directory}/.part-{self.subtask:05d}-{uuid.uuid4().hex[:8]}.tmp"
         with fs.open(temporary, "wb") as handle:
-            pq.write_table(pa.Table.from_batches(self.batches, BAD_RECORDS_SCHEMA), handle)
+            schema = BAD_RECORDS_SCHEMA.with_metadata({SKIPPED_KEY: str(self.skipped)})
+            pq.write_table(pa.Table.from_batches(self.batches, schema), handle)
         fs.mv(temporary, final)
 
 
 def read_dead_letters(checkpoint_dir: str, job_id: str, checkpoint_id: int,
-                      storage_options: Mapping[str, Any] | None = None) -> pa.Table:
-    """Checkpoint ``checkpoint_id``'s bad records (empty when there are none)."""
+                      storage_options: Mapping[str, Any] | None = None) -> tuple[pa.Table, int]:
+    """Checkpoint ``checkpoint_id``'s bad records (empty when there are none) and the tombstones
+    its subtasks skipped (records)."""
     fs, directory = open_filesystem(dead_letter_directory(checkpoint_dir, job_id, checkpoint_id), storage_options)
     if not fs.exists(directory):
-        return BAD_RECORDS_SCHEMA.empty_table()
+        return BAD_RECORDS_SCHEMA.empty_table(), 0
     files = sorted(p for p in fs.ls(directory, detail=False) if p.rsplit("/", 1)[-1].startswith("part-"))
     tables = []
+    skipped = 0
     for path in files:
         with fs.open(path, "rb") as handle:
-            tables.append(pq.read_table(handle))
-    return pa.concat_tables(tables) if tables else BAD_RECORDS_SCHEMA.empty_table()
+            table = pq.read_table(handle)
+        skipped += int((table.schema.metadata or {}).get(SKIPPED_KEY.encode(), b"0"))
+        tables.append(table.replace_schema_metadata(None))
+    return (pa.concat_tables(tables) if tables else BAD_RECORDS_SCHEMA.empty_table()), skipped
 
 
 def delete_dead_letters_before(checkpoint_dir: str, job_id: str, checkpoint_id: int,

@@ -255,12 +255,12 @@ class PipelineDecoding(PipelineCore):
         return values
 
     @staticmethod
-    def _decode_frame(df: Any, task: Any, counts: Any) -> Any:
+    def _decode_frame(df: Any, task: Any) -> Any:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         from chandy.connectors.spark.datasource import decode_with_dead_letters, task_context
 
         def decode(batches: Any) -> Any:
-            yield from decode_with_dead_letters(task, batches, task_context().partitionId(), counts)
+            yield from decode_with_dead_letters(task, batches, task_context().partitionId())
 
         return df.mapInArrow(decode, from_arrow_schema(task.decoder.output_schema, prefer_timestamp_ntz=True))

@@ -65,6 +65,7 @@ class PipelineCore:
         self.router: Router | None = Router.parse(options.routes, options.route_field).resolved() if options.routes else None
         self.service: CoordinatorService | None = None
         self.parallelism = 0
+        self._warm_slots: int | None = None  # the slots the Python workers are warmed in (session.py)
         self.topic_names: list[str] = list(options.topics)
         self.partitions: list[TP] = []
         self.notices: list[str] = []
@@ -76,6 +77,7 @@ class PipelineCore:
         self.decoder: ValueDecoder | None = None
         self.bad_records = 0
         self.dead_lettered = 0
+        self.tombstones_skipped = 0
         self._checkpoint_id_floor: int | None = None
         self._preflight_done = False
         self._static_checked = False
@@ -129,7 +131,7 @@ class PipelineCore:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.micro_batch`
 
     @staticmethod
-    def _decode_frame(df: Any, task: Any, counts: Any) -> Any:
+    def _decode_frame(df: Any, task: Any) -> Any:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.decoding`
 
     def _decoder_from_known_schema(self) -> ValueDecoder | None:
@@ -170,7 +172,7 @@ class PipelineCore:
     def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.session`
 
-    def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, counts: Any) -> None:
+    def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict) -> None:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.micro_batch`
 
     def _safe_committed_records(self) -> int:

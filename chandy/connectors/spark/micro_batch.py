@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
+from chandy.connectors.spark.classic import partitions_of, spark_master
 from chandy.connectors.spark.cluster import (
     task_max_failures,
 )
@@ -126,7 +127,7 @@ class PipelineMicroBatch(PipelineCore):
         opts = self.options
         if self.table_fields is None or self.add_columns:  # columns added by the last commit count
             self.table_fields = self.sink.table_fields()
-        zone = spark.conf.get("spark.sql.session.timeZone", None) or "UTC"
+        zone = spark.conf.get("spark.sql.session.timeZone") or "UTC"  # the effective zone (Spark Connect gives None for a default)
         if self.decoder is not None and self.decoder.session_time_zone != zone:  # JSON timestamps without an offset
             self.decoder = dataclasses.replace(self.decoder, session_time_zone=zone)
         assert self.service is not None
@@ -136,15 +137,21 @@ class PipelineMicroBatch(PipelineCore):
             checkpoint_dir=opts.resolved_checkpoint_dir, partition_by=tuple(opts.partition_by),
             storage_options=dict(opts.storage_options), producer_overrides=opts.task_producer_overrides,
             consumer_overrides=opts.task_consumer_overrides,
-            max_task_failures=task_max_failures(spark.sparkContext.master, spark.conf.get("spark.task.maxFailures", None)),
+            max_task_failures=task_max_failures(spark_master(spark), spark.conf.get("spark.task.maxFailures", None)),
             table_fields=self.table_fields, decoder=self.decoder, catalog_properties=dict(opts.catalog_properties),
             add_columns=self.add_columns, table_location=getattr(self.sink, "root_url", None),
             write_buffer_bytes=opts.write_buffer_bytes, router=self.router, unrouted=opts.unrouted,
             changes=opts.cdc is not None, fail_on_data_loss=opts.fail_on_data_loss,
             table_properties=dict(opts.table_properties))
 
-    def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict, counts: Any) -> None:
-        from chandy.connectors.spark.datasource import LAKE_FILES_FORMAT, RANGES_FORMAT, TASK_OPTION, read_write_and_acknowledge
+    def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict) -> None:
+        from chandy.connectors.spark.datasource import (
+            LAKE_FILES_FORMAT,
+            RANGES_FORMAT,
+            TASK_OPTION,
+            TASK_RESULT_DDL,
+            read_write_and_acknowledge,
+        )
 
         assignment = self._enumerator_call(lambda e: e.assignment())
         per_subtask = [[[s.topic, s.partition, ranges[s.topic_partition].starting_offset,
@@ -160,16 +167,20 @@ class PipelineMicroBatch(PipelineCore):
         if self._transform is None:
             # nothing for Spark SQL to do: each task reads, decodes, writes and acknowledges in one
             # Python worker, sparing the batches a round trip through the JVM
-            (spark.sparkContext.parallelize(per_subtask, self.parallelism)
-             .mapPartitionsWithIndex(read_write_and_acknowledge(task, counts)).collect())
+            (spark.range(0, self.parallelism, 1, numPartitions=self.parallelism)
+             .mapInArrow(read_write_and_acknowledge(task, per_subtask), TASK_RESULT_DDL).collect())
             return
         df = (spark.read.format(RANGES_FORMAT).option(TASK_OPTION, task.encode())
               .option("ranges", json.dumps(per_subtask)).load())
         if self.decoder is not None:
-            df = self._decode_frame(df, task, counts)
+            df = self._decode_frame(df, task)
         df = self._transform(df)
-        partitions = df.rdd.getNumPartitions()
-        if partitions > self.parallelism:
+        # a subtask per partition: Spark Connect cannot say how many the transform made, so there
+        # the rows are always spread anew (a shuffle; classic Spark spares it when they match)
+        partitions = partitions_of(df)
+        if partitions is None:
+            df = df.repartition(self.parallelism)
+        elif partitions > self.parallelism:
             df = df.coalesce(self.parallelism)
         elif partitions < self.parallelism:
             df = df.repartition(self.parallelism)

@@ -62,7 +62,8 @@ class Flag:
 
     ``kind``: ``value`` (one value), ``flag`` (on when given), ``switch`` (``--x/--no-x``),
     ``multiple`` (repeatable, a tuple) or ``settings`` (repeatable ``KEY=VALUE``, a mapping).
-    ``minimum`` / ``maximum`` bound an integer; ``read_at_file``: a value ``@path`` is that file's text.
+    ``minimum`` / ``maximum`` bound an integer; ``read_at_file``: a value ``@path`` is that file's text;
+    ``envvar``: the environment variable that gives the value when the option is not.
     """
 
     decls: tuple[str, ...]
@@ -74,6 +75,7 @@ class Flag:
     metavar: str | None = None
     required: bool = False
     read_at_file: bool = False
+    envvar: str | None = None
 
 
 _REQUIRED: Any = dataclasses.MISSING
@@ -187,6 +189,10 @@ class PipelineOptions:
         "Subtasks, one Spark task each (default: one per partition of the topics; on a local master at most its "
         "cores or spark.default.parallelism)."))
     master: str = _opt("local[*]", "--master", help="Spark master URL.")
+    remote: str | None = _opt(None, "--remote", envvar="SPARK_REMOTE", metavar="sc://HOST:PORT", help=(
+        "Run the tasks through Spark Connect (sc://host:15002[/;token=...;use_ssl=true], as pyspark's "
+        "SPARK_REMOTE): the coordinator, the lake committer and the source's enumerator stay in this process, "
+        "the tasks run on the server's executors (instead of --master)."))
     spark_conf: Mapping[str, str] = _opt({}, "--conf", kind="settings", help="Spark setting (repeatable).")
     value_format: str | None = _opt(None, "--value-format", choices=("json", "avro", "json-schema", "protobuf"), help=(
         "Decode values into columns: JSON, Avro, JSON with Confluent's JSON Schema framing (json-schema: the "
@@ -287,8 +293,8 @@ class PipelineOptions:
     standby: bool = _opt(False, "--standby", kind="flag", help=(
         "Wait as a standby until the running coordinator of this job dies or stops, then take over."))
     ship_code: bool | None = _opt(None, "--ship-code/--no-ship-code", kind="switch", help=(
-        "Ship Chandy's task code (a zip, SparkContext.addPyFile) to the executors, whose Python then needs only "
-        "Chandy's dependencies  [default: when --master is not local]"))
+        "Ship Chandy's task code (a zip: SparkContext.addPyFile, or a pyfile artifact under --remote) to the executors, "
+        "whose Python then needs only Chandy's dependencies  [default: with --remote, or --master not local]"))
     #: a subtask writes lake files whenever the Arrow batches it holds reach this many bytes, so its
     #: memory is bounded whatever the checkpoint's size (connectors/spark/datasource.py)
     write_buffer_bytes: int = _opt(DEFAULT_WRITE_BUFFER_BYTES, "--write-buffer-bytes", minimum=1, metavar="BYTES", help=(
@@ -330,6 +336,9 @@ class PipelineOptions:
         _restart_strategy_options(self.flink_conf, self.restart_strategy)  # a bad -D restart-strategy.* fails now
         if bool(self.topics) == bool(self.topic_pattern):
             raise PipelineError("give topics (a list) or a topic pattern (a regex), not both and not neither")
+        if self.remote is not None and not re.fullmatch(r"sc://[^/;:\s]+(:\d+)?/?(;.*)?", self.remote):
+            raise PipelineError(f"--remote {redact_remote(self.remote)!r} is not a Spark Connect URL: "
+                                "sc://host[:port][/;param=value;...] (e.g. sc://localhost:15002)")
         if self.topic_pattern:
             try:
                 re.compile(self.topic_pattern)
@@ -460,7 +469,9 @@ class PipelineOptions:
 
     @property
     def resolved_ship_code(self) -> bool:
-        return self.ship_code if self.ship_code is not None else not is_local_master(self.master)
+        if self.ship_code is not None:
+            return self.ship_code
+        return bool(self.remote) or not is_local_master(self.master)
 
     @property
     def driver_producer_overrides(self) -> dict[str, Any]:
@@ -569,6 +580,11 @@ class PipelineSummary:
     notices: tuple[str, ...] = ()
     canceled: bool = False  # by a CANCEL request (``chandy job cancel``)
     restarts: int = 0  # times the restart strategy restarted the job in this run
+
+
+def redact_remote(remote: str) -> str:
+    """A Spark Connect URL fit for a log line: its ``token`` parameter hidden."""
+    return re.sub(r"(;\s*token=)[^;]*", r"\1***", remote)
 
 
 def is_local_master(master: str) -> bool:

@@ -52,6 +52,8 @@ from chandy.connectors.kafka.source.enumerator import (
 )
 from chandy.connectors.lake.committer import LakeCommitterProvider, OffsetRanges
 from chandy.connectors.lake.sinks import LakeSink, open_sink
+from chandy.connectors.spark.classic import default_parallelism as default_parallelism_of
+from chandy.connectors.spark.classic import spark_master
 from chandy.connectors.spark.cluster import (
     default_parallelism,
     root_cause,
@@ -126,8 +128,9 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         if opts.value_format is None:
             return []
         checkpoint_dir, checkpoint_id = opts.resolved_checkpoint_dir, metadata.checkpoint_id
-        bad = read_dead_letters(checkpoint_dir, self.job_id, checkpoint_id, opts.storage_options)
+        bad, skipped = read_dead_letters(checkpoint_dir, self.job_id, checkpoint_id, opts.storage_options)
         delete_dead_letters_before(checkpoint_dir, self.job_id, checkpoint_id, opts.storage_options)
+        self.tombstones_skipped += skipped
         if bad.num_rows == 0:
             return []
         first = bad.slice(0, 1).to_pylist()[0]
@@ -257,28 +260,18 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         self.resolve_ending_offsets()
         spark = self._spark_session()
         self.parallelism = opts.parallelism or default_parallelism(
-            len(self.partitions), spark.sparkContext.master, spark.sparkContext.defaultParallelism)
+            len(self.partitions), spark_master(spark), lambda: default_parallelism_of(spark))
         if self._spark is None and "spark.sql.shuffle.partitions" not in opts.spark_conf:
             spark.conf.set("spark.sql.shuffle.partitions", str(self.parallelism))  # a transform's shuffles
         previous_handlers = self._install_signal_handlers() if handle_signals else {}
         try:
             self._register_data_sources(spark)
             self._warm_python_workers(spark, with_sink=True)  # RUNNING means warm: the first checkpoint costs no more
-            from pyspark.accumulators import AccumulatorParam
-
-            class _Pair(AccumulatorParam):
-                def zero(self, value: Any) -> tuple[int, int]:
-                    return (0, 0)
-
-                def addInPlace(self, a: Any, b: Any) -> tuple[int, int]:  # PySpark's method name
-                    return (a[0] + b[0], a[1] + b[1])
-
-            counts = spark.sparkContext.accumulator((0, 0), _Pair())
             self._restart_strategy = create_restart_strategy(opts.restart_strategy_options)
             totals = RunTotals()
             while True:
                 try:
-                    return self._run_attempt(spark, counts, on_progress, started, totals)
+                    return self._run_attempt(spark, on_progress, started, totals)
                 except Restart as restart:
                     self._restart_began = time.monotonic()
                     if not self._restart_after(restart, totals):
@@ -291,7 +284,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                 _stop_spark(spark)
             self._restore_signal_handlers(previous_handlers)
 
-    def _run_attempt(self, spark: Any, counts: Any, on_progress: Callable[[PipelineProgress], None] | None,
+    def _run_attempt(self, spark: Any, on_progress: Callable[[PipelineProgress], None] | None,
                      started: float, totals: RunTotals) -> PipelineSummary:
         """One attempt of the job: start the coordinator (restoring the latest completed
         checkpoint), then checkpoint until the run ends.
@@ -410,7 +403,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     job_started = time.monotonic()
                     ranges_ms = time.time() * 1000
                     try:
-                        self._run_micro_batch(spark, checkpoint_id, ranges, counts)
+                        self._run_micro_batch(spark, checkpoint_id, ranges)
                     except Exception as exc:  # noqa: BLE001 - any failure of the Spark job aborts the checkpoint now, not at its timeout
                         message = root_cause(exc)
                         if message.startswith("ModuleNotFoundError"):
@@ -463,7 +456,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                         totals.failed + failed,
                         (time.monotonic() - batch_started) * 1000, time.monotonic() - started,
                         self.lag(), message, spark_job_ms, self.bad_records, self.dead_lettered,
-                        counts.value[1], phases)
+                        self.tombstones_skipped, phases)
                     if metrics is not None:
                         metrics.update(progress)
                     if on_progress is not None:
@@ -502,7 +495,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         return PipelineSummary(opts.table_uri, self.job_id, totals.landed, totals.completed, totals.failed,
                                time.monotonic() - started, stopped_because=stopped_because,
                                bad_records=self.bad_records, dead_lettered=self.dead_lettered,
-                               tombstones_skipped=counts.value[1], signal=self.stop_signal,
+                               tombstones_skipped=self.tombstones_skipped, signal=self.stop_signal,
                                notices=tuple(self.notices), canceled=canceled, restarts=totals.restarts)
 
     def _phases(self, checkpoint_id: int, started_ms: float, ranges_ms: float, job_ended_ms: float,

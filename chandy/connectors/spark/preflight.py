@@ -5,6 +5,7 @@ table with the coordinator log and the consumer group (see :mod:`chandy.connecto
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from chandy.connectors.spark.cluster import (
 from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
+    redact_remote,
 )
 from chandy.coordinator.filesystems import StorageBackendError, is_local, open_filesystem, storage_error_cause
 from chandy.coordinator.kafka import config as kafka_config
@@ -179,7 +181,10 @@ class PipelinePreflight(PipelineCore):
         from: off a local master, a local-filesystem path works only when every executor sees the
         driver's directory (one machine, or a shared mount); say so once, before Spark starts."""
         opts = self.options
-        if is_local_master(opts.master):
+        where = f"Spark Connect server {redact_remote(opts.remote)}" if opts.remote else f"master {opts.master}"
+        if opts.remote and re.match(r"sc://(localhost|127\.0\.0\.1|\[::1\])[:/;]?", opts.remote):
+            return  # a server on this machine sees its files
+        if not opts.remote and is_local_master(opts.master):
             return
         protocol = self.sink.fs.protocol
         local = []
@@ -189,9 +194,9 @@ class PipelinePreflight(PipelineCore):
         if checkpoint_dir.startswith(("file:", "local:")) or "://" not in checkpoint_dir:
             local.append(f"checkpoint directory {checkpoint_dir}")
         if local:
-            log.warning("%s on the local filesystem with master %s: the driver and every executor must see the same "
+            log.warning("%s on the local filesystem with %s: the driver and every executor must see the same "
                         "directory (one machine, or a shared mount); on a cluster use shared storage (s3://, "
-                        "abfss://, gs://, hdfs://)", " and ".join(local), opts.master)
+                        "abfss://, gs://, hdfs://)", " and ".join(local), where)
 
     def _reconcile(self) -> None:
         """Steps 1 to 3 of the module docstring."""

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+from chandy.connectors.spark.classic import default_parallelism, quiet_logs, ship_python_file
 from chandy.connectors.spark.cluster import (
     executor_python,
     root_cause,
@@ -21,6 +22,7 @@ from chandy.connectors.spark.cluster import (
 from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
+    redact_remote,
 )
 from chandy.coordinator import faults
 
@@ -40,25 +42,37 @@ class PipelineSession(PipelineCore):
             return self._spark
         from pyspark.sql import SparkSession
 
-        # the executors' Python workers must import the tasks' packages (see executor_python)
-        python = executor_python(self.options.master, self.options.spark_conf, os.environ)
-        if python:
-            os.environ["PYSPARK_PYTHON"] = python
-        if self._transform is not None:
-            self._check_planner_python(python or "python3")
+        opts = self.options
         if os.environ.get(faults.ENV):
             os.environ[faults.PGID_ENV] = str(os.getpgid(0))  # a crash point in a task kills the driver too
-        builder = (SparkSession.builder.master(self.options.master).appName(f"chandy-pipeline-{self.job_id[:8]}")
-                   .config("spark.ui.showConsoleProgress", "false"))
-        for key, value in self.options.spark_conf.items():
+        if opts.remote:
+            # Spark Connect: the driver (and its executors' Python) is the server's; this process
+            # is its client, and keeps the coordinator, the lake committer and the source's enumerator
+            builder = SparkSession.builder.remote(opts.remote)
+        else:
+            # the executors' Python workers must import the tasks' packages (see executor_python)
+            python = executor_python(opts.master, opts.spark_conf, os.environ)
+            if python:
+                os.environ["PYSPARK_PYTHON"] = python
+            if self._transform is not None:
+                self._check_planner_python(python or "python3")
+            builder = SparkSession.builder.master(opts.master).config("spark.ui.showConsoleProgress", "false")
+        builder = builder.appName(f"chandy-pipeline-{self.job_id[:8]}")
+        for key, value in opts.spark_conf.items():
             builder = builder.config(key, value)
-        spark = builder.getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
-        if self.options.resolved_ship_code:
+        try:
+            spark = builder.getOrCreate()
+        except Exception as exc:
+            if not opts.remote:
+                raise
+            raise PipelineError(f"cannot reach the Spark Connect server {redact_remote(opts.remote)}: "
+                                f"{root_cause(exc)}") from exc
+        quiet_logs(spark)
+        if opts.resolved_ship_code:
             code = task_code_zip()
-            spark.sparkContext.addPyFile(code)  # every executor fetches it before its first task
+            ship_python_file(spark, code)  # every executor fetches it before its first task
             log.info("shipped %s to the executors; their Python: %s", os.path.basename(code),
-                     os.environ.get("PYSPARK_PYTHON", "python3"))
+                     "the Spark Connect server's" if opts.remote else os.environ.get("PYSPARK_PYTHON", "python3"))
         return spark
 
     def _register_data_sources(self, spark: Any) -> None:
@@ -81,8 +95,10 @@ class PipelineSession(PipelineCore):
         its coordinator starts (so RUNNING means warm), and again while the job idles
         (:data:`KEEP_WARM_S`): Spark stops Python workers that stayed idle for a minute
         (``PythonWorkerFactory.IDLE_WORKER_TIMEOUT_NS``)."""
-        slots = max(1, spark.sparkContext.defaultParallelism)
         opts = self.options
+        if self._warm_slots is None:  # under Spark Connect, asking costs a job
+            self._warm_slots = default_parallelism(spark)
+        slots = max(self._warm_slots, self.parallelism)
         sink = None
         if with_sink:
             sink = {"table_uri": opts.table_uri, "partition_by": tuple(opts.partition_by),
@@ -93,7 +109,7 @@ class PipelineSession(PipelineCore):
                                  dict(opts.task_consumer_overrides), dict(opts.task_producer_overrides), sink,
                                  tuple(self.topic_names))
         try:
-            spark.sparkContext.parallelize(range(slots), slots).foreach(warm)
+            spark.range(0, slots, 1, numPartitions=slots).mapInArrow(warm, "warm boolean").collect()
         except Exception as exc:  # noqa: BLE001 - only an optimization: the first micro-batch starts them anyway
             log.warning("could not warm the Python workers: %s", root_cause(exc))
         self.last_spark_job = time.monotonic()

@@ -1,0 +1,86 @@
+"""The pipeline through Spark Connect (``--remote sc://...``): a real Spark Connect server started
+from pyspark's own scripts and jars (tests/fixtures/spark_connect.py), the coordinator, the lake
+committer and the source's enumerator in the client process, the tasks on the server's executors,
+with nothing but DataFrames between them. The client is SIGKILLed at each step of the commit
+protocol it runs and restarted; the table then holds every record of the source once, with its
+value, read through deltalake or pyiceberg (not the writer)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import NewTopic
+from deltalake import DeltaTable
+
+from chandy.coordinator.faults import POINTS
+from chandy.coordinator.kafka import config as kafka_config
+from tests.fixtures import REPO_ROOT, exactly_once
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+PER_PARTITION = 300
+CAP = 120  # records per partition per checkpoint: checkpoints 1, 2 and 3 carry data
+#: the steps of the commit protocol that the client (the driver of the protocol) runs; the
+#: tasks' own steps run in the server's Python workers (test_a_client_killed_while_its_tasks_run...)
+CLIENT_POINTS = tuple(p for p in POINTS if not p.startswith("task-"))
+
+
+@pytest.fixture(scope="module")
+def connect_topic(kafka_bootstrap_servers: str) -> tuple[str, dict]:
+    """A topic of 2 partitions of JSON values, each unique."""
+    topic = f"sc-{uuid.uuid4().hex[:8]}"
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result()
+    time.sleep(0.5)
+    producer = kafka_config.producer(kafka_bootstrap_servers, overrides={"linger.ms": 5})
+    for i in range(PER_PARTITION * PARTITIONS):
+        value = json.dumps({"id": i, "name": f"n-{uuid.uuid4().hex[:6]}", "amount": i * 0.25}).encode()
+        producer.produce(topic, value, f"k{i}".encode(), partition=i % PARTITIONS)
+    producer.flush(30)
+    content = {(topic, m.partition(), m.offset()): m.value()
+               for m in exactly_once.consume_to_end(kafka_bootstrap_servers, topic, range(PARTITIONS))}
+    assert len(content) == PER_PARTITION * PARTITIONS
+    return topic, content
+
+
+def remote(url: str) -> tuple[str, ...]:
+    return ("--remote", url)
+
+
+def run(servers: str, topic: str, table: Path, prefix: str, url: str, *extra: str,
+        crash_at: str | None = None) -> subprocess.CompletedProcess:
+    return exactly_once.run_cli(["--table", str(table), "--topic", topic, "-b", servers, "--prefix", prefix,
+                                 "--until-drained", "--max-records-per-checkpoint", str(CAP),
+                                 "--parallelism", str(PARTITIONS), *extra], crash_at=crash_at, spark=remote(url))
+
+
+@pytest.mark.parametrize("point", CLIENT_POINTS)
+def test_a_client_killed_at_each_step_then_restarted_lands_every_record_once(
+        kafka_bootstrap_servers, spark_connect_url, connect_topic, tmp_path, point) -> None:
+    topic, content = connect_topic
+    table = tmp_path / "table"
+    prefix = f"sc{uuid.uuid4().hex[:8]}"
+    crashed = run(kafka_bootstrap_servers, topic, table, prefix, spark_connect_url, crash_at=f"{point}@2")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    finished = run(kafka_bootstrap_servers, topic, table, prefix, spark_connect_url)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    data = DeltaTable(str(table)).to_pyarrow_table(columns=list(exactly_once.COLUMNS))
+    exactly_once.assert_rows_exactly_once(data, content)
+    exactly_once.check_delta_lake_events(kafka_bootstrap_servers, prefix, str(table), topic, set(content))
+    referenced = {Path(u).name for u in DeltaTable(str(table)).file_uris()}
+    on_disk = {p.name for p in table.rglob("part-chandy-*.parquet")}
+    assert on_disk == referenced, f"unreferenced files left: {sorted(on_disk - referenced)}"
+
+
+def test_cli_help_names_remote_and_spark_remote() -> None:
+    shown = subprocess.run([sys.executable, "-m", "chandy.cli", "pipeline", "run", "--help"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "--remote" in shown.stdout and "SPARK_REMOTE" in shown.stdout
