@@ -8,12 +8,14 @@ value, read through deltalake or pyiceberg (not the writer)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import NewTopic
@@ -22,6 +24,9 @@ from deltalake import DeltaTable
 from chandy.coordinator.faults import POINTS
 from chandy.coordinator.kafka import config as kafka_config
 from tests.fixtures import REPO_ROOT, exactly_once
+from tests.fixtures.lake_pipeline import all_offsets
+from tests.fixtures.pipeline import landed, make_topic
+from tests.fixtures.workers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -84,3 +89,80 @@ def test_cli_help_names_remote_and_spark_remote() -> None:
     shown = subprocess.run([sys.executable, "-m", "chandy.cli", "pipeline", "run", "--help"], cwd=REPO_ROOT,
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "--remote" in shown.stdout and "SPARK_REMOTE" in shown.stdout
+
+
+def table_args(fmt: str, tmp_path: Path) -> tuple[list[str], Any]:
+    """The ``--table`` arguments of a Delta or an Iceberg table, and a reader of its rows (pyarrow)."""
+    if fmt == "delta":
+        table = tmp_path / "table"
+        return ["--table", str(table)], lambda: DeltaTable(str(table)).to_pyarrow_table()
+    warehouse, name = tmp_path / "warehouse", f"lake.t{uuid.uuid4().hex[:6]}"
+    return (["--table", f"iceberg://local/{name}", "--catalog-property", f"warehouse={warehouse}"],
+            lambda: exactly_once.iceberg_table(warehouse, name).scan().to_arrow())
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_json_values_through_a_transform_land_with_every_field_across_a_kill(
+        kafka_bootstrap_servers, spark_connect_url, connect_topic, tmp_path, fmt) -> None:
+    """JSON decoded into columns, a ``--transform`` of DataFrame operations (planned by the Spark
+    Connect server), the client killed before the lake commit of checkpoint 2 and restarted: every
+    record lands once, each field equal to what was produced, the transform's columns computed."""
+    topic, content = connect_topic
+    args, read = table_args(fmt, tmp_path)
+    prefix = f"sc{uuid.uuid4().hex[:8]}"
+    extra = ("--value-format", "json", "--transform", "tests.transforms.connect:with_doubled_amount")
+    crashed = exactly_once.run_cli([*args, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", prefix,
+                                    "--until-drained", "--max-records-per-checkpoint", str(CAP), *extra],
+                                   crash_at="before-lake-commit@2", spark=remote(spark_connect_url))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    finished = exactly_once.run_cli([*args, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", prefix,
+                                     "--until-drained", "--max-records-per-checkpoint", str(CAP), *extra],
+                                    spark=remote(spark_connect_url))
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    rows = read().to_pylist()
+    assert len(rows) == len(content) == len({(r["topic"], r["partition"], r["offset"]) for r in rows})
+    for row in rows:
+        produced = json.loads(content[(row["topic"], row["partition"], row["offset"])])
+        assert (row["id"], row["name"], row["amount"]) == (produced["id"], produced["name"], produced["amount"])
+        assert row["amount_x2"] == produced["amount"] * 2 and row["name_upper"] == produced["name"].upper()
+        assert row["key"] == f"k{produced['id']}".encode()
+
+
+def test_a_standby_client_takes_over_after_a_sigkill(kafka_bootstrap_servers, spark_connect_url, tmp_path) -> None:
+    """Two clients of one job on one Spark Connect server: the active one is SIGKILLed mid-run,
+    the standby (warm: its session open, its Python workers started) leads and finishes; every
+    record lands once."""
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(3000)])
+    table = str(tmp_path / "t")
+    prefix = f"sb{uuid.uuid4().hex[:6]}"
+    args = [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic,
+            "-b", kafka_bootstrap_servers, "--prefix", prefix, "--max-records-per-checkpoint", "50",
+            "--until-drained", "--remote", spark_connect_url]
+    active = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    standby = None
+
+    def rows() -> list[tuple[str, int, int]]:
+        return landed(table) if DeltaTable.is_deltatable(table) else []
+
+    try:
+        wait_for(lambda: len(rows()) > 100, timeout_s=180, what="the active client's first commits")
+        standby = subprocess.Popen([*args, "--standby"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(5)  # the standby joins the election group and waits
+        assert standby.poll() is None and active.poll() is None
+        killed = time.monotonic()
+        os.killpg(active.pid, signal.SIGKILL)
+        before = len(rows())
+        out, err = standby.communicate(timeout=300)
+        assert standby.returncode == 0, err[-3000:]
+        print(f"standby finished {time.monotonic() - killed:.1f} s after the SIGKILL")
+        assert "leads" in err
+    finally:
+        for process in (active, standby):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    landed_rows = rows()
+    assert before < 3000 and len(landed_rows) == len(set(landed_rows)) == 3000
+    exactly_once.check_delta_lake_events(kafka_bootstrap_servers, prefix, table, topic,
+                                         all_offsets(kafka_bootstrap_servers, topic))
