@@ -18,7 +18,10 @@ import signal
 
 ENV = "CHANDY_CRASH_AT"
 #: The process group to kill; the pipeline driver sets it, since Spark's Python workers run in
-#: a process group of their own (pyspark's daemon calls setpgid).
+#: a process group of their own (pyspark's daemon calls setpgid). ``@<path>``: the group is the
+#: number in that file, which the driver writes (:func:`arm`): the Python workers of a Spark
+#: Connect server inherit the server's environment, not the client's, so a test starts the server
+#: with ``CHANDY_CRASH_AT`` and ``CHANDY_CRASH_PGID=@<path>`` and a task's crash point kills the client.
 PGID_ENV = "CHANDY_CRASH_PGID"
 POINTS = ("task-read", "task-written", "before-complete", "before-lake-commit", "before-lake-event",
           "before-offset-commit")
@@ -26,11 +29,28 @@ POINTS = ("task-read", "task-written", "before-complete", "before-lake-commit", 
 ROUTED_POINTS = (*POINTS[:4], "between-table-commits", *POINTS[4:])
 
 
+def arm() -> None:
+    """In the pipeline's driver, with ``CHANDY_CRASH_AT`` or ``CHANDY_CRASH_PGID`` set: make a
+    crash point reached in a task kill the driver's process group too (:data:`PGID_ENV`)."""
+    target = os.environ.get(PGID_ENV, "")
+    if target.startswith("@"):
+        with open(target[1:], "w") as handle:
+            handle.write(str(os.getpgid(0)))
+    elif os.environ.get(ENV):
+        os.environ[PGID_ENV] = str(os.getpgid(0))
+
+
 def crash_point(point: str, checkpoint_id: int) -> None:
-    """SIGKILL the process group if ``CHANDY_CRASH_AT`` names this point and checkpoint."""
+    """SIGKILL the process group if ``CHANDY_CRASH_AT`` (``point@N``, or several, comma-separated)
+    names this point and checkpoint."""
     wanted = os.environ.get(ENV)
     if not wanted:
         return
-    name, _, checkpoint = wanted.partition("@")
-    if name == point and checkpoint == str(checkpoint_id):
-        os.killpg(int(os.environ.get(PGID_ENV) or os.getpgid(0)), signal.SIGKILL)
+    for spec in wanted.split(","):
+        name, _, checkpoint = spec.strip().partition("@")
+        if name == point and checkpoint == str(checkpoint_id):
+            target = os.environ.get(PGID_ENV) or str(os.getpgid(0))
+            if target.startswith("@"):
+                with open(target[1:]) as handle:
+                    target = handle.read().strip()
+            os.killpg(int(target), signal.SIGKILL)

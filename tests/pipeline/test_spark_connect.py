@@ -166,3 +166,33 @@ def test_a_standby_client_takes_over_after_a_sigkill(kafka_bootstrap_servers, sp
     assert before < 3000 and len(landed_rows) == len(set(landed_rows)) == 3000
     exactly_once.check_delta_lake_events(kafka_bootstrap_servers, prefix, table, topic,
                                          all_offsets(kafka_bootstrap_servers, topic))
+
+
+def test_a_client_killed_while_its_tasks_run_on_the_server_then_restarted_lands_every_record_once(
+        kafka_bootstrap_servers, connect_topic, tmp_path, monkeypatch) -> None:
+    """The tasks' own steps: a Spark Connect server whose Python workers kill the client when a
+    task of checkpoint 2 starts reading (``task-read@2``) and, in the next run, when a task of
+    checkpoint 3 wrote its files (``task-written@3``). Unlike a classic local driver, the killed
+    client's tasks go on running on the server, writing files and acknowledging for a coordinator
+    that is gone; the restarted client must land every record once all the same."""
+    from tests.fixtures.spark_connect import spark_connect_server
+
+    topic, content = connect_topic
+    table = tmp_path / "table"
+    prefix = f"st{uuid.uuid4().hex[:8]}"
+    pgid_file = tmp_path / "client.pgid"
+    monkeypatch.setenv("CHANDY_CRASH_PGID", f"@{pgid_file}")
+    with spark_connect_server(tmp_path / "server", env={"CHANDY_CRASH_AT": "task-read@2,task-written@3",
+                                                       "CHANDY_CRASH_PGID": f"@{pgid_file}"}) as url:
+        for point in ("task-read@2", "task-written@3"):
+            crashed = run(kafka_bootstrap_servers, topic, table, prefix, url)
+            assert crashed.returncode == -signal.SIGKILL, f"{point}: {crashed.stderr[-3000:]}"
+        monkeypatch.delenv("CHANDY_CRASH_PGID")
+        finished = run(kafka_bootstrap_servers, topic, table, prefix, url)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+    data = DeltaTable(str(table)).to_pyarrow_table(columns=list(exactly_once.COLUMNS))
+    exactly_once.assert_rows_exactly_once(data, content)
+    exactly_once.check_delta_lake_events(kafka_bootstrap_servers, prefix, str(table), topic, set(content))
+    referenced = {Path(u).name for u in DeltaTable(str(table)).file_uris()}
+    on_disk = {p.name for p in table.rglob("part-chandy-*.parquet")}
+    assert on_disk == referenced, f"unreferenced files left: {sorted(on_disk - referenced)}"

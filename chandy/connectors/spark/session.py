@@ -43,8 +43,8 @@ class PipelineSession(PipelineCore):
         from pyspark.sql import SparkSession
 
         opts = self.options
-        if os.environ.get(faults.ENV):
-            os.environ[faults.PGID_ENV] = str(os.getpgid(0))  # a crash point in a task kills the driver too
+        if os.environ.get(faults.ENV) or os.environ.get(faults.PGID_ENV):
+            faults.arm()  # a crash point in a task kills the driver too
         if opts.remote:
             # Spark Connect: the driver (and its executors' Python) is the server's; this process
             # is its client, and keeps the coordinator, the lake committer and the source's enumerator
