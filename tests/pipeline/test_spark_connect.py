@@ -196,3 +196,27 @@ def test_a_client_killed_while_its_tasks_run_on_the_server_then_restarted_lands_
     referenced = {Path(u).name for u in DeltaTable(str(table)).file_uris()}
     on_disk = {p.name for p in table.rglob("part-chandy-*.parquet")}
     assert on_disk == referenced, f"unreferenced files left: {sorted(on_disk - referenced)}"
+
+
+def test_a_bad_or_unreachable_remote_fails_in_one_line(kafka_bootstrap_servers, tmp_path) -> None:
+    topic = make_topic(kafka_bootstrap_servers, [b"v"])
+    base = ["--table", str(tmp_path / "t"), "--topic", topic, "-b", kafka_bootstrap_servers, "--until-drained"]
+    bad = exactly_once.run_cli(base, spark=("--remote", "http://spark:15002"), timeout_s=60)
+    assert bad.returncode != 0 and "is not a Spark Connect URL" in bad.stderr and "Traceback" not in bad.stderr
+    from tests.fixtures.spark_cluster import free_port
+
+    started = time.monotonic()
+    gone = exactly_once.run_cli(base, spark=("--remote", f"sc://127.0.0.1:{free_port()}/;token=secret"),
+                                timeout_s=120)
+    assert gone.returncode != 0 and "cannot reach the Spark Connect server" in gone.stderr, gone.stderr[-2000:]
+    assert "secret" not in gone.stderr and "Traceback" not in gone.stderr
+    assert time.monotonic() - started < 60  # not pyspark's minutes of retries
+
+
+def test_connect_urls_are_parsed_and_redacted() -> None:
+    from chandy.connectors.spark.options import connect_address, redact_remote
+
+    assert connect_address("sc://localhost") == ("localhost", 15002)
+    assert connect_address("sc://spark.example:443/;use_ssl=true;token=abc") == ("spark.example", 443)
+    assert connect_address("sc://[::1]:15099") == ("::1", 15099)
+    assert redact_remote("sc://h:443/;use_ssl=true;token=abc;x=1") == "sc://h:443/;use_ssl=true;token=***;x=1"

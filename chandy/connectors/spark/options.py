@@ -587,6 +587,16 @@ def redact_remote(remote: str) -> str:
     return re.sub(r"(;\s*token=)[^;]*", r"\1***", remote)
 
 
+def connect_address(remote: str) -> tuple[str, int]:
+    """The (host, port) of a Spark Connect URL ``sc://host[:port][/;params]`` (port 15002 when not
+    given, as pyspark's ``ChannelBuilder.default_port``)."""
+    from urllib.parse import urlsplit
+
+    netloc = remote[len("sc://"):].split("/", 1)[0].split(";", 1)[0]
+    parts = urlsplit(f"//{netloc}")
+    return parts.hostname or netloc, parts.port or 15002
+
+
 def is_local_master(master: str) -> bool:
     """Whether ``master`` runs the executors inside the driver's JVM (``local``, ``local[N]``,
     ``local[N,F]``, ``local[*]``); ``local-cluster[...]``, ``spark://``, ``yarn`` and ``k8s://`` do not."""

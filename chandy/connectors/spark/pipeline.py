@@ -99,11 +99,12 @@ def _stop_spark(spark: Any) -> None:
     driver's process group reaches Spark's JVM too, and the driver then stops cleanly (exit 143 /
     130) instead of failing on py4j's refused connection."""
     from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
 
     try:
         spark.stop()
-    except (ConnectionError, OSError, Py4JError) as exc:  # the JVM is gone
-        log.info("Spark's JVM was gone at stop: %s", exc)
+    except (ConnectionError, OSError, Py4JError, PySparkException) as exc:  # the JVM (or Connect server) is gone
+        log.info("Spark's driver was gone at stop: %s", exc)
 
 
 class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineRequestExecutor, PipelineMicroBatch,

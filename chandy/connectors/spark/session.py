@@ -22,6 +22,7 @@ from chandy.connectors.spark.cluster import (
 from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
+    connect_address,
     redact_remote,
 )
 from chandy.coordinator import faults
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 #: seconds a job may idle before :meth:`PipelineSession._warm_python_workers` runs again (Spark stops a
 #: Python worker idle for 60 s)
 KEEP_WARM_S = 30.0
+#: seconds a Spark Connect server's address may take to accept a connection before the start fails
+CONNECT_TIMEOUT_S = 10.0
 
 
 class PipelineSession(PipelineCore):
@@ -48,6 +51,7 @@ class PipelineSession(PipelineCore):
         if opts.remote:
             # Spark Connect: the driver (and its executors' Python) is the server's; this process
             # is its client, and keeps the coordinator, the lake committer and the source's enumerator
+            self._check_connect_server_reachable()
             builder = SparkSession.builder.remote(opts.remote)
         else:
             # the executors' Python workers must import the tasks' packages (see executor_python)
@@ -74,6 +78,23 @@ class PipelineSession(PipelineCore):
             log.info("shipped %s to the executors; their Python: %s", os.path.basename(code),
                      "the Spark Connect server's" if opts.remote else os.environ.get("PYSPARK_PYTHON", "python3"))
         return spark
+
+    def _check_connect_server_reachable(self) -> None:
+        """A Spark Connect server that does not accept connections fails the start in one line,
+        within :data:`CONNECT_TIMEOUT_S` (pyspark's client would retry its first call for minutes).
+
+        Raises:
+            PipelineError: the server's address does not resolve or refuses connections.
+        """
+        import socket
+
+        assert self.options.remote is not None
+        host, port = connect_address(self.options.remote)
+        try:
+            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as exc:
+            raise PipelineError(f"cannot reach the Spark Connect server {redact_remote(self.options.remote)} "
+                                f"({host}:{port}): {exc.strerror or exc}") from exc
 
     def _register_data_sources(self, spark: Any) -> None:
         """Register the two data sources with ``spark`` once (Spark 4 looks Python data sources up
