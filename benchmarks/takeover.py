@@ -10,7 +10,10 @@ min / median / max. ``--other-jobs N`` first writes N coordinator-log records of
 (about an hour of 50 jobs checkpointing every second before compaction), each to the partition of
 the log its job maps to, so the replay's share of the take-over shows.
 
-    .venv/bin/python benchmarks/takeover.py [--runs 5] [--other-jobs 1000000]
+    .venv/bin/python benchmarks/takeover.py [--runs 5] [--other-jobs 1000000] [--spark-connect]
+
+``--spark-connect``: both drivers are Spark Connect clients (``--remote``) of one server started for
+the run; the SIGKILL takes the active client's process group, not the server's tasks.
 
 Uses ``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker in a temporary directory. Run it
 alone (it starts Spark twice per run): ``flock /tmp/chandy-spark.lock .venv/bin/python benchmarks/takeover.py``.
@@ -19,6 +22,7 @@ alone (it starts Spark twice per run): ``flock /tmp/chandy-spark.lock .venv/bin/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -81,7 +85,7 @@ def _wait(predicate, timeout_s: float, what: str, poll_s: float = 0.02):
     raise TimeoutError(f"no {what} within {timeout_s} s")
 
 
-def one_run(servers: str, prefix: str, tmp: Path) -> dict:
+def one_run(servers: str, prefix: str, tmp: Path, spark: tuple[str, ...] = ("--master", "local[1]")) -> dict:
     topic = f"takeover-{uuid.uuid4().hex[:8]}"
     admin = kafka_config.admin_client(servers)
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result()
@@ -94,7 +98,7 @@ def one_run(servers: str, prefix: str, tmp: Path) -> dict:
     feeder.start()
     args = [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic, "-b", servers,
             "--prefix", prefix, "--value-format", "json", "--value-schema", "id BIGINT", "--checkpoint-interval", "500",
-            "--master", "local[1]"]
+            *spark]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     logs = Path(os.environ.get("TAKEOVER_LOGS", str(tmp)))
     logs.mkdir(parents=True, exist_ok=True)
@@ -139,6 +143,9 @@ def one_run(servers: str, prefix: str, tmp: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--spark-connect", action="store_true", help=(
+        "both drivers are Spark Connect clients (--remote) of one server started for the run (local[2], "
+        "tests/fixtures/spark_connect.py); the SIGKILL takes the active client's process group"))
     parser.add_argument("--other-jobs", type=int, default=0, metavar="RECORDS",
                         help="coordinator-log records of 50 other jobs written first (default 0: an empty log)")
     args = parser.parse_args()
@@ -161,11 +168,20 @@ def main() -> None:
                                   args.other_jobs // len(jobs))
             print(f"coordinator log: {partitions} partition(s), {args.other_jobs:,} records of other jobs")
             results = []
-            for run in range(1, args.runs + 1):
-                r = one_run(servers, prefix, Path(tmp))
-                results.append(r["seconds"])
-                print(f"run {run}: SIGKILL -> standby's first checkpoint {r['seconds']:.2f} s "
-                      f"(active's last {r['before']}, standby's first {r['first']}) {' '.join(r['said'])}", flush=True)
+            spark: tuple[str, ...] = ("--master", "local[1]")
+            server = contextlib.nullcontext(None)
+            if args.spark_connect:
+                from tests.fixtures.spark_connect import spark_connect_server
+
+                server = spark_connect_server(Path(tmp) / "connect")
+            with server as url:
+                if url is not None:
+                    spark = ("--remote", url)
+                for run in range(1, args.runs + 1):
+                    r = one_run(servers, prefix, Path(tmp), spark)
+                    results.append(r["seconds"])
+                    print(f"run {run}: SIGKILL -> standby's first checkpoint {r['seconds']:.2f} s "
+                          f"(active's last {r['before']}, standby's first {r['first']}) {' '.join(r['said'])}", flush=True)
         finally:
             if broker is not None:
                 broker.down()
