@@ -220,3 +220,124 @@ def test_connect_urls_are_parsed_and_redacted() -> None:
     assert connect_address("sc://spark.example:443/;use_ssl=true;token=abc") == ("spark.example", 443)
     assert connect_address("sc://[::1]:15099") == ("::1", 15099)
     assert redact_remote("sc://h:443/;use_ssl=true;token=abc;x=1") == "sc://h:443/;use_ssl=true;token=***;x=1"
+
+
+def test_routed_debezium_avro_into_delta_and_iceberg_equals_the_final_state(
+        kafka_bootstrap_servers, spark_connect_url, tmp_path) -> None:
+    """Avro values, ``--cdc debezium`` merges and ``--route`` to a Delta and an Iceberg table,
+    all through Spark Connect: each table equals its shard's final state, field by field."""
+    from tests.fixtures import debezium
+
+    stream = debezium.change_stream()
+    base = f"sc{uuid.uuid4().hex[:6]}"
+    shards = {0: f"{base}.shard0.flights", 1: f"{base}.shard1.flights"}
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    for topic in shards.values():
+        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result()
+    producer = kafka_config.producer(kafka_bootstrap_servers)
+    for i, row, op in stream:
+        key, value = debezium.avro_message(i, row, op)
+        producer.produce(shards[i % 2], value, key, partition=(i // 2) % PARTITIONS)
+    producer.flush(30)
+    (tmp_path / "envelope.avsc").write_text(json.dumps(debezium.VALUE_SCHEMA))
+    (tmp_path / "key.avsc").write_text(json.dumps(debezium.KEY_SCHEMA))
+    lake, warehouse = tmp_path / "lake", tmp_path / "warehouse"
+    finished = exactly_once.run_cli([
+        "--table", str(lake / "unrouted"), "--topic-pattern", rf"{base}\..*", "-b", kafka_bootstrap_servers,
+        "--prefix", f"sc{uuid.uuid4().hex[:6]}", "--cdc", "debezium", "--value-format", "avro", "--avro-framing", "raw",
+        "--value-schema", f"@{tmp_path / 'envelope.avsc'}", "--key-schema", f"@{tmp_path / 'key.avsc'}",
+        "--route", rf"{base}\.shard0\.flights=delta:{lake}/shard0", "--route", rf"{base}\.(shard1)\.flights=iceberg://local/cdc.$1",
+        "--catalog-property", f"warehouse={warehouse}", "--until-drained", "--max-records-per-checkpoint", "30"],
+        spark=remote(spark_connect_url))
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    expected = {n: debezium.final_state([e for e in stream if e[0] % 2 == n]) for n in (0, 1)}
+    assert debezium.table_rows(DeltaTable(str(lake / "shard0")).to_pyarrow_table()) == expected[0]
+    assert debezium.table_rows(exactly_once.iceberg_table(warehouse, "cdc.shard1").scan().to_arrow()) == expected[1]
+
+
+def test_stop_with_savepoint_and_the_metrics_of_a_client(kafka_bootstrap_servers, spark_connect_url, tmp_path) -> None:
+    """A running client (no --until-drained) serves Flink's checkpoint metrics, and ``chandy job
+    stop`` ends it with a savepoint committed to the table: everything before it lands, once."""
+    import urllib.request
+
+    from chandy.connectors.spark.options import default_job_id
+    from tests.fixtures.spark_cluster import free_port
+
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(1000)])
+    table = str(tmp_path / "t")
+    prefix = f"ss{uuid.uuid4().hex[:6]}"
+    port = free_port()
+    client = subprocess.Popen(
+        [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic,
+         "-b", kafka_bootstrap_servers, "--prefix", prefix, "--max-records-per-checkpoint", "100",
+         "--checkpoint-interval", "200", "--metrics-port", str(port), "--remote", spark_connect_url],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: len(landed(table) if DeltaTable.is_deltatable(table) else []) == 1000, timeout_s=180,
+                 what="every record landed")
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return response.read().decode()
+
+        metrics = scrape()
+        completed = [line for line in metrics.splitlines()
+                     if line.startswith("flink_jobmanager_job_numberOfCompletedCheckpoints{")]
+        assert completed and float(completed[0].rsplit(" ", 1)[1]) >= 5, completed
+        stop = subprocess.run([sys.executable, "-m", "chandy.cli", "job", "stop", "--job", default_job_id(table, [topic]),
+                               "-b", kafka_bootstrap_servers, "--prefix", prefix, "--timeout", "120"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+        assert stop.returncode == 0 and "/savepoints/" in stop.stdout, stop.stdout + stop.stderr[-2000:]
+        _, err = client.communicate(timeout=120)
+        assert client.returncode == 0, err[-3000:]
+        assert "stopped with savepoint" in err
+    finally:
+        if client.poll() is None:
+            os.killpg(client.pid, signal.SIGKILL)
+    rows = landed(table)
+    assert len(rows) == len(set(rows)) == 1000
+
+
+def test_a_client_rides_through_its_connect_server_being_killed_and_started_again(
+        kafka_bootstrap_servers, tmp_path) -> None:
+    """The Spark Connect server is SIGKILLed mid-run (its driver, executors and Python workers)
+    and started again on the same port 5 s later. The client's micro-batches fail (pyspark's
+    retries bounded to about a minute), the job restarts from its latest completed checkpoint
+    with a new session (a restarted server has lost the old one, its artifacts and data sources),
+    and lands every record once."""
+    from tests.fixtures.spark_cluster import free_port
+    from tests.fixtures.spark_connect import spark_connect_server
+
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(4000)])
+    table = str(tmp_path / "t")
+    port = free_port()
+    url = f"sc://127.0.0.1:{port}"
+
+    def rows() -> list[tuple[str, int, int]]:
+        return landed(table) if DeltaTable.is_deltatable(table) else []
+
+    with spark_connect_server(tmp_path / "first", port=port):
+        client = subprocess.Popen(
+            [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic,
+             "-b", kafka_bootstrap_servers, "--prefix", f"rs{uuid.uuid4().hex[:6]}", "--until-drained",
+             "--max-records-per-checkpoint", "25", "--remote", url, "--restart-strategy", "fixed-delay",
+             "-D", "restart-strategy.fixed-delay.attempts=20", "-D", "restart-strategy.fixed-delay.delay=2 s"],
+            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            wait_for(lambda: len(rows()) >= 200, timeout_s=180, what="the client's first commits")
+        except BaseException:
+            os.killpg(client.pid, signal.SIGKILL)
+            raise
+    before = len(rows())  # the first server is gone (its process group stopped)
+    try:
+        time.sleep(5)
+        assert client.poll() is None, client.stderr.read()[-3000:] if client.stderr else ""
+        with spark_connect_server(tmp_path / "second", port=port):
+            _, err = client.communicate(timeout=400)
+    finally:
+        if client.poll() is None:
+            os.killpg(client.pid, signal.SIGKILL)
+    assert client.returncode == 0, err[-3000:]
+    assert "restarting" in err, err[-3000:]
+    landed_rows = rows()
+    assert before < 4000 and len(landed_rows) == len(set(landed_rows)) == 4000

@@ -45,6 +45,24 @@ def default_parallelism(spark: Any) -> int:
     return max(1, int(row["last"]) + 1)
 
 
+def bound_connect_retries(spark: Any, max_wait_s: float, max_backoff_ms: int = 5000) -> None:
+    """Under Spark Connect, retry a call that finds the server unavailable for about ``max_wait_s``
+    seconds, not pyspark's ``DefaultPolicy`` (at least 10 minutes, during which the pipeline's loop
+    would hang in one call): the micro-batch then fails, and the job's restart strategy decides,
+    as for any other failure. Backoff as pyspark's (50 ms, x4, with jitter), capped at
+    ``max_backoff_ms``. Nothing on classic Spark."""
+    if not is_connect(spark):
+        return
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    retries, waited, backoff = 0, 0.0, 50.0
+    while waited < max_wait_s * 1000:
+        waited += min(backoff, max_backoff_ms)
+        backoff *= 4
+        retries += 1
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=retries, max_backoff=max_backoff_ms)])
+
+
 def quiet_logs(spark: Any) -> None:
     """Spark's log level to WARN (``SparkContext.setLogLevel``); a Spark Connect server's logs are
     its own, so nothing there."""

@@ -168,6 +168,12 @@ class PipelineCore:
     def _register_data_sources(self, spark: Any) -> None:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.session`
 
+    def _restart_delay_s(self, reason: str) -> float | None:
+        raise NotImplementedError  # :mod:`chandy.connectors.spark.restarts`
+
+    def _gave_up(self, reason: str, restarts: int) -> str:
+        raise NotImplementedError  # :mod:`chandy.connectors.spark.restarts`
+
     @staticmethod
     def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.session`

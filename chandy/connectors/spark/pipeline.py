@@ -73,7 +73,7 @@ from chandy.connectors.spark.options import (
 from chandy.connectors.spark.preflight import PipelinePreflight
 from chandy.connectors.spark.request_executor import PipelineRequestExecutor
 from chandy.connectors.spark.restarts import PipelineRestarts, Restart, RunTotals
-from chandy.connectors.spark.session import KEEP_WARM_S, PipelineSession
+from chandy.connectors.spark.session import KEEP_WARM_S, PipelineSession, stop_spark
 from chandy.coordinator.environment import OutboundMessage
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
@@ -92,19 +92,6 @@ log = logging.getLogger(__name__)
 #: seconds between two reads of the source's end offsets while the job has nothing to read (each
 #: read asks the partitions' leaders for their last stable offsets)
 IDLE_POLL_S = 0.1
-
-
-def _stop_spark(spark: Any) -> None:
-    """Stop the session this run started. Its JVM may be gone already: a SIGTERM or Ctrl-C to the
-    driver's process group reaches Spark's JVM too, and the driver then stops cleanly (exit 143 /
-    130) instead of failing on py4j's refused connection."""
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-
-    try:
-        spark.stop()
-    except (ConnectionError, OSError, Py4JError, PySparkException) as exc:  # the JVM (or Connect server) is gone
-        log.info("Spark's driver was gone at stop: %s", exc)
 
 
 class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineRequestExecutor, PipelineMicroBatch,
@@ -254,7 +241,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             self._warm_python_workers(warm)
             if not self._stand_by():
                 if self._spark is None:
-                    _stop_spark(warm)
+                    stop_spark(warm)
                 return PipelineSummary(opts.table_uri, self.job_id, 0, 0, 0, time.monotonic() - started,
                                        stopped_because="stopped while standing by", signal=self.stop_signal)
         self.preflight()
@@ -272,6 +259,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             totals = RunTotals()
             while True:
                 try:
+                    if totals.restarts:
+                        spark = self._renew_connect_session(spark, totals.restarts)
                     return self._run_attempt(spark, on_progress, started, totals)
                 except Restart as restart:
                     self._restart_began = time.monotonic()
@@ -282,7 +271,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                             signal=self.stop_signal, notices=tuple(self.notices), restarts=totals.restarts)
         finally:
             if self._spark is None:
-                _stop_spark(spark)
+                stop_spark(spark)
             self._restore_signal_handlers(previous_handlers)
 
     def _run_attempt(self, spark: Any, on_progress: Callable[[PipelineProgress], None] | None,

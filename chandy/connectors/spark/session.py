@@ -12,7 +12,13 @@ import threading
 import time
 from typing import Any
 
-from chandy.connectors.spark.classic import default_parallelism, quiet_logs, ship_python_file
+from chandy.connectors.spark.classic import (
+    bound_connect_retries,
+    default_parallelism,
+    is_connect,
+    quiet_logs,
+    ship_python_file,
+)
 from chandy.connectors.spark.cluster import (
     executor_python,
     root_cause,
@@ -35,6 +41,22 @@ log = logging.getLogger(__name__)
 KEEP_WARM_S = 30.0
 #: seconds a Spark Connect server's address may take to accept a connection before the start fails
 CONNECT_TIMEOUT_S = 10.0
+#: seconds a Spark Connect call retries an unavailable server before it fails (then the
+#: micro-batch fails, and the restart strategy decides; pyspark's own policy waits 10 minutes)
+CONNECT_RETRY_S = 60.0
+
+
+def stop_spark(spark: Any) -> None:
+    """Stop the session this run started. Its JVM may be gone already: a SIGTERM or Ctrl-C to the
+    driver's process group reaches Spark's JVM too, and the driver then stops cleanly (exit 143 /
+    130) instead of failing on py4j's refused connection."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        spark.stop()
+    except (ConnectionError, OSError, Py4JError, PySparkException) as exc:  # the JVM (or Connect server) is gone
+        log.info("Spark's driver was gone at stop: %s", exc)
 
 
 class PipelineSession(PipelineCore):
@@ -69,9 +91,11 @@ class PipelineSession(PipelineCore):
         except Exception as exc:
             if not opts.remote:
                 raise
-            raise PipelineError(f"cannot reach the Spark Connect server {redact_remote(opts.remote)}: "
+            raise PipelineError(f"the Spark Connect server {redact_remote(opts.remote)} refused the session: "
                                 f"{root_cause(exc)}") from exc
         quiet_logs(spark)
+        if opts.remote:
+            bound_connect_retries(spark, CONNECT_RETRY_S)
         if opts.resolved_ship_code:
             code = task_code_zip()
             ship_python_file(spark, code)  # every executor fetches it before its first task
@@ -95,6 +119,34 @@ class PipelineSession(PipelineCore):
         except OSError as exc:
             raise PipelineError(f"cannot reach the Spark Connect server {redact_remote(self.options.remote)} "
                                 f"({host}:{port}): {exc.strerror or exc}") from exc
+
+    def _renew_connect_session(self, spark: Any, restart: int) -> Any:
+        """Before a restart's attempt under Spark Connect: a new session (the task code shipped,
+        the data sources registered, the Python workers warmed), since the failure may have been
+        the server's own (a restarted server has lost the session, its artifacts and its data
+        sources). A session the caller gave, or classic Spark, is kept.
+
+        Raises:
+            Restart: the server cannot be reached yet, and the restart strategy allows another attempt.
+            PipelineError: it cannot, and the restart strategy gave up.
+        """
+        if self._spark is not None or not is_connect(spark):
+            return spark
+        from chandy.connectors.spark.restarts import Restart
+
+        stop_spark(spark)
+        self._data_sources_registered = False
+        try:
+            renewed = self._spark_session()
+            self._register_data_sources(renewed)
+        except Exception as exc:  # the server still down: a failed restart, retried as one
+            reason = f"restart {restart} could not open a Spark Connect session: {root_cause(exc)}"
+            delay = self._restart_delay_s(reason)
+            if delay is None:
+                raise PipelineError(f"job {self.job_id} failed: {self._gave_up(reason, restart)}") from exc
+            raise Restart(reason, delay) from exc
+        self._warm_python_workers(renewed, with_sink=True)
+        return renewed
 
     def _register_data_sources(self, spark: Any) -> None:
         """Register the two data sources with ``spark`` once (Spark 4 looks Python data sources up
