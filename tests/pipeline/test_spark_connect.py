@@ -271,7 +271,7 @@ def test_stop_with_savepoint_and_the_metrics_of_a_client(kafka_bootstrap_servers
         [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic,
          "-b", kafka_bootstrap_servers, "--prefix", prefix, "--max-records-per-checkpoint", "100",
          "--checkpoint-interval", "200", "--metrics-port", str(port), "--remote", spark_connect_url],
-        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_for(lambda: len(landed(table) if DeltaTable.is_deltatable(table) else []) == 1000, timeout_s=180,
                  what="every record landed")
@@ -288,9 +288,9 @@ def test_stop_with_savepoint_and_the_metrics_of_a_client(kafka_bootstrap_servers
                                "-b", kafka_bootstrap_servers, "--prefix", prefix, "--timeout", "120"],
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
         assert stop.returncode == 0 and "/savepoints/" in stop.stdout, stop.stdout + stop.stderr[-2000:]
-        _, err = client.communicate(timeout=120)
+        out, err = client.communicate(timeout=120)
         assert client.returncode == 0, err[-3000:]
-        assert "stopped with savepoint" in err
+        assert "stopped with savepoint" in out and "is FINISHED" in err, out[-2000:] + err[-2000:]
     finally:
         if client.poll() is None:
             os.killpg(client.pid, signal.SIGKILL)
