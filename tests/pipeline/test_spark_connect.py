@@ -298,17 +298,18 @@ def test_stop_with_savepoint_and_the_metrics_of_a_client(kafka_bootstrap_servers
     assert len(rows) == len(set(rows)) == 1000
 
 
+@pytest.mark.slow
 def test_a_client_rides_through_its_connect_server_being_killed_and_started_again(
         kafka_bootstrap_servers, tmp_path) -> None:
     """The Spark Connect server is SIGKILLed mid-run (its driver, executors and Python workers)
     and started again on the same port 5 s later. The client's micro-batches fail (pyspark's
     retries bounded to about a minute), the job restarts from its latest completed checkpoint
     with a new session (a restarted server has lost the old one, its artifacts and data sources),
-    and lands every record once."""
+    and lands every record once. About a minute: ``.venv/bin/pytest -m slow tests/pipeline/test_spark_connect.py``."""
     from tests.fixtures.spark_cluster import free_port
     from tests.fixtures.spark_connect import spark_connect_server
 
-    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(4000)])
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(2000)])
     table = str(tmp_path / "t")
     port = free_port()
     url = f"sc://127.0.0.1:{port}"
@@ -316,7 +317,7 @@ def test_a_client_rides_through_its_connect_server_being_killed_and_started_agai
     def rows() -> list[tuple[str, int, int]]:
         return landed(table) if DeltaTable.is_deltatable(table) else []
 
-    with spark_connect_server(tmp_path / "first", port=port):
+    with spark_connect_server(tmp_path / "first", port=port, crash_at_exit=True):
         client = subprocess.Popen(
             [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", table, "--topic", topic,
              "-b", kafka_bootstrap_servers, "--prefix", f"rs{uuid.uuid4().hex[:6]}", "--until-drained",
@@ -324,7 +325,7 @@ def test_a_client_rides_through_its_connect_server_being_killed_and_started_agai
              "-D", "restart-strategy.fixed-delay.attempts=20", "-D", "restart-strategy.fixed-delay.delay=2 s"],
             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            wait_for(lambda: len(rows()) >= 200, timeout_s=180, what="the client's first commits")
+            wait_for(lambda: len(rows()) >= 100, timeout_s=180, what="the client's first commits")
         except BaseException:
             os.killpg(client.pid, signal.SIGKILL)
             raise
@@ -340,4 +341,4 @@ def test_a_client_rides_through_its_connect_server_being_killed_and_started_agai
     assert client.returncode == 0, err[-3000:]
     assert "restarting" in err, err[-3000:]
     landed_rows = rows()
-    assert before < 4000 and len(landed_rows) == len(set(landed_rows)) == 4000
+    assert before < 2000 and len(landed_rows) == len(set(landed_rows)) == 2000
