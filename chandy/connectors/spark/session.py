@@ -88,19 +88,22 @@ class PipelineSession(PipelineCore):
             builder = builder.config(key, value)
         try:
             spark = builder.getOrCreate()
+            quiet_logs(spark)
+            if opts.remote:
+                bound_connect_retries(spark, CONNECT_RETRY_S)
+            if opts.resolved_ship_code:
+                code = task_code_zip()
+                ship_python_file(spark, code)  # every executor fetches it before its first task
+                log.info("shipped %s to the executors; their Python: %s", os.path.basename(code),
+                         "the Spark Connect server's" if opts.remote else os.environ.get("PYSPARK_PYTHON", "python3"))
+        except PipelineError:
+            raise
         except Exception as exc:
             if not opts.remote:
                 raise
+            # under Connect the first calls reach the server: a refused token, a setting it refuses
             raise PipelineError(f"the Spark Connect server {redact_remote(opts.remote)} refused the session: "
                                 f"{root_cause(exc)}") from exc
-        quiet_logs(spark)
-        if opts.remote:
-            bound_connect_retries(spark, CONNECT_RETRY_S)
-        if opts.resolved_ship_code:
-            code = task_code_zip()
-            ship_python_file(spark, code)  # every executor fetches it before its first task
-            log.info("shipped %s to the executors; their Python: %s", os.path.basename(code),
-                     "the Spark Connect server's" if opts.remote else os.environ.get("PYSPARK_PYTHON", "python3"))
         return spark
 
     def _check_connect_server_reachable(self) -> None:
@@ -171,7 +174,7 @@ class PipelineSession(PipelineCore):
         opts = self.options
         if self._warm_slots is None:  # under Spark Connect, asking costs a job
             self._warm_slots = default_parallelism(spark)
-        slots = max(self._warm_slots, self.parallelism)
+        slots = self._warm_slots
         sink = None
         if with_sink:
             sink = {"table_uri": opts.table_uri, "partition_by": tuple(opts.partition_by),
