@@ -67,6 +67,17 @@ def run(servers: str, topic: str, table: Path, prefix: str, url: str, *extra: st
                                  "--parallelism", str(PARTITIONS), *extra], crash_at=crash_at, spark=remote(url))
 
 
+def check_landed_once(servers: str, table: Path, prefix: str, topic: str, content: dict) -> None:
+    """Every record of ``content`` in the Delta table once with its value (read through
+    deltalake), one LAKE_COMMITTED per commit, and no data file the table does not reference."""
+    data = DeltaTable(str(table)).to_pyarrow_table(columns=list(exactly_once.COLUMNS))
+    exactly_once.assert_rows_exactly_once(data, content)
+    exactly_once.check_delta_lake_events(servers, prefix, str(table), topic, set(content))
+    referenced = {Path(u).name for u in DeltaTable(str(table)).file_uris()}
+    on_disk = {p.name for p in table.rglob("part-chandy-*.parquet")}
+    assert on_disk == referenced, f"unreferenced files left: {sorted(on_disk - referenced)}"
+
+
 @pytest.mark.parametrize("point", CLIENT_POINTS)
 def test_a_client_killed_at_each_step_then_restarted_lands_every_record_once(
         kafka_bootstrap_servers, spark_connect_url, connect_topic, tmp_path, point) -> None:
@@ -77,12 +88,7 @@ def test_a_client_killed_at_each_step_then_restarted_lands_every_record_once(
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
     finished = run(kafka_bootstrap_servers, topic, table, prefix, spark_connect_url)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    data = DeltaTable(str(table)).to_pyarrow_table(columns=list(exactly_once.COLUMNS))
-    exactly_once.assert_rows_exactly_once(data, content)
-    exactly_once.check_delta_lake_events(kafka_bootstrap_servers, prefix, str(table), topic, set(content))
-    referenced = {Path(u).name for u in DeltaTable(str(table)).file_uris()}
-    on_disk = {p.name for p in table.rglob("part-chandy-*.parquet")}
-    assert on_disk == referenced, f"unreferenced files left: {sorted(on_disk - referenced)}"
+    check_landed_once(kafka_bootstrap_servers, table, prefix, topic, content)
 
 
 def test_cli_help_names_remote_and_spark_remote() -> None:
@@ -190,12 +196,7 @@ def test_a_client_killed_while_its_tasks_run_on_the_server_then_restarted_lands_
         monkeypatch.delenv("CHANDY_CRASH_PGID")
         finished = run(kafka_bootstrap_servers, topic, table, prefix, url)
         assert finished.returncode == 0, finished.stderr[-3000:]
-    data = DeltaTable(str(table)).to_pyarrow_table(columns=list(exactly_once.COLUMNS))
-    exactly_once.assert_rows_exactly_once(data, content)
-    exactly_once.check_delta_lake_events(kafka_bootstrap_servers, prefix, str(table), topic, set(content))
-    referenced = {Path(u).name for u in DeltaTable(str(table)).file_uris()}
-    on_disk = {p.name for p in table.rglob("part-chandy-*.parquet")}
-    assert on_disk == referenced, f"unreferenced files left: {sorted(on_disk - referenced)}"
+    check_landed_once(kafka_bootstrap_servers, table, prefix, topic, content)
 
 
 def test_a_bad_or_unreachable_remote_fails_in_one_line(kafka_bootstrap_servers, tmp_path) -> None:
