@@ -221,6 +221,16 @@ def test_connect_urls_are_parsed_and_redacted() -> None:
     assert connect_address("sc://spark.example:443/;use_ssl=true;token=abc") == ("spark.example", 443)
     assert connect_address("sc://[::1]:15099") == ("::1", 15099)
     assert redact_remote("sc://h:443/;use_ssl=true;token=abc;x=1") == "sc://h:443/;use_ssl=true;token=***;x=1"
+    from chandy.connectors.spark.options import PipelineError, PipelineOptions
+
+    def options(remote: str) -> PipelineOptions:
+        return PipelineOptions(table_uri="/tmp/t", bootstrap_servers="b:9092", topics=("t",), remote=remote)
+
+    for good in ("sc://localhost", "sc://h:15002", "sc://[::1]:15099", "sc://h:443/;use_ssl=true;token=abc"):
+        assert options(good).remote == good and options(good).resolved_ship_code
+    for bad in ("http://h:15002", "sc://", "sc://h:port", "localhost:15002"):
+        with pytest.raises(PipelineError, match="is not a Spark Connect URL"):
+            options(bad)
 
 
 def test_routed_debezium_avro_into_delta_and_iceberg_equals_the_final_state(

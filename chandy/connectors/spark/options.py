@@ -336,7 +336,8 @@ class PipelineOptions:
         _restart_strategy_options(self.flink_conf, self.restart_strategy)  # a bad -D restart-strategy.* fails now
         if bool(self.topics) == bool(self.topic_pattern):
             raise PipelineError("give topics (a list) or a topic pattern (a regex), not both and not neither")
-        if self.remote is not None and not re.fullmatch(r"sc://[^/;:\s]+(:\d+)?/?(;.*)?", self.remote):
+        if self.remote is not None and not re.fullmatch(r"sc://(\[[0-9A-Fa-f:.]+\]|[^/;:\s\[\]]+)(:\d+)?/?(;.*)?",
+                                                        self.remote):
             raise PipelineError(f"--remote {redact_remote(self.remote)!r} is not a Spark Connect URL: "
                                 "sc://host[:port][/;param=value;...] (e.g. sc://localhost:15002)")
         if self.topic_pattern:
