@@ -12,7 +12,8 @@ import zipfile
 import pytest
 
 from chandy.connectors.spark.cluster import TASK_PACKAGES, default_parallelism, executor_python, task_code_zip, task_max_failures
-from chandy.connectors.spark.options import PipelineOptions, is_local_master
+from chandy.connectors.spark.options import PipelineOptions
+from chandy.connectors.spark.spark_urls import is_local_master
 
 
 def test_local_masters_are_those_whose_executors_live_in_the_driver() -> None:

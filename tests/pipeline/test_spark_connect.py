@@ -215,7 +215,7 @@ def test_a_bad_or_unreachable_remote_fails_in_one_line(kafka_bootstrap_servers, 
 
 
 def test_connect_urls_are_parsed_and_redacted() -> None:
-    from chandy.connectors.spark.options import connect_address, redact_remote
+    from chandy.connectors.spark.spark_urls import connect_address, redact_remote
 
     assert connect_address("sc://localhost") == ("localhost", 15002)
     assert connect_address("sc://spark.example:443/;use_ssl=true;token=abc") == ("spark.example", 443)

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from chandy.connectors.spark.options import DETERMINISTIC_ERRORS, PipelineError, is_local_master
+from chandy.connectors.spark.options import DETERMINISTIC_ERRORS, PipelineError
+from chandy.connectors.spark.spark_urls import is_local_master
 
 log = logging.getLogger(__name__)
 

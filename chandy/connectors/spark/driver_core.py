@@ -65,7 +65,7 @@ class PipelineCore:
         self.router: Router | None = Router.parse(options.routes, options.route_field).resolved() if options.routes else None
         self.service: CoordinatorService | None = None
         self.parallelism = 0
-        self._warm_slots: int | None = None  # the slots the Python workers are warmed in (session.py)
+        self._default_slots: int | None = None  # Spark's default parallelism, once asked (session.py)
         self.topic_names: list[str] = list(options.topics)
         self.partitions: list[TP] = []
         self.notices: list[str] = []

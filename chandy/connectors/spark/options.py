@@ -16,6 +16,7 @@ from chandy.connectors.kafka.source.offsets import OffsetsSpecError, parse_offse
 from chandy.connectors.lake.sinks import is_iceberg
 from chandy.connectors.lake.uri import normalize_table_uri
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES
+from chandy.connectors.spark.spark_urls import is_local_master, redact_remote
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.restart_strategy import RestartStrategyConfigError, RestartStrategyOptions
@@ -581,24 +582,3 @@ class PipelineSummary:
     notices: tuple[str, ...] = ()
     canceled: bool = False  # by a CANCEL request (``chandy job cancel``)
     restarts: int = 0  # times the restart strategy restarted the job in this run
-
-
-def redact_remote(remote: str) -> str:
-    """A Spark Connect URL fit for a log line: its ``token`` parameter hidden."""
-    return re.sub(r"(;\s*token=)[^;]*", r"\1***", remote)
-
-
-def connect_address(remote: str) -> tuple[str, int]:
-    """The (host, port) of a Spark Connect URL ``sc://host[:port][/;params]`` (port 15002 when not
-    given, as pyspark's ``ChannelBuilder.default_port``)."""
-    from urllib.parse import urlsplit
-
-    netloc = remote[len("sc://"):].split("/", 1)[0].split(";", 1)[0]
-    parts = urlsplit(f"//{netloc}")
-    return parts.hostname or netloc, parts.port or 15002
-
-
-def is_local_master(master: str) -> bool:
-    """Whether ``master`` runs the executors inside the driver's JVM (``local``, ``local[N]``,
-    ``local[N,F]``, ``local[*]``); ``local-cluster[...]``, ``spark://``, ``yarn`` and ``k8s://`` do not."""
-    return master == "local" or master.startswith("local[")

@@ -52,7 +52,6 @@ from chandy.connectors.kafka.source.enumerator import (
 )
 from chandy.connectors.lake.committer import LakeCommitterProvider, OffsetRanges
 from chandy.connectors.lake.sinks import LakeSink, open_sink
-from chandy.connectors.spark.classic import default_parallelism as default_parallelism_of
 from chandy.connectors.spark.classic import spark_master
 from chandy.connectors.spark.cluster import (
     default_parallelism,
@@ -248,7 +247,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         self.resolve_ending_offsets()
         spark = self._spark_session()
         self.parallelism = opts.parallelism or default_parallelism(
-            len(self.partitions), spark_master(spark), lambda: default_parallelism_of(spark))
+            len(self.partitions), spark_master(spark), lambda: self._default_parallelism(spark))
         if self._spark is None and "spark.sql.shuffle.partitions" not in opts.spark_conf:
             spark.conf.set("spark.sql.shuffle.partitions", str(self.parallelism))  # a transform's shuffles
         previous_handlers = self._install_signal_handlers() if handle_signals else {}

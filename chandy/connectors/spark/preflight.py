@@ -15,14 +15,11 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaExcep
 
 from chandy.connectors.kafka.source.subscriber import subscribed_topics
 from chandy.connectors.lake.sink import TP
-from chandy.connectors.spark.cluster import (
-    is_local_master,
-)
 from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
-    redact_remote,
 )
+from chandy.connectors.spark.spark_urls import is_local_master, redact_remote
 from chandy.coordinator.filesystems import StorageBackendError, is_local, open_filesystem, storage_error_cause
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics

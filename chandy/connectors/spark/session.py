@@ -28,9 +28,8 @@ from chandy.connectors.spark.cluster import (
 from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
-    connect_address,
-    redact_remote,
 )
+from chandy.connectors.spark.spark_urls import connect_address, redact_remote
 from chandy.coordinator import faults
 
 log = logging.getLogger(__name__)
@@ -151,6 +150,13 @@ class PipelineSession(PipelineCore):
         self._warm_python_workers(renewed, with_sink=True)
         return renewed
 
+    def _default_parallelism(self, spark: Any) -> int:
+        """Spark's default parallelism (:func:`~chandy.connectors.spark.classic.default_parallelism`),
+        asked once per run: under Spark Connect the answer costs a job."""
+        if self._default_slots is None:
+            self._default_slots = default_parallelism(spark)
+        return self._default_slots
+
     def _register_data_sources(self, spark: Any) -> None:
         """Register the two data sources with ``spark`` once (Spark 4 looks Python data sources up
         in a Python worker: about two seconds a warm standby spends before it leads, not after)."""
@@ -172,9 +178,7 @@ class PipelineSession(PipelineCore):
         (:data:`KEEP_WARM_S`): Spark stops Python workers that stayed idle for a minute
         (``PythonWorkerFactory.IDLE_WORKER_TIMEOUT_NS``)."""
         opts = self.options
-        if self._warm_slots is None:  # under Spark Connect, asking costs a job
-            self._warm_slots = default_parallelism(spark)
-        slots = self._warm_slots
+        slots = self._default_parallelism(spark)
         sink = None
         if with_sink:
             sink = {"table_uri": opts.table_uri, "partition_by": tuple(opts.partition_by),
