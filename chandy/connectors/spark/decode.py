@@ -215,6 +215,13 @@ class ValueDecoder:
             if columns is not None:
                 kafka = [batch.column(c) for c in self.keep]
                 return pa.RecordBatch.from_arrays(kafka + columns, schema=self.output_schema), None, 0
+        if vectorized and self.value_format == "avro" and self.cdc is None:
+            from chandy.connectors.spark.avro_batch import decode_avro_batch
+
+            columns = decode_avro_batch(values, self)
+            if columns is not None:
+                kafka = [batch.column(c) for c in self.keep]
+                return pa.RecordBatch.from_arrays(kafka + columns, schema=self.output_schema), None, 0
         writer_types: dict[str, pa.DataType] = {}  # as_written: new fields' types, from their writer schema
         parse = self._parser(self._writer_check(writer_types) if self.as_written else None)
         raws = batch.column("value").to_pylist()
