@@ -211,8 +211,9 @@ def run_suite(spark, servers: str, root: Path, args: argparse.Namespace) -> dict
                 if not args.no_structured_streaming:
                     per_system["ss_parquet"].append(
                         run_structured_streaming(spark, servers, topic, size, root, value_format=value_format))
-                    per_system["ss_delta"].append(run_structured_streaming(spark, servers, topic, size, root,
-                                                                           sink="delta", value_format=value_format))
+                    if not args.no_ss_delta:
+                        per_system["ss_delta"].append(run_structured_streaming(spark, servers, topic, size, root,
+                                                                               sink="delta", value_format=value_format))
                 if size == max(args.sizes):
                     per_system["floor"].append(run_floor(servers, topic, PARTITIONS, value_format, root,
                                                          per_file=size // max(1, os.cpu_count() or 1)))
@@ -298,6 +299,8 @@ def main() -> None:
                         help="with --suite: records per checkpoint / micro-batch")
     parser.add_argument("--formats", choices=FORMATS, nargs="+", default=list(FORMATS), help="with --suite")
     parser.add_argument("--out", type=Path, default=RESULTS, help="with --suite: the JSON results")
+    parser.add_argument("--no-ss-delta", action="store_true",
+                        help="with --suite: skip Structured Streaming into Delta (its rows take the longest)")
     args = parser.parse_args()
     if args.suite:
         args.records = args.records if args.records != 5_000_000 else 1_000_000

@@ -128,6 +128,24 @@ def markdown_table(rows: tuple[TypeRow, ...]) -> str:
 UTC_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
+def widens(narrow: pa.DataType, wide: pa.DataType) -> bool:
+    """Whether a column of Arrow type ``narrow`` may become ``wide`` in place, by the Iceberg
+    spec's type promotions in schema evolution: int to long, float to double, and decimal(P, S) to
+    decimal(P', S) with P' > P (Delta's type widening allows these too, but delta-rs cannot write
+    it, see ``docs/design.md``)."""
+    if pa.types.is_decimal(narrow) and pa.types.is_decimal(wide):
+        return narrow.scale == wide.scale and wide.precision > narrow.precision
+    return (narrow, wide) in ((pa.int32(), pa.int64()), (pa.float32(), pa.float64()))
+
+
+def wider(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The wider of two column types when one :func:`widens` to the other (the same type: it);
+    None when neither does."""
+    if a.equals(b) or widens(b, a):
+        return a
+    return b if widens(a, b) else None
+
+
 def utc_type(arrow_type: pa.DataType) -> pa.DataType:
     """``arrow_type`` with every zoned timestamp, at any depth, as ``timestamp[us, tz=UTC]`` (the
     same instants); large strings, binaries and lists as their plain forms (what Delta stores)."""

@@ -124,6 +124,58 @@ def test_the_registry_gives_the_schema_and_writer_fields_evolve_the_table(spark,
     assert len(_landed(table)) == 80
 
 
+_PRICE = {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}
+W1 = {"type": "record", "name": "Reading", "namespace": "com.acme", "fields": [
+    {"name": "id", "type": "long"}, {"name": "qty", "type": "int"}, {"name": "price", "type": _PRICE},
+    {"name": "ratio", "type": "float"}]}
+#: the widenings Iceberg's type promotion allows: int to long, a decimal's precision up, float to double
+W2 = {**W1, "fields": [W1["fields"][0], {"name": "qty", "type": "long"},
+                       {"name": "price", "type": {**_PRICE, "precision": 12}}, {"name": "ratio", "type": "double"}]}
+
+
+def test_a_writer_schema_that_widens_columns_widens_the_iceberg_table(spark, kafka_bootstrap_servers,
+                                                                     schema_registry_url, tmp_path) -> None:
+    """Records of W1, then of W2 (qty int to long, price decimal(10,2) to (12,2), ratio float to
+    double, with values only the wider types hold), then of W1 again, land in one run: the Iceberg
+    table's columns are widened in the checkpoint's commit (read back with pyiceberg), every value
+    of both versions is what confluent-kafka's deserializer reads; a restart, whose subject's latest
+    version is still W1, keeps the table's wider columns and lands W1's records into them."""
+    from decimal import Decimal
+
+    from pyiceberg.types import DecimalType, DoubleType, LongType
+
+    from tests.fixtures.exactly_once import iceberg_table
+
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    servers = kafka_bootstrap_servers
+    topic = make_topic(servers, [])
+
+    def narrow(i: int) -> dict:
+        return {"id": i, "qty": -i, "price": Decimal(i * 101) / 100, "ratio": i / 8}
+
+    _produce(servers, registry, topic, W1, [narrow(i) for i in range(30)])
+    _produce(servers, registry, topic, W2, [{"id": i, "qty": 2**40 + i, "price": Decimal("9999999999.99") - i,
+                                             "ratio": 0.1 * i} for i in range(30, 60)], subject=f"{topic}-w2")
+    _produce(servers, registry, topic, W1, [narrow(i) for i in range(60, 80)])
+    warehouse, name = tmp_path / "wh", f"registry.widened_{uuid.uuid4().hex[:6]}"
+    opts = PipelineOptions(table_uri=f"iceberg://local/{name}", bootstrap_servers=servers, topics=(topic,),
+                           stop_when_drained=True, prefix=f"rw{uuid.uuid4().hex[:6]}", value_format="avro",
+                           avro_framing="confluent", schema_registry={"url": schema_registry_url},
+                           max_records_per_checkpoint=20, catalog_properties={"warehouse": str(warehouse)})
+    assert Pipeline(opts, spark=spark).run().records_landed == 80
+    fields = {f.name: f.field_type for f in iceberg_table(warehouse, name).schema().fields}
+    assert (fields["qty"], fields["price"], fields["ratio"]) == (LongType(), DecimalType(12, 2), DoubleType())
+
+    _produce(servers, registry, topic, W1, [narrow(i) for i in range(80, 90)])
+    assert Pipeline(opts, spark=spark).run().records_landed == 10
+    rows = iceberg_table(warehouse, name).scan().to_arrow().to_pylist()
+    landed = {(r["partition"], r["offset"]): r for r in rows}
+    assert len(landed) == len(rows) == 90, "a record landed twice or not at all"
+    for where, value in _source_values(servers, registry, topic).items():
+        for column in ("id", "qty", "price", "ratio"):
+            assert landed[where][column] == value[column], (where, column, landed[where][column], value[column])
+
+
 def test_an_unreachable_registry_or_unknown_subject_fails_before_spark_starts(kafka_bootstrap_servers,
                                                                               schema_registry_url, tmp_path) -> None:
     """The table's schema comes from the registry at start: a registry that does not answer, or a
@@ -175,6 +227,90 @@ def test_a_writer_schema_that_adds_a_field_lands_every_value_once_through_a_kill
             assert landed[where][column] == value.get(column), (where, column)
     assert str(pa.schema(DeltaTable(str(table)).schema().to_arrow()).field("price").type) == "double"
     assert _group_of(servers, str(table), topic) == {(topic, 0): 240, (topic, 1): 240}
+
+
+ORDER = {"type": "record", "name": "Order", "namespace": "com.acme", "fields": [
+    {"name": "id", "type": "long"}, {"name": "total", "type": "double"}]}
+#: shares a field name with Order, of another type: each table keeps its own
+CUSTOMER = {"type": "record", "name": "Customer", "namespace": "com.acme", "fields": [
+    {"name": "id", "type": "string"}, {"name": "email", "type": ["null", "string"], "default": None}]}
+AUDIT = {"type": "record", "name": "Audit", "namespace": "org.other", "fields": [
+    {"name": "id", "type": "int"}, {"name": "who", "type": "string"}]}
+_RECORDS = {"Order": (ORDER, lambda i: {"id": i, "total": i / 4}),
+            "Customer": (CUSTOMER, lambda i: {"id": f"c-{i}", "email": None if i % 3 else f"{i}@x"}),
+            "Audit": (AUDIT, lambda i: {"id": i, "who": f"user{i % 5}"})}
+
+
+def _check_own_columns(rows_by_table: dict[str, list[dict]], source: dict[tuple[str, int, int], Any]) -> None:
+    """Each table holds exactly its records' fields as value columns, and every record of the
+    source exactly once, in the table of its record type, with its values."""
+    from chandy.connectors.spark.decode import KAFKA_COLUMNS
+
+    seen: set[tuple[str, int, int]] = set()
+    for name, rows in rows_by_table.items():
+        fields = {f["name"] for f in _RECORDS[name][0]["fields"]}
+        assert rows and set(rows[0]) - set(KAFKA_COLUMNS) == fields, (name, sorted(rows[0]))
+        for row in rows:
+            where = (row["topic"], row["partition"], row["offset"])
+            assert where not in seen, f"{where} landed twice"
+            seen.add(where)
+            assert {f: row[f] for f in fields} == source[where], (name, where)
+    assert seen == set(source)
+
+
+def test_every_subject_its_table_a_multi_type_topic_and_a_database_in_one_job(kafka_bootstrap_servers,
+                                                                              schema_registry_url, tmp_path) -> None:
+    """`--route-by record-name`: one topic holding three record types (TopicRecordNameStrategy
+    subjects; Order and Customer share the field id as long and string) lands each type in its own
+    Delta table with exactly its fields, through a SIGKILL before a lake commit; a Debezium-shaped
+    database (three topics, three <topic>-value subjects) routed by topic lands in three Iceberg
+    tables in one job, each with its own columns. Values as confluent-kafka's deserializer reads them."""
+    import re
+
+    from chandy.connectors.spark.options import PipelineError, PipelineOptions
+    from tests.fixtures import exactly_once
+    from tests.fixtures.exactly_once import iceberg_table
+
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    servers = kafka_bootstrap_servers
+    topic = make_topic(servers, [])
+    for schema, make in _RECORDS.values():
+        full = f"{schema['namespace']}.{schema['name']}"
+        _produce(servers, registry, topic, schema, [make(i) for i in range(30)], subject=f"{topic}-{full}")
+    rest = tmp_path / "rest"
+    args = ["--table", str(rest), "--topic", topic, "-b", servers, "--prefix", f"rn{uuid.uuid4().hex[:6]}",
+            "--until-drained", "--max-records-per-checkpoint", "20", "--value-format", "avro",
+            "--schema-registry-url", schema_registry_url, "--route-by", "record-name",
+            "--route", r"com\.acme\.(\w+)=" + str(tmp_path / "$1")]
+    crashed = exactly_once.run_cli(args, crash_at="before-lake-commit@2")
+    assert crashed.returncode == -9, crashed.stderr[-3000:]
+    finished = exactly_once.run_cli(args)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    source = {(topic, *where): value for where, value in _source_values(servers, registry, topic).items()}
+    _check_own_columns({name: DeltaTable(str(tmp_path / name if name != "Audit" else rest)).to_pyarrow_table()
+                        .to_pylist() for name in _RECORDS}, source)
+
+    database = f"db{uuid.uuid4().hex[:6]}"
+    topics = {name: make_topic(servers, [], topic=f"{database}.{name.lower()}s") for name in _RECORDS}
+    source = {}
+    for name, (schema, make) in _RECORDS.items():
+        _produce(servers, registry, topics[name], schema, [make(i) for i in range(25)])
+        source.update({(topics[name], *where): value
+                       for where, value in _source_values(servers, registry, topics[name]).items()})
+    warehouse = tmp_path / "wh"
+    args = ["--table", str(tmp_path / "unrouted"), "-b", servers, "--prefix", f"db{uuid.uuid4().hex[:6]}",
+            "--until-drained", "--value-format", "avro", "--schema-registry-url", schema_registry_url,
+            "--route", re.escape(database) + r"\.(\w+)=iceberg://local/" + database + ".$1",
+            "--catalog-property", f"warehouse={warehouse}"]
+    for name in _RECORDS:
+        args += ["--topic", topics[name]]
+    finished = exactly_once.run_cli(args)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    _check_own_columns({name: iceberg_table(warehouse, f"{database}.{name.lower()}s").scan().to_arrow().to_pylist()
+                        for name in _RECORDS}, source)
+    with pytest.raises(PipelineError, match="--route-by record-name routes by each value's writer schema"):
+        PipelineOptions(table_uri=str(rest), bootstrap_servers=servers, topics=(topic,), value_format="json",
+                        routes=("a=b",), route_by="record-name")
 
 
 def _group_of(servers: str, table: str, topic: str) -> dict[tuple[str, int], int]:

@@ -39,6 +39,7 @@ from chandy.connectors.lake.iceberg_commits import (
     commit_in,
     commit_record,
     commits_after,
+    is_conflict,
     landed_after,
     recorded_event_times,
     without_snapshot,
@@ -53,6 +54,7 @@ from chandy.connectors.lake.sink import (
     LakeCommitError,
     SchemaChecked,
     TableProgress,
+    evolves,
     merge_schemas,
     offsets_from_json,
     schema_from_b64,
@@ -80,15 +82,6 @@ def _checkpoint_dir(table_uri: str, catalog_properties: tuple[tuple[str, str], .
     return f"{IcebergSink(table_uri, catalog_properties=dict(catalog_properties)).root_url}/_chandy_checkpoints"
 
 
-def _is_conflict(exc: BaseException) -> bool:
-    """A commit lost to a concurrent one: the catalog's compare-and-swap failed
-    (``CommitFailedException``), or pyiceberg's own retry found the rebased commit invalid
-    (``ValidationException``, e.g. files added to what an overwrite deletes)."""
-    from pyiceberg.exceptions import CommitFailedException, ValidationException
-
-    return isinstance(exc, CommitFailedException | ValidationException)
-
-
 class IcebergSink(SchemaChecked):
     """An Iceberg table in a pyiceberg catalog (see the module docstring); the methods of
     :class:`~chandy.connectors.lake.sink.LakeSink`, with the contracts :class:`~chandy.connectors.lake.delta.DeltaLakeSink` documents.
@@ -100,8 +93,10 @@ class IcebergSink(SchemaChecked):
             ``data/<col>=<value>/`` (``add_files`` reads it from its statistics); an existing table keeps its spec.
         catalog_properties: pyiceberg catalog properties (see :func:`catalog_properties_for`).
         storage_options: fsspec options for the table location.
-        add_columns: schema evolution: columns the data has and the table lacks are added in the
-            checkpoint's own commit (pyiceberg's ``union_by_name``); other types are refused.
+        add_columns: schema evolution: columns the data has and the table lacks are added, and
+            columns widened (int to long, float to double, a decimal's precision up: Iceberg's
+            type promotion), in the checkpoint's own commit (pyiceberg's ``union_by_name``);
+            other type changes are refused.
         location: the table's location, when known (the Spark tasks get it from the driver):
             then the catalog is not contacted, which only :meth:`write_files` may rely on.
 
@@ -110,7 +105,7 @@ class IcebergSink(SchemaChecked):
             the default catalog cannot serve.
     """
 
-    FORMAT = "iceberg"
+    FORMAT, widens_columns = "iceberg", True
 
     def __init__(self, table_uri: str, *, partition_by: Sequence[str] = (),
                  catalog_properties: Mapping[str, str] | None = None,
@@ -318,7 +313,8 @@ class IcebergSink(SchemaChecked):
             schemas = [schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
             for schema in schemas:
                 self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
-            merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
+            merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ",
+                                   widen=self.add_columns) if schemas else None
             summary, properties = commit_record(job_id, checkpoint_id, token, records=sum(f.records for f in files),
                                                 files=len(files), offsets=offsets, cluster_id=cluster_id,
                                                 event_times=event_times)
@@ -327,9 +323,9 @@ class IcebergSink(SchemaChecked):
                     assert merged is not None
                     table = self._create(merged)
                 transaction = table.transaction()
-                if merged is not None and self.add_columns and set(merged.names) - set(fields or {}):
+                if merged is not None and self.add_columns and evolves(merged, fields):
                     with transaction.update_schema() as update:
-                        update.union_by_name(merged)
+                        update.union_by_name(merged)  # adds columns, and widens them by Iceberg's promotion
                 if files:
                     transaction.add_files([f"{self.root_url}/{f.path}" for f in files], snapshot_properties=summary,
                                           check_duplicate_files=False)
@@ -368,7 +364,7 @@ class IcebergSink(SchemaChecked):
         """After commit attempt ``attempt`` failed with ``exc``: the error to raise (any failure
         but a lost race with a concurrent commit, or the last attempt's), else None after waiting
         before the next attempt."""
-        if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+        if not is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
             return LakeCommitError(f"{action} failed (attempt {attempt}): {type(exc).__name__}: {exc}")
         log.warning("%s met a concurrent commit (%s): retrying", action, exc)
         time.sleep(min(2.0, 0.05 * 2 ** attempt))
@@ -458,7 +454,7 @@ class IcebergSink(SchemaChecked):
                     return {**metrics, "commitOutcomeChecked": True}
                 for path in written:  # the commit certainly did not land: nothing references them
                     self.fs.rm(self._fs_path(path))
-                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+                if not is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
                     raise LakeCommitError(f"optimizing {self.table_uri} failed (attempt {attempt}): {exc}") from exc
                 log.warning("optimize of %s met a concurrent commit (%s): retrying", self.table_uri, exc)
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))
@@ -531,7 +527,7 @@ class IcebergSink(SchemaChecked):
             try:
                 table.maintenance.expire_snapshots().by_ids(expired).commit()
             except Exception as exc:  # pyiceberg and the catalogs raise many types
-                if not _is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+                if not is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
                     raise LakeCommitError(f"vacuuming {self.table_uri} failed (attempt {attempt}): {exc}") from exc
                 log.warning("vacuum of %s met a concurrent commit (%s): retrying", self.table_uri, exc)
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))

@@ -99,6 +99,15 @@ STATUS_CHECKS = 3
 STATUS_CHECK_WAIT_S = 1.0
 
 
+def is_conflict(exc: BaseException) -> bool:
+    """A commit lost to a concurrent one: the catalog's compare-and-swap failed
+    (``CommitFailedException``), or pyiceberg's own retry found the rebased commit invalid
+    (``ValidationException``, e.g. files added to what an overwrite deletes)."""
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+
+    return isinstance(exc, CommitFailedException | ValidationException)
+
+
 def is_refusal(exc: BaseException) -> bool:
     """A commit that certainly did not land: the catalog's compare-and-swap refused it
     (``CommitFailedException``), or pyiceberg did before any request (``ValidationException`` of

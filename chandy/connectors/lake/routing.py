@@ -104,20 +104,23 @@ class RouteRule:
 class Router:
     """The job's rules, tried in order (picklable: it travels to the Spark tasks).
 
-    ``field``: the column whose value is the route key (None: the topic).
+    ``field``: the column whose value is the route key (None: ``by``); ``by``: ``"topic"``, or
+    ``"record-name"``: the full name of the record's writer schema (``--route-by record-name``,
+    read from the registry before the value is decoded, see :mod:`chandy.connectors.spark.routed_decoding`).
     """
 
     rules: tuple[RouteRule, ...]
     field: str | None = None
+    by: str = "topic"
 
     @classmethod
-    def parse(cls, rules: Sequence[str], field: str | None = None) -> Router:
-        """The router of ``--route`` texts and ``--route-field``.
+    def parse(cls, rules: Sequence[str], field: str | None = None, by: str = "topic") -> Router:
+        """The router of ``--route`` texts, ``--route-field`` and ``--route-by``.
 
         Raises:
             RouteError: a rule that cannot be used (see :meth:`RouteRule.parse`).
         """
-        return cls(tuple(RouteRule.parse(r) for r in rules), field)
+        return cls(tuple(RouteRule.parse(r) for r in rules), field, by)
 
     def table_for(self, key: str | None) -> str | None:
         """The table URI of the first rule matching ``key`` (as written in the rule: not yet
@@ -129,6 +132,11 @@ class Router:
             if table is not None:
                 return table
         return None
+
+    def destination(self, key: str | None) -> str | None:
+        """The normalised table URI of route key ``key``, or None (unrouted)."""
+        table = self.table_for(key)
+        return None if table is None else _normalized(table)
 
     def resolved(self) -> Router:
         """This router with each local, relative table template made absolute against the
@@ -162,7 +170,7 @@ class Router:
         (None, the unrouted rows) when some match no rule; in first-appearance order."""
         keys = self.keys(table)
         distinct = pc.unique(keys)
-        destination = [_normalized(t) if (t := self.table_for(k)) is not None else None for k in distinct.to_pylist()]
+        destination = [self.destination(k) for k in distinct.to_pylist()]
         if len(set(destination)) == 1:
             return [(destination[0], table)]
         index = pc.index_in(keys, value_set=distinct)

@@ -183,17 +183,35 @@ def delta_fields(data: pa.Schema) -> dict[str, Any]:
     return {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(utc_schema(data)).to_json())["fields"]}
 
 
-def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any], *, add_columns: bool = False) -> list[str]:
+def _lake_widens(narrow: Any, wide: Any) -> bool:
+    """:func:`~chandy.connectors.type_mapping.widens` for two Delta type JSONs (``integer`` to
+    ``long``, ``float`` to ``double``, ``decimal(P,S)`` to a greater precision)."""
+    if not isinstance(narrow, str) or not isinstance(wide, str):
+        return False
+    decimals = [re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", t) for t in (narrow, wide)]
+    if decimals[0] and decimals[1]:
+        (p1, s1), (p2, s2) = (map(int, m.groups()) for m in decimals)  # type: ignore[union-attr]
+        return s1 == s2 and p2 > p1
+    return (narrow, wide) in (("integer", "long"), ("float", "double"))
+
+
+def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any], *, add_columns: bool = False,
+                       widen: bool = False) -> list[str]:
     """What stops ``data`` (Arrow) from landing in a table whose columns are ``table_fields``
     (name -> Delta type JSON); empty when it fits. Columns of the table the data lacks are fine
     (they land as nulls); a column of another type is a difference, and so is a column the table
-    lacks unless ``add_columns`` (schema evolution: the commit adds it)."""
+    lacks unless ``add_columns`` (schema evolution: the commit adds it). With ``widen`` (Iceberg
+    with schema evolution), a column the data has in a type the table's :func:`_lake_widens` to
+    (older files read through the table's type) or wider than the table's (the commit widens the
+    column) fits."""
     mine = delta_fields(data)
     problems = []
     for name, kind in mine.items():
         if name not in table_fields:
             if not add_columns:
                 problems.append(f"column {name} ({_type_text(kind)}) is not in the table")
+        elif widen and (_lake_widens(kind, table_fields[name]) or _lake_widens(table_fields[name], kind)):
+            continue
         elif _type_shape(kind) != _type_shape(table_fields[name]):
             problems.append(f"column {name} is {_type_text(kind)} in the data but "
                             f"{_type_text(table_fields[name])} in the table")
@@ -203,9 +221,17 @@ def schema_differences(data: pa.Schema, table_fields: Mapping[str, Any], *, add_
 EVOLUTION_NOTE = "new columns are added with schema evolution; a column of another type is refused"
 
 
-def merge_schemas(schemas: Sequence[pa.Schema], *, where: str = "") -> pa.Schema:
+def evolves(data: pa.Schema, table_fields: Mapping[str, Any] | None) -> bool:
+    """Whether landing ``data`` changes the table's schema: a column the table lacks, or one the
+    data has wider than the table's (:func:`_lake_widens`)."""
+    fields = table_fields or {}
+    return any(name not in fields or _lake_widens(fields[name], kind) for name, kind in delta_fields(data).items())
+
+
+def merge_schemas(schemas: Sequence[pa.Schema], *, where: str = "", widen: bool = False) -> pa.Schema:
     """The union of ``schemas`` by column name (first appearance order), as Iceberg's
-    ``union_by_name`` and Delta's schema merge do; a missing column is fine.
+    ``union_by_name`` and Delta's schema merge do; a missing column is fine; with ``widen``, a
+    column of two types one widens to is the wider (:func:`_lake_widens`).
 
     Raises:
         LakeSchemaError: one column of two types, naming it and both types.
@@ -216,6 +242,10 @@ def merge_schemas(schemas: Sequence[pa.Schema], *, where: str = "") -> pa.Schema
         for name, kind in delta_fields(schema).items():
             if name not in seen:
                 seen[name], kinds[name] = schema.field(name), kind
+            elif widen and _lake_widens(kinds[name], kind):
+                seen[name], kinds[name] = schema.field(name), kind
+            elif widen and _lake_widens(kind, kinds[name]):
+                continue
             elif _type_shape(kinds[name]) != _type_shape(kind):
                 raise LakeSchemaError(f"{where}column {name} is {_type_text(kind)} in one file but "
                                       f"{_type_text(kinds[name])} in another: nothing was committed")
@@ -378,6 +408,9 @@ class SchemaChecked:
     table_uri: str
     add_columns: bool
     table_properties: dict[str, str]
+    #: whether schema evolution widens a column (int to long, ...) in place: Iceberg's type
+    #: promotion; Delta's type widening is a table feature delta-rs cannot write
+    widens_columns: bool = False
 
     @property
     def parquet_options(self) -> dict[str, Any]:
@@ -397,7 +430,8 @@ class SchemaChecked:
         fields = self.table_fields() if table_fields is None else table_fields
         if fields is None:
             return
-        problems = schema_differences(data, fields, add_columns=self.add_columns)
+        problems = schema_differences(data, fields, add_columns=self.add_columns,
+                                      widen=self.add_columns and self.widens_columns)
         if problems:
             raise LakeSchemaError(f"{where}the data does not fit table {self.table_uri}: {'; '.join(problems)} "
                                   f"({EVOLUTION_NOTE}: nothing was committed)")

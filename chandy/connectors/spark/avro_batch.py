@@ -182,6 +182,7 @@ def _top_level(cursor: _Cursor, writer: Any, rows: np.ndarray, options: AvroBatc
     """The columns of ``rows`` read with ``writer`` (a record schema): each column its writer
     field, promoted losslessly where the column is wider, or null where the writer lacks it."""
     from chandy.connectors.spark.avro import AvroValueSchemaError, avro_columns
+    from chandy.connectors.type_mapping import widens
 
     try:
         written, names = avro_columns(writer)
@@ -192,7 +193,8 @@ def _top_level(cursor: _Cursor, writer: Any, rows: np.ndarray, options: AvroBatc
         raise _Fallback("new fields")  # evolution: record by record adds their columns
     for name, column in zip(options.source_names, options.columns, strict=True):
         field = by_name.get(name)
-        if field is not None and not field.type.equals(column.type) and (field.type, column.type) not in _LOSSLESS:
+        if field is not None and not field.type.equals(column.type) and (field.type, column.type) not in _LOSSLESS \
+                and not widens(field.type, column.type):
             raise _Fallback(f"field {name}")
     named: dict[str, Any] = {}
     read = _Reader(cursor, named)

@@ -28,6 +28,7 @@ from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeSink,
 from chandy.connectors.spark.decode import ValueDecoder, decode_batches
 from chandy.connectors.spark.evolution import SchemaChangeError, concat_evolving, offset_ranges
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
+from chandy.connectors.type_mapping import wider
 from chandy.coordinator.messages import StateHandle
 
 RANGES_FORMAT = "chandy_kafka_ranges"
@@ -163,15 +164,20 @@ class FetchClock:
 
 def decode_with_dead_letters(options: TaskOptions, batches: Iterator[pa.RecordBatch],
                              subtask: int) -> Iterator[pa.RecordBatch]:
-    """Decode a subtask's batches with ``options.decoder``; bad records (and the count of
-    skipped tombstones) are written, at the end of the input, to the checkpoint's dead-letter file
-    of this subtask (see :mod:`chandy.connectors.spark.dead_letters`)."""
+    """Decode a subtask's batches with ``options.decoder`` (routed per subject: each table's
+    records with its own columns, :mod:`chandy.connectors.spark.routed_decoding`); bad records (and
+    the count of skipped tombstones) are written, at the end of the input, to the checkpoint's
+    dead-letter file of this subtask (see :mod:`chandy.connectors.spark.dead_letters`)."""
     from chandy.connectors.spark.dead_letters import DeadLetterFile
+    from chandy.connectors.spark.routed_decoding import decode_routed, routes_before_decoding
 
     assert options.decoder is not None
     dead = DeadLetterFile(options.checkpoint_dir, options.job_id, options.checkpoint_id, subtask,
                           options.storage_options)
-    if options.router is not None and options.unrouted == "dead-letter":
+    if routes_before_decoding(options):
+        routed = RoutedTables(options)
+        yield from decode_routed(options, batches, lambda uri: routed.fields_of(routed.sink(uri)), dead)
+    elif options.router is not None and options.unrouted == "dead-letter":
         yield from without_unrouted(options, _with_raw(batches, options.decoder, dead), dead.add)
     else:
         yield from decode_batches(batches, options.decoder, dead.add, dead.add_skipped)
@@ -246,7 +252,9 @@ def _check_same_types(table: pa.Table, seen: dict[str, tuple[pa.DataType, str]],
         if earlier is None:
             ranges = ranges or offset_ranges(table)
             seen[field.name] = (field.type, ranges)
-        elif not field.type.equals(earlier[0]):
+        elif wider(field.type, earlier[0]) is not None:  # a widened column: each part's file keeps its type
+            seen[field.name] = (wider(field.type, earlier[0]), earlier[1])
+        else:
             raise SchemaChangeError(
                 f"{where}field {field.name} changed type: {earlier[0]} at {earlier[1]} but {field.type} at "
                 f"{offset_ranges(table)}; nothing of it was landed")
@@ -267,6 +275,7 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
         LakeSchemaError: the data does not fit the table (checked before its part is written).
     """
     from chandy.connectors.spark.clients import ack_sender, discard_sender, task_sink
+    from chandy.connectors.spark.routed_decoding import by_destination, routes_before_decoding
     from chandy.coordinator.failure import CheckpointFailureReason
     from chandy.coordinator.faults import crash_point
 
@@ -279,18 +288,19 @@ def write_and_acknowledge(options: TaskOptions, batches: Iterator[pa.RecordBatch
                          location=o.table_location, table_properties=o.table_properties)
         files: list[DataFile] = []
         rows = 0
-        seen: dict[str, tuple[pa.DataType, str]] = {}  # a column's type in the parts before, where it came from
-        routed = RoutedTables(o)
+        seen: dict[str | None, dict[str, tuple[pa.DataType, str]]] = {}  # per table, a column's earlier type
+        routed, routed_first = RoutedTables(o), routes_before_decoding(o)
         for part in buffered(batches, o.write_buffer_bytes):
-            table = concat_evolving(part, where=where)
+            for group_uri, group in by_destination(part) if routed_first else [(None, part)]:
+                table = concat_evolving(group, where=where)
+                _check_same_types(table, seen.setdefault(group_uri, {}), where)
+                destinations = ([(group_uri, table)] if routed_first or o.router is None else o.router.split(table))
+                for table_uri, data in destinations:
+                    files += routed.write(sink if table_uri in (None, o.table_uri) else routed.sink(table_uri), data,
+                                          subtask, attempt)
+                rows += table.num_rows
+                del table, destinations
             del part
-            _check_same_types(table, seen, where)
-            destinations = o.router.split(table) if o.router is not None else [(None, table)]
-            for table_uri, data in destinations:
-                files += routed.write(sink if table_uri in (None, o.table_uri) else routed.sink(table_uri), data,
-                                      subtask, attempt)
-            rows += table.num_rows
-            del table, destinations
         crash_point("task-written", o.checkpoint_id)
         handles = data_files_to_handles(files)  # each distinct schema once, not once a file
         metrics = fetch_clock.state_handle() if fetch_clock is not None else None
@@ -326,7 +336,8 @@ class RoutedTables:
                          catalog_properties=o.catalog_properties, add_columns=o.add_columns,
                          table_properties=o.table_properties)
 
-    def _table_fields(self, sink: LakeSink) -> Mapping[str, Any] | None:
+    def fields_of(self, sink: LakeSink) -> Mapping[str, Any] | None:
+        """``sink``'s table's columns (name to Delta type JSON; None: no table yet), read once."""
         if sink.table_uri == self.options.table_uri:
             return self.options.table_fields
         if sink.table_uri not in self._fields:
@@ -345,7 +356,7 @@ class RoutedTables:
         from chandy.connectors.spark.decode import BadRecordError
 
         o = self.options
-        fields = self._table_fields(sink)
+        fields = self.fields_of(sink)
         shape = data.schema.remove(data.schema.get_field_index(OP_COLUMN)) if o.changes else data.schema
         if fields is not None:
             sink.check_schema(shape, fields, where=f"checkpoint {o.checkpoint_id} ({offset_ranges(data)}): ")

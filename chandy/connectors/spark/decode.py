@@ -103,6 +103,10 @@ class ValueDecoder:
             field, both types, both schema IDs and the offsets; a field the writer lacks is null.
         columns_schema_id: with ``as_written``, the registry ID of the schema the columns came
             from (for messages).
+        widen_columns: with ``as_written``, a writer type a column's type widens to (int to long,
+            float to double, a decimal's precision up: :func:`~chandy.connectors.type_mapping.widens`)
+            widens the column in the decoded batch instead of failing the micro-batch; the table
+            widens it in the checkpoint's commit (Iceberg's type promotion; Delta tables cannot).
         json_framing: ``"plain"`` JSON text, or ``"confluent"``: Confluent's JSON Schema
             serializer's framing (magic byte 0, 4-byte schema ID, then the JSON text), checked and
             stripped before the JSON is read (``--value-format json-schema``).
@@ -131,6 +135,7 @@ class ValueDecoder:
     as_written: bool = False
     columns_schema_id: int | None = None
     json_framing: str = "plain"
+    widen_columns: bool = False
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -223,7 +228,8 @@ class ValueDecoder:
                 kafka = [batch.column(c) for c in self.keep]
                 return pa.RecordBatch.from_arrays(kafka + columns, schema=self.output_schema), None, 0
         writer_types: dict[str, pa.DataType] = {}  # as_written: new fields' types, from their writer schema
-        parse = self._parser(self._writer_check(writer_types) if self.as_written else None)
+        widened: dict[str, pa.DataType] = {}  # as_written: columns a writer schema widens
+        parse = self._parser(self._writer_check(writer_types, widened) if self.as_written else None)
         raws = batch.column("value").to_pylist()
         known = set(self.source_names)
         extra_names: list[str] = []
@@ -262,7 +268,9 @@ class ValueDecoder:
             except _TypeChange as exc:
                 raise SchemaChangeError(f"{location(batch, i)}: {exc}; the micro-batch read {offset_ranges(batch)} "
                                         "and lands nothing of it") from None
-        fields, names = list(self.columns), list(self.source_names)
+        fields = [f.with_type(widened[n]) if n in widened else f for f, n in zip(self.columns, self.source_names,
+                                                                                  strict=True)]
+        names = list(self.source_names)
         for name in extra_names:
             kind = writer_types.get(name) or _inferred_type([None if r is None else r.get(name) for r in rows])
             if kind is not None:
@@ -280,22 +288,25 @@ class ValueDecoder:
             columns, _ = self._columns([rows[p] for p in good], fields, names)
         taken = pa.array(keep_rows, pa.int64())
         kafka = [batch.column(c).take(taken) for c in self.keep]
-        base = [f for f in self.output_schema if f.name != OP_COLUMN]
-        extra = fields[len(self.columns):]
+        base = [f for f in self.output_schema if f.name != OP_COLUMN][:len(self.keep)] + fields
         if self.cdc:
-            schema = pa.schema(base + extra + [_op_field()])
+            schema = pa.schema(base + [_op_field()])
             columns = columns + [pa.array(ops, pa.string())]
         else:
-            schema = pa.schema(base + extra)
+            schema = pa.schema(base)
         decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
         return decoded, (_bad_batch(batch, bad) if bad else None), skipped
 
-    def _writer_check(self, new_types: dict[str, pa.DataType]) -> Callable[[int, pa.Schema, tuple[str, ...]], None]:
+    def _writer_check(self, new_types: dict[str, pa.DataType], widened: dict[str, pa.DataType]
+                      ) -> Callable[[int, pa.Schema, tuple[str, ...]], None]:
         """``as_written``: what to do with a writer schema read the first time (its columns and
         their names in the value): its fields the columns lack are noted in ``new_types`` (their
         column types); a field of another type than its column raises :class:`_TypeChange`
-        unless Avro's resolution (Protobuf's wire compatibility is the same) promotes it."""
+        unless Avro's resolution (Protobuf's wire compatibility is the same) promotes it, it
+        widens to the column's type (a writer older than the column's widening), or, with
+        ``widen_columns``, the column widens to it (noted in ``widened``, the widest seen)."""
         from chandy.connectors.spark.avro import promotes
+        from chandy.connectors.type_mapping import widens, wider
 
         known = {name: field for name, field in zip(self.source_names, self.columns, strict=True)}
         first: dict[str, int] = {}
@@ -309,12 +320,18 @@ class ValueDecoder:
                     if not earlier.equals(field.type):
                         raise _TypeChange(f"new field {name} is {earlier} in schema ID {first[name]} but {field.type} "
                                           f"in schema ID {schema_id}")
-                elif not column.type.equals(field.type) and not promotes(field.type, column.type):
+                elif self.widen_columns and widens(column.type, field.type):
+                    widest = wider(widened.get(name, field.type), field.type)
+                    widened[name] = field.type if widest is None else widest
+                elif not column.type.equals(field.type) and not promotes(field.type, column.type) \
+                        and not widens(field.type, column.type):  # an older, narrower writer into a widened column
                     raise _TypeChange(
                         f"field {name} changed type: its column is {column.type} (schema ID {self.columns_schema_id}) "
                         f"but schema ID {schema_id} writes {field.type}, which Avro's schema resolution does not read "
-                        "as the column's type (a narrowing or another type; widenings of a column are not supported "
-                        "yet: land it in a new table or map it with a --transform)")
+                        "as the column's type (a narrowing or another type; " + (
+                            "only int to long, float to double and a decimal's precision up widen a column)"
+                            if self.widen_columns else "a Delta table cannot widen a column, an Iceberg table with "
+                            "schema evolution can: land it in a new table or map it with a --transform)"))
 
         return check
 

@@ -78,22 +78,23 @@ class PipelineDecoding(PipelineCore):
 
     def _table_columns(self) -> tuple[pa.Schema, tuple[str, ...]]:
         """The existing table's value columns (Arrow) and each one's name in the value."""
-        from deltalake import Schema as DeltaSchema
+        from chandy.connectors.spark.routed_decoding import value_columns
 
         assert self.table_fields is not None
-        value_fields = [{"name": n, "type": t, "nullable": True, "metadata": {}}
-                        for n, t in self.table_fields.items() if n not in KAFKA_COLUMNS]
-        arrow = pa.schema(DeltaSchema.from_json(json.dumps({"type": "struct", "fields": value_fields})).to_arrow())
-        names = tuple(f.name[len("value_"):] if f.name.startswith("value_") and f.name[6:] in KAFKA_COLUMNS
-                      else f.name for f in arrow)
-        return arrow, names
+        return value_columns(self.table_fields)
 
     def _with_table_columns(self, columns: pa.Schema, names: tuple[str, ...]) -> tuple[pa.Schema, tuple[str, ...]]:
         """``columns`` from a registry's schema, then the existing table's other columns (added by
-        earlier writer schemas, which a later version may have dropped): they stay."""
+        earlier writer schemas, which a later version may have dropped): they stay; a column the
+        table has widened (int to long, ...) keeps the table's wider type."""
         if self.table_fields is None:
             return columns, names
+        from chandy.connectors.type_mapping import widens
+
         table, table_names = self._table_columns()
+        in_table = dict(zip(table_names, table, strict=True))
+        columns = pa.schema([in_table[n] if n in in_table and widens(f.type, in_table[n].type) else f
+                             for f, n in zip(columns, names, strict=True)])
         extra = [(f, n) for f, n in zip(table, table_names, strict=True) if n not in names]
         return pa.schema(list(columns) + [f for f, _ in extra]), names + tuple(n for _, n in extra)
 
@@ -102,7 +103,9 @@ class PipelineDecoding(PipelineCore):
         """(the latest version of the value subject, which must be a ``schema_type`` schema, and
         the columns ``to_columns`` makes of it followed by the table's other columns, with each
         one's name in the value), logged; the schema's errors (a ``ChandyError``) as one line
-        naming the registry, the subject, the version and the schema ID.
+        naming the registry, the subject, the version and the schema ID. Routed per subject
+        without ``--value-subject`` (``PipelineOptions.routes_per_subject``): (None, the table's
+        columns), no subject read.
 
         Raises:
             PipelineError: as :func:`~chandy.connectors.spark.registry.latest_schema`, or a schema
@@ -112,6 +115,11 @@ class PipelineDecoding(PipelineCore):
 
         opts = self.options
         subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
+        if opts.routes_per_subject and not opts.value_subject:  # each table's columns come from its own records
+            columns, names = self._with_table_columns(pa.schema([]), ())
+            log.info("job %s: routed records are read as written from %s, each table's columns from its own writer "
+                     "schemas (no subject gives the job's table its columns)", self.job_id, url)
+            return None, columns, names
         latest = latest_schema(opts.schema_registry, subject, schema_type)
         try:
             columns, names = to_columns(latest)
@@ -140,8 +148,8 @@ class PipelineDecoding(PipelineCore):
         latest, columns, names = self._registry_columns("AVRO", lambda latest: avro_columns(
             change_row_schema(latest.schema.schema_str) if debezium else latest.schema.schema_str))
         decoder = self._make_decoder(columns, names, "ignore" if self.options.cdc else self._avro_unknown_fields)
-        return dataclasses.replace(decoder, avro_schema=latest.schema.schema_str, as_written=not debezium,
-                                   columns_schema_id=latest.schema_id)
+        return dataclasses.replace(decoder, avro_schema=latest and latest.schema.schema_str, as_written=not debezium,
+                                   columns_schema_id=latest and latest.schema_id, widen_columns=self._widen_columns)
 
     def _decoder_from_json_schema(self) -> ValueDecoder:
         """``--value-format json-schema`` with a Schema Registry and no ``--value-schema``: the
@@ -177,7 +185,8 @@ class PipelineDecoding(PipelineCore):
         latest, columns, names = self._registry_columns(
             "PROTOBUF", lambda latest: arrow_columns(message_descriptor(registry, latest.schema_id, [0])))
         decoder = self._make_decoder(columns, names, self._avro_unknown_fields)
-        return dataclasses.replace(decoder, as_written=True, columns_schema_id=latest.schema_id)
+        return dataclasses.replace(decoder, as_written=True, columns_schema_id=latest and latest.schema_id,
+                                   widen_columns=self._widen_columns)
 
     @property
     def _avro_unknown_fields(self) -> str:
@@ -185,6 +194,12 @@ class PipelineDecoding(PipelineCore):
         (not with a transform, whose Spark schema is fixed); otherwise they are dropped, as Avro's
         resolution against the starting schema would."""
         return "add" if self.add_columns and self._transform is None else "ignore"
+
+    @property
+    def _widen_columns(self) -> bool:
+        """A writer schema widens a column (int to long, ...) when the table can: an Iceberg table
+        with schema evolution (Iceberg's type promotion); delta-rs cannot write Delta's type widening."""
+        return self._avro_unknown_fields == "add" and bool(getattr(self.sink, "widens_columns", False))
 
     def _output_schema(self) -> pa.Schema:
         from chandy.connectors.spark.records import ARROW_SCHEMA

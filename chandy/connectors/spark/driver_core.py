@@ -62,7 +62,8 @@ class PipelineCore:
                                         table_properties=options.table_properties)
         self._transform = load_transform(options.transform) if options.transform else None
         #: ``--route``'s rules, relative table paths made absolute here (None: one table)
-        self.router: Router | None = Router.parse(options.routes, options.route_field).resolved() if options.routes else None
+        self.router: Router | None = Router.parse(options.routes, options.route_field,
+                                                              options.route_by).resolved() if options.routes else None
         self.service: CoordinatorService | None = None
         self.parallelism = 0
         self._default_slots: int | None = None  # Spark's default parallelism, once asked (session.py)

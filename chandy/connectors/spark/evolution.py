@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from chandy.connectors.type_mapping import wider
 from chandy.coordinator.errors import ChandyError
 
 
 def concat_evolving(batches: list[pa.RecordBatch], *, where: str = "") -> pa.Table:
     """One table of batches whose schemas may differ by added columns (schema evolution): the
-    union of their columns, in order of first appearance, missing ones as nulls.
+    union of their columns, in order of first appearance, missing ones as nulls; a column one
+    batch has widened (int to long, ...: :func:`~chandy.connectors.type_mapping.widens`, which
+    the decoder only does for a table that can widen) is the wider type in all.
 
     Raises:
         SchemaChangeError: a column of two types, naming it, both types and the offset ranges
@@ -25,15 +28,17 @@ def concat_evolving(batches: list[pa.RecordBatch], *, where: str = "") -> pa.Tab
         for field in batch.schema:
             if field.name not in fields:
                 fields[field.name], first[field.name] = field, batch
-            elif not field.type.equals(fields[field.name].type):
+            elif wider(field.type, fields[field.name].type) is not None:
+                fields[field.name] = fields[field.name].with_type(wider(field.type, fields[field.name].type))
+            else:
                 raise SchemaChangeError(
                     f"{where}field {field.name} changed type: {fields[field.name].type} at {offset_ranges(first[field.name])} "
                     f"but {field.type} at {offset_ranges(batch)}; nothing of it was landed")
     schema = pa.schema(list(fields.values()))
     tables = []
     for batch in batches:
-        columns = [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
-                   for f in schema]
+        columns = [batch.column(f.name).cast(f.type) if f.name in batch.schema.names
+                   else pa.nulls(batch.num_rows, f.type) for f in schema]
         tables.append(pa.Table.from_arrays(columns, schema=schema))
     return pa.concat_tables(tables)
 

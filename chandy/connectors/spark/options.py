@@ -314,6 +314,9 @@ class PipelineOptions:
     route_field: str | None = _opt(None, "--route-field", metavar="FIELD", help=(
         "Route by this decoded field's value instead of the topic (a static map: 'eu=lake/eu'; the value as the "
         "table's name, allowed by a pattern: '([a-z_]+)=lake/$1')."))
+    route_by: str = _opt("topic", "--route-by", choices=("topic", "record-name"), help=(
+        "What --route's PATTERN matches: the topic, or each value's writer schema's full record name from the Schema "
+        "Registry (Avro namespace.name, Protobuf package.Message), e.g. 'com\\.acme\\.(\\w+)=lake/$1'."))
     unrouted: str = _opt("table", "--unrouted", choices=("table", "dead-letter"), help=(
         "Records no --route rule matches land in --table, or are bad records (dead-lettered with "
         "--errors-tolerance all --dead-letter-topic, else they fail the micro-batch)."))
@@ -364,7 +367,7 @@ class PipelineOptions:
             raise PipelineError("--value-subject names the Schema Registry subject the columns come from: it needs "
                                 "--schema-registry-url and no --value-schema")
         if self.schema_registry and not self.value_schema and not self.value_subject and (
-                len(self.topics) != 1 or self.topic_pattern):
+                len(self.topics) != 1 or self.topic_pattern) and not self.routes_per_subject:
             raise PipelineError("with a Schema Registry and no --value-schema, --value-subject names the subject of "
                                 "the table's columns when the job reads several topics or a --topic-pattern "
                                 "(one topic's default is <topic>-value)")
@@ -438,9 +441,14 @@ class PipelineOptions:
             from chandy.connectors.lake.routing import RouteError, Router
 
             try:
-                Router.parse(self.routes, self.route_field)
+                Router.parse(self.routes, self.route_field, self.route_by)
             except RouteError as exc:
                 raise PipelineError(str(exc)) from exc
+        if self.route_by == "record-name" and (self.route_field or not self.routes or self.cdc or self.transform or (
+                self.value_format not in ("avro", "protobuf")) or not self.schema_registry or self.value_schema):
+            raise PipelineError("--route-by record-name routes by each value's writer schema from the Schema Registry: "
+                                "it needs --route rules, --value-format avro or protobuf with --schema-registry-url "
+                                "and no --value-schema, and takes neither --route-field, --cdc nor --transform")
         if self.route_field and not self.routes:
             raise PipelineError("--route-field needs --route rules (PATTERN=TABLE) to route by its value")
         if self.route_field and self.value_format is None:
@@ -506,6 +514,14 @@ class PipelineOptions:
             PipelineError: an unknown option or value, or two different types.
         """
         return _restart_strategy_options(self.flink_conf, self.restart_strategy)
+
+    @property
+    def routes_per_subject(self) -> bool:
+        """Routed records read as written from a registry (Avro without ``--value-schema``, or
+        Protobuf; no ``--cdc``, no ``--route-field``): each table's columns come from its own
+        records' writer schemas, and without ``--value-subject`` the job's table starts with none."""
+        return bool(self.routes) and not self.route_field and not self.cdc and bool(self.schema_registry) and (
+            self.value_format == "protobuf" or (self.value_format == "avro" and not self.value_schema))
 
     @property
     def resolved_value_subject(self) -> str:

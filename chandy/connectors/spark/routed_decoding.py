@@ -1,0 +1,177 @@
+"""Every subject its table (issue 45): routed records decoded per destination table, so that
+each routed table is created and evolved from its own writer schemas.
+
+When a job reads its values through a Schema Registry as written (Avro or Protobuf, see
+``ValueDecoder.as_written``) and routes by topic or by record name (``--route-by record-name``),
+the route of a record is known before its value is decoded: its topic, or the full name of its
+writer schema's record (Avro ``namespace.name``, Protobuf ``package.Message``; what Confluent's
+``RecordNameStrategy`` and ``TopicRecordNameStrategy`` name subjects by). Each raw batch is split
+by destination first, and each part decoded with its table's own columns (the table's, or none
+for a table not created yet), so a whole Debezium database (one topic per table) or a topic of
+several record types lands in one job with each table holding exactly its records' fields: a
+field two tables share by name need not share a type.
+
+Decoded batches carry their destination in their schema metadata (:data:`ROUTE_KEY`) until the
+writer groups them (:func:`by_destination`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from chandy.connectors.lake.routing import Router
+from chandy.connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
+
+#: a decoded batch's schema metadata key holding its destination table URI ("": the job's table)
+ROUTE_KEY = b"chandy.route"
+#: what ``--route-by`` takes: the topic (default) or the writer schema's record name
+ROUTE_BY = ("topic", "record-name")
+
+
+class RoutedTask(Protocol):
+    """What this module reads of a task's options (``datasource.TaskOptions``)."""
+
+    @property
+    def router(self) -> Router | None: ...
+
+    @property
+    def decoder(self) -> ValueDecoder | None: ...
+
+    @property
+    def changes(self) -> bool: ...
+
+    @property
+    def unrouted(self) -> str: ...
+
+
+def routes_before_decoding(options: RoutedTask) -> bool:
+    """Whether records are split by table before decoding: a router by topic or record name
+    (not by a decoded field) and values read as written from a registry, without ``--cdc``."""
+    return (options.router is not None and options.router.field is None and options.decoder is not None
+            and options.decoder.as_written and not options.changes)
+
+
+def value_columns(table_fields: Mapping[str, Any] | None) -> tuple[pa.Schema, tuple[str, ...]]:
+    """A table's value columns (its columns but the Kafka ones; ``table_fields`` as
+    ``LakeSink.table_fields`` gives them, name to Delta type JSON) as Arrow, and each one's field
+    name in the value (a column ``value_<kafka column>`` is the value's field ``<kafka column>``).
+    No table: no columns."""
+    from deltalake import Schema as DeltaSchema
+
+    fields = [{"name": n, "type": t, "nullable": True, "metadata": {}}
+              for n, t in (table_fields or {}).items() if n not in KAFKA_COLUMNS]
+    if not fields:
+        return pa.schema([]), ()
+    arrow = pa.schema(DeltaSchema.from_json(json.dumps({"type": "struct", "fields": fields})).to_arrow())
+    names = tuple(f.name[len("value_"):] if f.name.startswith("value_") and f.name[6:] in KAFKA_COLUMNS
+                  else f.name for f in arrow)
+    return arrow, names
+
+
+def record_names(values: pa.Array, decoder: ValueDecoder) -> list[str | None]:
+    """The full record name of each value's writer schema (Confluent framing; the schema from the
+    registry by the value's schema ID): Avro's ``namespace.name``, Protobuf's message full name.
+    None for a tombstone, a value not so framed, or a schema ID the registry does not know (such
+    records are unrouted)."""
+    from chandy.connectors.spark.registry import registry_client
+
+    registry = registry_client(dict(decoder.schema_registry))
+    names: dict[tuple[int, tuple[int, ...]], str | None] = {}
+    out: list[str | None] = []
+    indexes: tuple[int, ...]
+    for raw in values.to_pylist():
+        if not raw or len(raw) < 6 or raw[0] != 0:
+            out.append(None)
+            continue
+        schema_id, indexes = int.from_bytes(raw[1:5], "big"), (0,)  # Avro: no message indexes
+        if decoder.value_format == "protobuf":
+            from chandy.connectors.spark.protobuf import ProtobufFramingError, split_framing
+
+            try:
+                indexes = tuple(split_framing(raw)[1])
+            except ProtobufFramingError:
+                out.append(None)
+                continue
+        key = (schema_id, indexes)
+        if key not in names:
+            names[key] = _record_name(registry, decoder.value_format, schema_id, list(indexes))
+        out.append(names[key])
+    return out
+
+
+def _record_name(registry: Any, value_format: str, schema_id: int, indexes: list[int]) -> str | None:
+    try:
+        if value_format == "protobuf":
+            from chandy.connectors.spark.protobuf import message_descriptor
+
+            return str(message_descriptor(registry, schema_id, indexes).full_name)
+        schema = json.loads(registry.get_schema(schema_id).schema_str)
+    except Exception:  # noqa: BLE001 - an unknown ID or a schema that does not parse: the record is unrouted
+        return None
+    if not isinstance(schema, dict) or not schema.get("name"):
+        return None
+    name, namespace = str(schema["name"]), schema.get("namespace")
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def route_keys(batch: pa.RecordBatch, router: Router, decoder: ValueDecoder) -> list[str | None]:
+    """Each raw record's route key: its topic, or with ``router.by == "record-name"`` its writer
+    schema's record name (:func:`record_names`)."""
+    if router.by == "record-name":
+        return record_names(batch.column("value"), decoder)
+    return batch.column("topic").to_pylist()
+
+
+def decode_routed(options: RoutedTask, batches: Iterator[pa.RecordBatch], table_fields: Callable[[str], Any],
+                  dead: Any) -> Iterator[pa.RecordBatch]:
+    """Split each raw batch by destination table and decode each part with that table's columns
+    (its own value columns from ``table_fields(uri)``; the job's table: the job's decoder); bad
+    records and skipped tombstones go to ``dead`` (a ``DeadLetterFile``), unrouted records to the
+    job's table or, with ``unrouted == "dead-letter"``, to ``dead`` as bad records. Yields decoded
+    batches whose :data:`ROUTE_KEY` metadata names their table ("": the job's).
+
+    Raises:
+        BadRecordError: a bad or dead-lettered unrouted record under ``errors_tolerance="none"``.
+    """
+    router, decoder = options.router, options.decoder
+    assert router is not None and decoder is not None
+    decoders: dict[str | None, ValueDecoder] = {None: decoder}
+    for batch in batches:
+        keys = route_keys(batch, router, decoder)
+        destinations = {k: router.destination(k) for k in set(keys)}
+        groups: dict[str | None, list[int]] = {}
+        for row, key in enumerate(keys):
+            groups.setdefault(destinations[key], []).append(row)
+        for uri, rows in groups.items():
+            part = batch if len(groups) == 1 else batch.take(pa.array(rows, pa.int64()))
+            if uri is None and options.unrouted == "dead-letter":
+                dead.add(decoder.refuse(part, list(range(part.num_rows)), "Unrouted",
+                                        f"no --route rule matches its {router.by} (--unrouted dead-letter)"))
+                continue
+            if uri not in decoders:  # a routed table (the job's own, None, is there from the start)
+                assert uri is not None
+                columns, names = value_columns(table_fields(uri))
+                decoders[uri] = dataclasses.replace(decoder, columns=columns, source_names=names,
+                                                    columns_schema_id=None)
+            decoded, bad, skipped = decoders[uri].decode(part)
+            if bad is not None:
+                dead.add(bad)
+            if skipped:
+                dead.add_skipped(skipped)
+            yield decoded.replace_schema_metadata({ROUTE_KEY: (uri or "").encode()})
+
+
+def by_destination(part: list[pa.RecordBatch]) -> list[tuple[str | None, list[pa.RecordBatch]]]:
+    """A part's decoded batches grouped by their :data:`ROUTE_KEY` (None: the job's table), in
+    first-appearance order, without that metadata."""
+    groups: dict[str | None, list[pa.RecordBatch]] = {}
+    for batch in part:
+        uri = (batch.schema.metadata or {}).get(ROUTE_KEY, b"").decode() or None
+        groups.setdefault(uri, []).append(batch.replace_schema_metadata(None))
+    return list(groups.items())
+

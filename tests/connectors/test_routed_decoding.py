@@ -1,0 +1,133 @@
+"""Every subject its table (issue 45), without servers: routed records read as written from a
+registry (confluent-kafka's in-process ``mock://`` one) are split by table before decoding, by
+topic or by their writer schema's record name, and each part is decoded with its own table's
+columns, so record types that share a field name with different types land side by side."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import struct
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+import pytest
+
+from chandy.connectors.lake.routing import Router
+from chandy.connectors.spark.decode import BadRecordError, ValueDecoder
+from chandy.connectors.spark.records import ARROW_SCHEMA
+from chandy.connectors.spark.routed_decoding import (
+    ROUTE_KEY,
+    by_destination,
+    decode_routed,
+    record_names,
+    routes_before_decoding,
+    value_columns,
+)
+
+ORDER = {"type": "record", "name": "Order", "namespace": "com.acme", "fields": [
+    {"name": "id", "type": "long"}, {"name": "total", "type": "double"}]}
+CUSTOMER = {"type": "record", "name": "Customer", "namespace": "com.acme", "fields": [
+    {"name": "id", "type": "string"}, {"name": "email", "type": "string"}]}
+OTHER = {"type": "record", "name": "Audit", "namespace": "org.else", "fields": [{"name": "who", "type": "string"}]}
+
+
+@dataclasses.dataclass
+class _Task:
+    router: Router | None
+    decoder: ValueDecoder | None
+    changes: bool = False
+    unrouted: str = "table"
+
+
+class _Dead:
+    def __init__(self) -> None:
+        self.bad: list[pa.RecordBatch] = []
+        self.skipped = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.bad.append(batch)
+
+    def add_skipped(self, count: int) -> None:
+        self.skipped += count
+
+
+def _setup(name: str) -> tuple[dict[str, str], dict[str, int]]:
+    from confluent_kafka.schema_registry import Schema
+
+    from chandy.connectors.spark.registry import registry_client
+
+    settings = {"url": f"mock://{name}"}
+    client = registry_client(settings)
+    ids = {s["name"]: client.register_schema(f"{name}-{s['name']}", Schema(json.dumps(s), "AVRO"))
+           for s in (ORDER, CUSTOMER, OTHER)}
+    return settings, ids
+
+
+def _framed(schema_id: int, schema: dict, value: dict) -> bytes:
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), value)
+    return b"\x00" + struct.pack(">I", schema_id) + buffer.getvalue()
+
+
+def _batch(values: list[tuple[str, bytes | None]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [{"key": None, "value": v, "topic": t, "partition": 0, "offset": i, "timestamp": None, "timestamp_type": 0,
+          "headers": []} for i, (t, v) in enumerate(values)], schema=ARROW_SCHEMA)
+
+
+def _decoder(settings: dict[str, str], **kwargs: Any) -> ValueDecoder:
+    return ValueDecoder("avro", pa.schema([]), (), ("topic", "offset"), avro_framing="confluent",
+                        schema_registry=tuple(sorted(settings.items())), unknown_fields="add", as_written=True,
+                        **kwargs)
+
+
+def test_record_types_sharing_a_field_name_decode_into_their_own_tables(tmp_path) -> None:
+    settings, ids = _setup("routed-by-name")
+    router = Router.parse([r"com\.acme\.(\w+)=" + str(tmp_path / "$1")], by="record-name").resolved()
+    task = _Task(router, _decoder(settings))
+    assert routes_before_decoding(task)
+    raws = [("t", _framed(ids["Order"], ORDER, {"id": 1, "total": 2.5})),
+            ("t", _framed(ids["Customer"], CUSTOMER, {"id": "c-1", "email": "a@x"})),
+            ("t", _framed(ids["Audit"], OTHER, {"who": "root"})),
+            ("t", _framed(ids["Order"], ORDER, {"id": 2, "total": 3.5}))]
+    assert record_names(_batch(raws).column("value"), task.decoder) == [
+        "com.acme.Order", "com.acme.Customer", "org.else.Audit", "com.acme.Order"]
+    dead = _Dead()
+    decoded = list(decode_routed(task, iter([_batch(raws)]), lambda uri: None, dead))
+    groups = dict(by_destination(decoded))
+    orders, customers = groups[f"file://{tmp_path}/Order"], groups[f"file://{tmp_path}/Customer"]
+    assert pa.Table.from_batches(orders).to_pylist() == [{"topic": "t", "offset": 0, "id": 1, "total": 2.5},
+                                                         {"topic": "t", "offset": 3, "id": 2, "total": 3.5}]
+    assert customers[0].schema.field("id").type == pa.string() and orders[0].schema.field("id").type == pa.int64()
+    assert customers[0].schema.metadata is None  # the route is dropped before writing
+    assert pa.Table.from_batches(groups[None]).to_pylist() == [{"topic": "t", "offset": 2, "who": "root"}]
+    assert dead.bad == []
+
+
+def test_by_topic_a_routed_tables_columns_come_from_that_table() -> None:
+    """An existing routed table's columns are the decoder's (the batch path reads into them);
+    unrouted records are dead letters with --unrouted dead-letter."""
+    settings, ids = _setup("routed-by-topic")
+    router = Router.parse(["db\\.inv\\.orders=lake/orders"]).resolved()
+    task = _Task(router, _decoder(settings, errors_tolerance="all"), unrouted="dead-letter")
+    raws = [("db.inv.orders", _framed(ids["Order"], ORDER, {"id": 7, "total": 1.0})),
+            ("db.inv.customers", _framed(ids["Customer"], CUSTOMER, {"id": "c", "email": "e"}))]
+    orders_fields = {"id": "long", "total": "double", "note": "string", "offset": "long"}
+    dead = _Dead()
+    decoded = list(decode_routed(task, iter([_batch(raws)]), lambda uri: orders_fields, dead))
+    assert len(decoded) == 1 and decoded[0].schema.metadata == {ROUTE_KEY: router.destination("db.inv.orders").encode()}
+    assert decoded[0].to_pylist() == [{"topic": "db.inv.orders", "offset": 0, "id": 7, "total": 1.0, "note": None}]
+    assert [b.column("error_class").to_pylist() for b in dead.bad] == [["Unrouted"]]
+    with pytest.raises(BadRecordError, match="offset 1: Unrouted: no --route rule matches its topic"):
+        list(decode_routed(dataclasses.replace(task, decoder=_decoder(settings)), iter([_batch(raws)]),
+                           lambda uri: orders_fields, _Dead()))
+
+
+def test_value_columns_of_a_table_leave_out_kafkas_and_name_renamed_fields() -> None:
+    columns, names = value_columns({"key": "binary", "id": "long", "value_offset": "long", "when": "timestamp"})
+    assert columns.names == ["id", "value_offset", "when"] and names == ("id", "offset", "when")
+    assert columns.field("when").type == pa.timestamp("us", "UTC")
+    assert value_columns(None) == (pa.schema([]), ())
