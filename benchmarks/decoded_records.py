@@ -7,6 +7,10 @@ Three value formats of the same topic shape (8 partitions):
   (:data:`JSON_DDL`; Structured Streaming: ``from_json``);
 - ``avro``: the same record as plain Avro binary (:data:`AVRO_SCHEMA`, no framing; Chandy
   ``--avro-framing raw``, Structured Streaming ``from_avro``).
+- ``protobuf``: the same record as Protobuf ``bench.PageView`` (:func:`protobuf_class`; the price
+  in cents, the timestamp a ``google.protobuf.Timestamp``) in Confluent's framing, its schema in a
+  Schema Registry (:func:`use_registry`; Chandy ``--value-format protobuf``, Structured Streaming
+  ``from_protobuf`` with a descriptor set file, after the 6-byte header).
 
 The record has strings, longs, a decimal (12, 2), a timestamp and one nested record.
 
@@ -48,7 +52,9 @@ AVRO_SCHEMA: dict[str, Any] = {
 JSON_DDL = ("id BIGINT, user_id BIGINT, session STRING, event STRING, country STRING, device STRING, "
             "price DECIMAL(12, 2), quantity BIGINT, ts TIMESTAMP, page STRING, referrer STRING, "
             "geo STRUCT<lat: DOUBLE, lon: DOUBLE, city: STRING>")
-FORMATS = ("raw", "json", "avro")
+FORMATS = ("raw", "json", "avro", "protobuf")
+#: the Schema Registry (``url``) the Protobuf values' schema is registered in, and the descriptor set file
+_REGISTRY: dict[str, str] = {}
 
 _EVENTS = ("view", "click", "add_to_cart", "purchase")
 _COUNTRIES = ("NO", "SE", "DE", "FR", "US", "BR", "JP", "IN")
@@ -67,8 +73,83 @@ def record(i: int) -> dict[str, Any]:
             "geo": {"lat": 59.9 + (i % 1000) / 10_000, "lon": 10.75 - (i % 1000) / 10_000, "city": _CITIES[i % 8]}}
 
 
-def value_encoder(value_format: str) -> Any:
-    """A function ``i -> bytes``: record ``i`` in ``value_format`` (``raw``: an opaque payload)."""
+def use_registry(url: str, descriptor_set: Path) -> None:
+    """The Schema Registry the Protobuf values are registered in, and where to write the descriptor
+    set file Structured Streaming's ``from_protobuf`` reads."""
+    _REGISTRY.update(url=url, descriptor_set=str(descriptor_set))
+
+
+def protobuf_class() -> Any:
+    """``bench.PageView`` (proto3), built from its descriptor: the record's fields, the price as
+    ``int64 price_cents``, ``ts`` a ``google.protobuf.Timestamp``, ``geo`` a nested message."""
+    from google.protobuf import descriptor_pool, message_factory, timestamp_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.AddSerializedFile(_protobuf_file().SerializeToString())
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("bench.PageView"))
+
+
+def _protobuf_file() -> Any:
+    from google.protobuf import descriptor_pb2
+
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="bench/pageview.proto", package="bench", syntax="proto3",
+                                               dependency=["google/protobuf/timestamp.proto"])
+    view = proto.message_type.add(name="PageView")
+    geo = view.nested_type.add(name="Geo")
+    for number, (name, kind) in enumerate((("lat", f.TYPE_DOUBLE), ("lon", f.TYPE_DOUBLE), ("city", f.TYPE_STRING)), 1):
+        geo.field.add(name=name, number=number, type=kind, label=f.LABEL_OPTIONAL)
+    fields = (("id", f.TYPE_INT64), ("user_id", f.TYPE_INT64), ("session", f.TYPE_STRING), ("event", f.TYPE_STRING),
+              ("country", f.TYPE_STRING), ("device", f.TYPE_STRING), ("price_cents", f.TYPE_INT64),
+              ("quantity", f.TYPE_INT64))
+    for number, (name, kind) in enumerate(fields, 1):
+        view.field.add(name=name, number=number, type=kind, label=f.LABEL_OPTIONAL)
+    view.field.add(name="ts", number=9, type=f.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp",
+                   label=f.LABEL_OPTIONAL)
+    view.field.add(name="page", number=10, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    view.field.add(name="referrer", number=11, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    view.field.add(name="geo", number=12, type=f.TYPE_MESSAGE, type_name=".bench.PageView.Geo", label=f.LABEL_OPTIONAL)
+    return proto
+
+
+def _protobuf_encoder(topic: str) -> Any:
+    """Record ``i`` as ``bench.PageView`` framed as confluent-kafka's ProtobufSerializer frames it
+    (it registers the schema as ``<topic>-value`` and frames the first record; the others reuse
+    its 6-byte header: magic 0, the schema ID, message index 0). Writes the descriptor set file."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from google.protobuf import descriptor_pb2, timestamp_pb2
+
+    view = protobuf_class()
+    files = descriptor_pb2.FileDescriptorSet()
+    files.file.add().ParseFromString(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    files.file.append(_protobuf_file())
+    Path(_REGISTRY["descriptor_set"]).write_bytes(files.SerializeToString())
+
+    def message(i: int) -> Any:
+        value = record(i)
+        out = view(id=value["id"], user_id=value["user_id"], session=value["session"], event=value["event"],
+                   country=value["country"], device=value["device"], price_cents=int(value["price"] * 100),
+                   quantity=value["quantity"], page=value["page"], referrer=value["referrer"])
+        out.ts.FromDatetime(value["ts"])
+        out.geo.lat, out.geo.lon, out.geo.city = value["geo"]["lat"], value["geo"]["lon"], value["geo"]["city"]
+        return out
+
+    serializer = ProtobufSerializer(view, SchemaRegistryClient({"url": _REGISTRY["url"]}),
+                                    {"auto.register.schemas": True, "use.deprecated.format": False})
+    first = serializer(message(0), SerializationContext(topic, MessageField.VALUE))
+    header = first[:6]
+    assert first == header + message(0).SerializeToString()
+    return lambda i: header + message(i).SerializeToString()
+
+
+def value_encoder(value_format: str, topic: str = "") -> Any:
+    """A function ``i -> bytes``: record ``i`` in ``value_format`` (``raw``: an opaque payload;
+    ``protobuf`` registers its schema for ``topic``)."""
+    if value_format == "protobuf":
+        return _protobuf_encoder(topic)
     if value_format == "raw":
         payload = os.urandom(90).hex()[:180]
         return lambda i: f"{i:012d}:{payload}".encode()
@@ -96,6 +177,8 @@ def chandy_value_options(value_format: str) -> dict[str, Any]:
         return {"value_format": "json", "value_schema": JSON_DDL}
     if value_format == "avro":
         return {"value_format": "avro", "value_schema": json.dumps(AVRO_SCHEMA), "avro_framing": "raw"}
+    if value_format == "protobuf":
+        return {"value_format": "protobuf", "schema_registry": {"url": _REGISTRY["url"]}}
     return {}
 
 
@@ -111,6 +194,12 @@ def decode_column(value_format: str) -> Any:
             from pyspark.sql.functions import from_json
 
             value = from_json(col("value").cast("string"), JSON_DDL)
+        elif value_format == "protobuf":
+            from pyspark.sql.functions import expr
+            from pyspark.sql.protobuf.functions import from_protobuf
+
+            value = from_protobuf(expr("substring(value, 7)"), "bench.PageView",  # after Confluent's 6-byte header
+                                  descFilePath=_REGISTRY["descriptor_set"])
         else:
             from pyspark.sql.avro.functions import from_avro
 

@@ -51,12 +51,14 @@ Chandy the checkpoint's end-to-end time minus its Spark job; for Spark the batch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -84,7 +86,7 @@ def produce(servers: str, topic: str, records: int, value_format: str = "raw") -
     producer = kafka_config.producer(servers, overrides={"linger.ms": 50, "batch.num.messages": 10000,
                                                          "queue.buffering.max.messages": 1_000_000,
                                                          "compression.type": "lz4"})
-    encode = value_encoder(value_format)
+    encode = value_encoder(value_format, topic)
     started = time.monotonic()
     for i in range(records):
         value = encode(i)
@@ -186,6 +188,23 @@ def run_structured_streaming(spark, servers: str, topic: str, per_batch: int, ro
             "phases": breakdown}
 
 
+@contextlib.contextmanager
+def _schema_registry(args: argparse.Namespace, root: Path) -> Iterator[None]:
+    """With Protobuf values: a Schema Registry (Apicurio, as the tests start it) for their schema."""
+    if "protobuf" not in (args.formats if args.suite else [args.value_format]):
+        yield
+        return
+    from benchmarks.decoded_records import use_registry
+    from tests.fixtures.schema_registry import SchemaRegistryProcess, resolve_apicurio
+
+    registry = SchemaRegistryProcess(resolve_apicurio(), root / "registry.log")
+    use_registry(registry.start(), root / "pageview.desc")
+    try:
+        yield
+    finally:
+        registry.stop()
+
+
 RESULTS = Path(__file__).resolve().parent / "results" / "throughput.json"
 #: delta-spark built for pyspark 4.2 (the benchmarks' environment: pyproject's ``bench`` extra)
 DELTA_SPARK_FOR_BENCH = "4.4.0"
@@ -214,7 +233,7 @@ def run_suite(spark, servers: str, root: Path, args: argparse.Namespace) -> dict
                     if not args.no_ss_delta:
                         per_system["ss_delta"].append(run_structured_streaming(spark, servers, topic, size, root,
                                                                                sink="delta", value_format=value_format))
-                if size == max(args.sizes):
+                if size == max(args.sizes) and value_format != "protobuf":  # the floor decodes raw, JSON, Avro
                     per_system["floor"].append(run_floor(servers, topic, PARTITIONS, value_format, root,
                                                          per_file=size // max(1, os.cpu_count() or 1)))
                 print(f"{value_format} {size:,} run {number + 1}: " + ", ".join(
@@ -309,7 +328,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    with kafka_servers() as (servers, root):
+    with kafka_servers() as (servers, root), _schema_registry(args, root):
         topic = args.topic or f"bench-{args.value_format}-{args.records}"
         if not args.suite:
             produce(servers, topic, args.records, args.value_format)
@@ -323,6 +342,8 @@ def main() -> None:
             packages.append(f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}")
             if args.suite or args.value_format == "avro":
                 packages.append(f"org.apache.spark:spark-avro_2.13:{version}")
+            if "protobuf" in (args.formats if args.suite else [args.value_format]):
+                packages.append(f"org.apache.spark:spark-protobuf_2.13:{version}")
         if args.delta_spark_version:
             packages.append(f"io.delta:delta-spark_2.13:{args.delta_spark_version}")
             builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
