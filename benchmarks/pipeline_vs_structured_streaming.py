@@ -227,7 +227,7 @@ def run_suite(spark, servers: str, root: Path, args: argparse.Namespace) -> dict
             per_system: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
             for number in range(args.runs):
                 per_system["chandy"].append(run_chandy(spark, servers, topic, size, root, value_format=value_format))
-                if not args.no_structured_streaming:
+                if not args.no_structured_streaming and (value_format != "protobuf" or args.spark_protobuf):
                     per_system["ss_parquet"].append(
                         run_structured_streaming(spark, servers, topic, size, root, value_format=value_format))
                     if not args.no_ss_delta:
@@ -318,6 +318,10 @@ def main() -> None:
                         help="with --suite: records per checkpoint / micro-batch")
     parser.add_argument("--formats", choices=FORMATS, nargs="+", default=list(FORMATS), help="with --suite")
     parser.add_argument("--out", type=Path, default=RESULTS, help="with --suite: the JSON results")
+    parser.add_argument("--spark-protobuf", action="store_true",
+                        help="Structured Streaming's from_protobuf for Protobuf rows: needs "
+                             "org.apache.spark:spark-protobuf_2.13 from Maven Central (without it, Protobuf rows are "
+                             "Chandy's alone)")
     parser.add_argument("--no-ss-delta", action="store_true",
                         help="with --suite: skip Structured Streaming into Delta (its rows take the longest)")
     args = parser.parse_args()
@@ -342,7 +346,7 @@ def main() -> None:
             packages.append(f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}")
             if args.suite or args.value_format == "avro":
                 packages.append(f"org.apache.spark:spark-avro_2.13:{version}")
-            if "protobuf" in (args.formats if args.suite else [args.value_format]):
+            if args.spark_protobuf:
                 packages.append(f"org.apache.spark:spark-protobuf_2.13:{version}")
         if args.delta_spark_version:
             packages.append(f"io.delta:delta-spark_2.13:{args.delta_spark_version}")
@@ -369,7 +373,7 @@ def main() -> None:
         if args.sink in ("iceberg", "both"):
             iceberg = run_chandy(spark, servers, topic, args.per_batch, root, sink="iceberg",
                                  write_buffer_bytes=args.write_buffer_bytes, value_format=args.value_format)
-        if not args.no_structured_streaming:
+        if not args.no_structured_streaming and (args.value_format != "protobuf" or args.spark_protobuf):
             structured = run_structured_streaming(spark, servers, topic, args.per_batch, root,
                                                   value_format=args.value_format)
             if args.delta_spark_version:
