@@ -18,7 +18,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 NAMES = {"chandy": "Chandy → Delta", "ss_parquet": "Structured Streaming → Parquet",
          "ss_delta": "Structured Streaming → Delta", "floor": "floor (confluent-kafka + pyarrow, no Spark)"}
-FORMAT_NAMES = {"raw": "raw bytes", "json": "JSON, declared schema", "avro": "Avro"}
+FORMAT_NAMES = {"raw": "raw bytes", "json": "JSON, declared schema", "avro": "Avro", "protobuf": "Protobuf (registry)"}
 
 
 def _cell(spread: dict, digits: int = 0, unit: str = "") -> str:
@@ -32,19 +32,23 @@ def _environment(result: dict) -> str:
             f"Python {env['python']}, {env['cores']} cores, {env['memory_gib']} GiB")
 
 
-def throughput_table(result: dict) -> str:
+def throughput_table(result: dict, title: str = "Throughput") -> str:
     config = result["config"]
-    lines = [f"Throughput: records/s, median of {config['runs']} runs (min–max), {config['records']:,} records "
+    ran_delta = any("ss_delta" in systems for sizes in result["summary"].values() for systems in sizes.values())
+    delta = f"; delta-spark {config['delta_spark']}" if ran_delta else ""
+    lines = [f"{title}: records/s, median of {config['runs']} runs (min–max), {config['records']:,} records "
              f"per run over {config['partitions']} partitions, `{config['master']}`, each system from its first "
-             f"batch's start to its last one's commit; delta-spark {config['delta_spark']}. {_environment(result)}.",
+             f"batch's start to its last one's commit{delta}. {_environment(result)}.",
              "", "| values | per checkpoint / batch | " + " | ".join(NAMES.values()) + " | Chandy ÷ SS Parquet | "
-             "Chandy ÷ SS Delta | Chandy ÷ floor |", "|---" * (len(NAMES) + 5) + "|"]
+             "Chandy ÷ SS Delta | Chandy ÷ floor | Chandy ÷ Chandy raw bytes |", "|---" * (len(NAMES) + 6) + "|"]
     for value_format, sizes in result["summary"].items():
         for size, systems in sizes.items():
             cells = [_cell(systems[name]["records_per_s"]) if name in systems else "–" for name in NAMES]
             chandy = systems["chandy"]["records_per_s"]["median"]
             ratios = [f"{chandy / systems[name]['records_per_s']['median']:.2f}×" if name in systems else "–"
                       for name in ("ss_parquet", "ss_delta", "floor")]
+            raw = result["summary"].get("raw", {}).get(size, {}).get("chandy")
+            ratios.append(f"{chandy / raw['records_per_s']['median']:.2f}×" if value_format != "raw" and raw else "–")
             lines.append(f"| {FORMAT_NAMES.get(value_format, value_format)} | {int(size):,} | " + " | ".join(cells)
                          + " | " + " | ".join(ratios) + " |")
     phase_rows = []
@@ -83,9 +87,17 @@ def latency_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def binary_formats_table(result: dict) -> str:
+    """The Avro and Protobuf rows measured after issue 45's decoders (raw bytes in the same runs)."""
+    return throughput_table(result, "Avro and Protobuf after issue 45's decoders (raw bytes in the same runs; "
+                                    "Structured Streaming's from_protobuf needs spark-protobuf, which this machine's "
+                                    "Maven mirror lacks)")
+
+
 def tables() -> str:
     parts = []
-    for name, render in (("throughput.json", throughput_table), ("end_to_end_latency.json", latency_table)):
+    for name, render in (("throughput.json", throughput_table), ("binary_formats.json", binary_formats_table),
+                         ("end_to_end_latency.json", latency_table)):
         path = RESULTS / name
         if path.exists():
             parts.append(render(json.loads(path.read_text())))

@@ -312,6 +312,40 @@ def test_every_subject_its_table_a_multi_type_topic_and_a_database_in_one_job(ka
                         routes=("a=b",), route_by="record-name")
 
 
+def test_avro_keys_become_key_columns_read_as_their_producers_wrote_them(kafka_bootstrap_servers,
+                                                                         schema_registry_url, tmp_path) -> None:
+    """`--key-format avro` with the registry: keys written by confluent-kafka's AvroSerializer (a
+    key schema that gains a field halfway) land as key_<field> columns beside the values, every
+    one as its AvroDeserializer reads it; the raw key column stays."""
+    from tests.fixtures import exactly_once
+
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    servers = kafka_bootstrap_servers
+    topic = make_topic(servers, [])
+    key_v1 = {"type": "record", "name": "OrderKey", "namespace": "com.acme", "fields": [{"name": "id", "type": "long"}]}
+    key_v2 = {**key_v1, "fields": [*key_v1["fields"], {"name": "region", "type": ["null", "string"], "default": None}]}
+    values = AvroSerializer(registry, json.dumps(V1))
+    producer = kafka_config.producer(servers)
+    for i in range(40):
+        schema = key_v1 if i < 20 else key_v2
+        key = {"id": i} if i < 20 else {"id": i, "region": "eu" if i % 2 else None}
+        keys = AvroSerializer(registry, json.dumps(schema), conf={"subject.name.strategy": lambda ctx, name: f"{topic}-key"})
+        producer.produce(topic, values({"id": i, "customer": f"c{i}", "qty": i}, SerializationContext(topic, MessageField.VALUE)),
+                         key=keys(key, SerializationContext(topic, MessageField.KEY)), partition=i % 2)
+    producer.flush(30)
+    table = tmp_path / "orders"
+    finished = exactly_once.run_cli(["--table", str(table), "--topic", topic, "-b", servers, "--until-drained",
+                                     "--prefix", f"kf{uuid.uuid4().hex[:6]}", "--value-format", "avro",
+                                     "--key-format", "avro", "--schema-registry-url", schema_registry_url])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    assert len(rows) == 40 and {"key", "key_id", "key_region", "id", "customer", "qty"} <= set(rows[0])
+    read_key = AvroDeserializer(registry)
+    for row in rows:
+        key = read_key(row["key"], SerializationContext(topic, MessageField.KEY))
+        assert (row["key_id"], row["key_region"]) == (key["id"], key.get("region")) and row["key_id"] == row["id"]
+
+
 def _group_of(servers: str, table: str, topic: str) -> dict[tuple[str, int], int]:
     """The committed offsets of the job's default consumer group (chandy-<job id>)."""
     from chandy.connectors.spark.options import default_job_id

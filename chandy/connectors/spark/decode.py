@@ -58,7 +58,8 @@ class ValueDecoder:
     """How values become columns (picklable: it travels to the Spark tasks).
 
     Args:
-        value_format: ``"json"`` or ``"avro"``.
+        value_format: ``"json"``, ``"avro"``, ``"protobuf"``, or ``"raw"`` (values as Kafka's bytes,
+            with a ``key_format`` to decode).
         columns: the value's columns as landed (Arrow), in order.
         source_names: the field name in the value for each column (a field named like a Kafka
             column lands as ``value_<name>``).
@@ -103,6 +104,11 @@ class ValueDecoder:
             field, both types, both schema IDs and the offsets; a field the writer lacks is null.
         columns_schema_id: with ``as_written``, the registry ID of the schema the columns came
             from (for messages).
+        key_format: ``"raw"`` (the ``key`` column as Kafka's bytes), ``"string"`` (UTF-8 text) or
+            ``"json"``/``"avro"``: the key's fields become columns (:mod:`chandy.connectors.spark.keys`).
+        key_columns: with ``key_format`` json or avro, the key's columns (named ``key_<field>``)
+            known at start; ``key_names`` their fields in the key.
+        key_as_written: Avro keys read with their own writer schemas from the registry.
         widen_columns: with ``as_written``, a writer type a column's type widens to (int to long,
             float to double, a decimal's precision up: :func:`~chandy.connectors.type_mapping.widens`)
             widens the column in the decoded batch instead of failing the micro-batch; the table
@@ -136,11 +142,23 @@ class ValueDecoder:
     columns_schema_id: int | None = None
     json_framing: str = "plain"
     widen_columns: bool = False
+    key_format: str = "raw"
+    key_columns: pa.Schema = dataclasses.field(default_factory=lambda: pa.schema([]))
+    key_names: tuple[str, ...] = ()
+    key_as_written: bool = False
 
     @property
     def output_schema(self) -> pa.Schema:
-        """The decoded batches' schema: the kept Kafka columns, then the value columns (and,
-        with ``cdc``, the operation column)."""
+        """The decoded batches' schema: the kept Kafka columns, then the key's columns
+        (``key_format``, :mod:`chandy.connectors.spark.keys`), then the value columns (and, with
+        ``cdc``, the operation column)."""
+        from chandy.connectors.spark.keys import with_key_fields
+
+        return with_key_fields(self, self.values_schema)
+
+    @property
+    def values_schema(self) -> pa.Schema:
+        """:attr:`output_schema` without the key's columns."""
         from chandy.connectors.spark.records import ARROW_SCHEMA
 
         fields = [ARROW_SCHEMA.field(c) for c in self.keep] + list(self.columns)
@@ -191,12 +209,30 @@ class ValueDecoder:
         (decoded rows, bad records as :data:`BAD_RECORDS_SCHEMA` or None, tombstones skipped).
 
         JSON batches are read by Arrow's JSON reader when that gives the same values
-        (:mod:`chandy.connectors.spark.json_batch`), else, and with ``vectorized=False``, record
-        by record.
+        (:mod:`chandy.connectors.spark.json_batch`), Avro batches by the batch decoder
+        (:mod:`chandy.connectors.spark.avro_batch`), else, and with ``vectorized=False``, record
+        by record. With a ``key_format``, the kept records' keys are decoded too
+        (:mod:`chandy.connectors.spark.keys`; a key that does not decode makes its record bad).
 
         Raises:
             BadRecordError: a bad record under ``errors_tolerance="none"``.
         """
+        decoded, bad, skipped, kept = self._decode_values(batch, vectorized)
+        if self.key_format == "raw":
+            return decoded, bad, skipped
+        from chandy.connectors.spark.keys import with_keys
+
+        decoded, key_bad = with_keys(self, batch, decoded, kept)
+        if key_bad is not None:
+            bad = key_bad if bad is None else pa.Table.from_batches([bad, key_bad]).combine_chunks().to_batches()[0]
+        return decoded, bad, skipped
+
+    def _decode_values(self, batch: pa.RecordBatch, vectorized: bool
+                       ) -> tuple[pa.RecordBatch, pa.RecordBatch | None, int, list[int] | None]:
+        """:meth:`decode` of the values: (decoded rows, bad records, tombstones skipped, the
+        batch's rows decoded, in order; None: all of them)."""
+        if self.value_format == "raw":  # raw values, decoded keys (key_format)
+            return pa.RecordBatch.from_arrays([batch.column(c) for c in self.keep], schema=self.values_schema), None, 0, None
         values = batch.column("value")
         if self.value_format == "json" and self.json_framing == "confluent":
             from chandy.connectors.spark.json_schema import unframe_column
@@ -211,7 +247,7 @@ class ValueDecoder:
                                                id_columns=self.id_columns)
             if changes is not None:
                 kafka = [batch.column(c) for c in self.keep]
-                return pa.RecordBatch.from_arrays(kafka + changes[0] + [changes[1]], schema=self.output_schema), None, 0
+                return pa.RecordBatch.from_arrays(kafka + changes[0] + [changes[1]], schema=self.values_schema), None, 0, None
         if vectorized and self.value_format == "json" and self.cdc is None:
             from chandy.connectors.spark.json_batch import decode_json_batch
 
@@ -219,14 +255,14 @@ class ValueDecoder:
                                         unknown_fields=self.unknown_fields, session_time_zone=self.session_time_zone)
             if columns is not None:
                 kafka = [batch.column(c) for c in self.keep]
-                return pa.RecordBatch.from_arrays(kafka + columns, schema=self.output_schema), None, 0
+                return pa.RecordBatch.from_arrays(kafka + columns, schema=self.values_schema), None, 0, None
         if vectorized and self.value_format == "avro" and self.cdc is None:
             from chandy.connectors.spark.avro_batch import decode_avro_batch
 
             columns = decode_avro_batch(values, self)
             if columns is not None:
                 kafka = [batch.column(c) for c in self.keep]
-                return pa.RecordBatch.from_arrays(kafka + columns, schema=self.output_schema), None, 0
+                return pa.RecordBatch.from_arrays(kafka + columns, schema=self.values_schema), None, 0, None
         writer_types: dict[str, pa.DataType] = {}  # as_written: new fields' types, from their writer schema
         widened: dict[str, pa.DataType] = {}  # as_written: columns a writer schema widens
         parse = self._parser(self._writer_check(writer_types, widened) if self.as_written else None)
@@ -288,14 +324,14 @@ class ValueDecoder:
             columns, _ = self._columns([rows[p] for p in good], fields, names)
         taken = pa.array(keep_rows, pa.int64())
         kafka = [batch.column(c).take(taken) for c in self.keep]
-        base = [f for f in self.output_schema if f.name != OP_COLUMN][:len(self.keep)] + fields
+        base = [f for f in self.values_schema if f.name != OP_COLUMN][:len(self.keep)] + fields
         if self.cdc:
             schema = pa.schema(base + [_op_field()])
             columns = columns + [pa.array(ops, pa.string())]
         else:
             schema = pa.schema(base)
         decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
-        return decoded, (_bad_batch(batch, bad) if bad else None), skipped
+        return decoded, (_bad_batch(batch, bad) if bad else None), skipped, keep_rows
 
     def _writer_check(self, new_types: dict[str, pa.DataType], widened: dict[str, pa.DataType]
                       ) -> Callable[[int, pa.Schema, tuple[str, ...]], None]:

@@ -4,6 +4,7 @@ against the table."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
 )
+from chandy.connectors.spark.registry import task_settings
 from chandy.connectors.type_mapping import inferred_json_type
 from chandy.coordinator.errors import ChandyError
 
@@ -40,20 +42,52 @@ class PipelineDecoding(PipelineCore):
         opts = self.options
         keep = tuple(c for c in KAFKA_COLUMNS if c != "value" or opts.keep_raw_value)
         value_format = "json" if opts.value_format in (None, "json-schema") else opts.value_format
-        return ValueDecoder(value_format, columns, names, keep, avro_schema=opts.value_schema
+        columns, names, key_columns, key_names = self._key_columns(columns, names)
+        return ValueDecoder(value_format, columns, names, keep, key_format=opts.key_format, key_columns=key_columns,
+                            key_names=key_names, key_as_written=opts.key_format == "avro" and not opts.key_schema,
+                            avro_schema=opts.value_schema
                             if opts.value_format == "avro" else None, avro_framing=opts.avro_framing,
                             avro_schema_id=opts.avro_schema_id, unknown_fields=unknown_fields,
                             tombstones=opts.tombstones, errors_tolerance=opts.errors_tolerance,
-                            schema_registry=tuple(sorted(opts.schema_registry.items())), cdc=opts.cdc,
+                            schema_registry=tuple(sorted(task_settings(opts.schema_registry).items()))
+                            if opts.schema_registry else (), cdc=opts.cdc,
                             key_schema=opts.key_schema, id_columns=tuple(opts.id_columns), op_field=opts.cdc_op_field,
                             json_framing="confluent" if opts.value_format == "json-schema" else "plain")
+
+    def _key_columns(self, columns: pa.Schema, names: tuple[str, ...]
+                     ) -> tuple[pa.Schema, tuple[str, ...], pa.Schema, tuple[str, ...]]:
+        """``--key-format json|avro``: (the value's columns without the table's ``key_*`` ones,
+        their names, the key's columns known at start, their fields in the key): ``--key-schema``'s
+        fields, then the table's ``key_*`` columns (added by earlier keys). Keys read as written
+        from a registry, and JSON keys, start from the table's alone (new fields add columns)."""
+        from chandy.connectors.spark.keys import KEY_PREFIX
+
+        opts = self.options
+        if opts.key_format not in ("json", "avro"):
+            return columns, names, pa.schema([]), ()
+        # a table column key_x whose name in the value is itself came from the table: a key column
+        from_table = [(f, n) for f, n in zip(columns, names, strict=True) if f.name.startswith(KEY_PREFIX) and f.name == n]
+        value = [(f, n) for f, n in zip(columns, names, strict=True) if (f, n) not in from_table]
+        key_fields: list[tuple[pa.Field, str]] = []
+        if opts.key_format == "avro" and opts.key_schema:
+            from chandy.connectors.spark.avro import avro_columns
+
+            written, written_names = avro_columns(opts.key_schema)
+            key_fields = [(f.with_name(f"{KEY_PREFIX}{n}"), n) for f, n in zip(written, written_names, strict=True)]
+        known = {f.name for f, _ in key_fields}
+        key_fields += [(f, f.name[len(KEY_PREFIX):]) for f, _ in from_table if f.name not in known]
+        return (pa.schema([f for f, _ in value]), tuple(n for _, n in value), pa.schema([f for f, _ in key_fields]),
+                tuple(n for _, n in key_fields))
 
     def _decoder_from_known_schema(self) -> ValueDecoder | None:
         """The decoder when the value's columns are known before reading: a DDL, an Avro schema,
         or (inferred JSON) an existing table's columns. None: JSON to infer from the first batch."""
         opts = self.options
-        if opts.value_format is None:
-            return None
+        if opts.value_format is None:  # raw values: a decoder only for the keys
+            if opts.key_format == "raw":
+                return None
+            raw = self._make_decoder(pa.schema([]), (), "ignore")
+            return dataclasses.replace(raw, value_format="raw", keep=KAFKA_COLUMNS)
         if opts.value_format == "avro" and not opts.value_schema:
             return self._decoder_from_registry()
         if opts.value_format == "json-schema" and not opts.value_schema and opts.schema_registry:
@@ -140,7 +174,6 @@ class PipelineDecoding(PipelineCore):
         Raises:
             PipelineError: see :meth:`_registry_columns`.
         """
-        import dataclasses
 
         from chandy.connectors.spark.avro import avro_columns, change_row_schema
 
@@ -176,7 +209,6 @@ class PipelineDecoding(PipelineCore):
         Raises:
             PipelineError: see :meth:`_registry_columns` (a schema Chandy cannot read or map).
         """
-        import dataclasses
 
         from chandy.connectors.spark.protobuf import arrow_columns, message_descriptor
         from chandy.connectors.spark.registry import registry_client

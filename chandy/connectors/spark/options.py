@@ -15,6 +15,9 @@ from typing import Any
 from chandy.connectors.kafka.source.offsets import OffsetsSpecError, parse_offsets_spec
 from chandy.connectors.lake.sinks import is_iceberg
 from chandy.connectors.lake.uri import normalize_table_uri
+from chandy.connectors.spark.progress import CHECKPOINT_PHASES as CHECKPOINT_PHASES  # re-exported
+from chandy.connectors.spark.progress import PipelineProgress as PipelineProgress
+from chandy.connectors.spark.progress import PipelineSummary as PipelineSummary
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES
 from chandy.connectors.spark.spark_urls import is_local_master, redact_remote
 from chandy.coordinator.errors import ChandyError
@@ -333,8 +336,11 @@ class PipelineOptions:
     id_columns: tuple[str, ...] = _opt((), "--id-columns", kind="multiple", metavar="COLUMN[,COLUMN]", help=(
         "With --cdc: the row's key columns (repeatable or comma-separated)  [default: the Kafka key's fields]"))
     key_schema: str | None = _opt(None, "--key-schema", read_at_file=True, help=(
-        "With --cdc and Avro keys: the key's Avro schema (JSON or @file), read with --avro-framing  [default: JSON "
-        "keys, or the Schema Registry's schema with --avro-framing confluent]"))
+        "Avro keys' schema (JSON or @file), read with --avro-framing, with --cdc or --key-format avro  [default: "
+        "JSON keys, or the Schema Registry's schema with --avro-framing confluent]"))
+    key_format: str = _opt("raw", "--key-format", choices=("raw", "string", "json", "avro"), help=(
+        "raw: the key column holds Kafka's bytes; string: UTF-8 text; json, avro: the key's fields become columns "
+        "key_<field> (Avro: --key-schema, or each key's writer schema from the Schema Registry, <topic>-key)."))
 
     def __post_init__(self) -> None:
         _restart_strategy_options(self.flink_conf, self.restart_strategy)  # a bad -D restart-strategy.* fails now
@@ -374,10 +380,11 @@ class PipelineOptions:
         if self.avro_framing not in ("single-object", "confluent", "raw"):
             raise PipelineError(f"Avro framing must be single-object, confluent or raw, got {self.avro_framing!r}")
         if self.schema_registry and self.value_format not in ("json-schema", "protobuf") and (
-                self.value_format != "avro" or self.avro_framing != "confluent"):
+                self.value_format != "avro" or self.avro_framing != "confluent") and (
+                self.key_format != "avro" or self.avro_framing != "confluent" or self.value_format == "avro"):
             raise PipelineError("a Schema Registry (--schema-registry-url) needs --value-format avro --avro-framing "
                                 "confluent (the registry resolves each record's writer schema by its ID), "
-                                "--value-format json-schema or --value-format protobuf")
+                                "--value-format json-schema, --value-format protobuf or --key-format avro")
         if self.schema_registry and "url" not in self.schema_registry:
             raise PipelineError("Schema Registry settings need a url (--schema-registry-url)")
         if self.transform and ":" not in self.transform:
@@ -468,7 +475,11 @@ class PipelineOptions:
         if self.cdc and self.transform:
             raise PipelineError("--cdc cannot take a --transform: the merge needs the change records as decoded "
                                 "(their key, operation, partition and offset)")
-        if (self.id_columns or self.key_schema) and not self.cdc:
+        if self.key_format != "raw" and (self.cdc or (self.key_format == "avro" and not (
+                self.key_schema or (self.schema_registry and self.avro_framing == "confluent")))):
+            raise PipelineError("--key-format takes the keys of plain values (with --cdc the change's key is the row's "
+                                "id); --key-format avro needs --key-schema or --schema-registry-url with Confluent framing")
+        if (self.id_columns or (self.key_schema and self.key_format != "avro")) and not self.cdc:
             raise PipelineError("--id-columns and --key-schema go with --cdc debezium or upsert")
         columns = tuple(c.strip() for text in self.id_columns for c in text.split(",") if c.strip())
         object.__setattr__(self, "id_columns", columns)
@@ -543,58 +554,3 @@ class PipelineOptions:
             return default_checkpoint_dir(self.table_uri, self.catalog_properties)
         # underscore-prefixed directories are ignored by Delta readers, as _delta_log is
         return f"{self.table_uri.rstrip('/')}/_chandy_checkpoints"
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineProgress:
-    """After each checkpoint: what landed, how long it took, and the lag per partition (records)."""
-
-    checkpoint_id: int
-    succeeded: bool
-    records_in_checkpoint: int
-    records_landed: int
-    checkpoints_completed: int
-    checkpoints_failed: int
-    checkpoint_duration_ms: float
-    elapsed_s: float
-    lag: dict[tuple[str, int], int]
-    message: str | None = None
-    spark_job_ms: float = 0.0  # of checkpoint_duration_ms, the Spark job (read, transform, write, ack)
-    bad_records: int = 0  # this run, in completed checkpoints
-    dead_lettered: int = 0  # of those, published to the dead-letter topic
-    tombstones_skipped: int = 0
-    #: where checkpoint_duration_ms went, in ms (:data:`CHECKPOINT_PHASES`); empty for a failed one
-    phases_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
-
-
-#: The phases of one checkpoint, in order, as :attr:`PipelineProgress.phases_ms` names them (ms).
-#: They are the gaps between its milestones, so they add up to its end-to-end time:
-#: ``trigger``: the round's start to its offset ranges fixed (the trigger's log record, the
-#: enumerator's snapshot); ``tasks``: to the last subtask's ack (the Spark tasks read, decode,
-#: transform and write); ``finalize``: to completion (``_metadata`` written, dead letters read);
-#: ``lake_commit``: to the end of the table commit and its LAKE_COMMITTED event; ``job_end``: the
-#: driver still waiting for its Spark job call to return (task results, Spark's bookkeeping) after
-#: that; ``notify``: the rest (the COMPLETED log transaction's commit, the consumer-group offset
-#: commit, the hand-over to the driver).
-CHECKPOINT_PHASES = ("trigger", "tasks", "finalize", "lake_commit", "notify", "job_end")
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineSummary:
-    """The end of a run: rows this run committed, its checkpoints, seconds, why it stopped, and
-    the signal that stopped it (if any); :func:`verify_table` compares the table with the topics."""
-
-    table_uri: str
-    job_id: str
-    records_landed: int
-    checkpoints_completed: int
-    checkpoints_failed: int
-    seconds: float
-    stopped_because: str = "drained"
-    bad_records: int = 0
-    dead_lettered: int = 0
-    tombstones_skipped: int = 0
-    signal: int | None = None
-    notices: tuple[str, ...] = ()
-    canceled: bool = False  # by a CANCEL request (``chandy job cancel``)
-    restarts: int = 0  # times the restart strategy restarted the job in this run

@@ -1,0 +1,87 @@
+"""``--key-format`` (issue 45's "keys the same way"), at the decoder, without servers: keys as
+UTF-8 text, or their fields as ``key_<field>`` columns (JSON, Avro as written from a registry:
+confluent-kafka's in-process ``mock://`` one); a key that does not decode makes its record bad,
+named, and the other records' keys stay on their rows."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import fastavro
+import pyarrow as pa
+import pytest
+
+from chandy.connectors.spark.avro import avro_columns
+from chandy.connectors.spark.decode import KAFKA_COLUMNS, BadRecordError, ValueDecoder
+from chandy.connectors.spark.records import ARROW_SCHEMA
+
+
+def _batch(records: list[tuple[bytes | None, bytes | None]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [{"key": k, "value": v, "topic": "t", "partition": 0, "offset": i, "timestamp": None, "timestamp_type": 0,
+          "headers": []} for i, (k, v) in enumerate(records)], schema=ARROW_SCHEMA)
+
+
+def test_string_keys_of_raw_values_land_as_text_and_a_key_not_utf8_is_a_bad_record() -> None:
+    decoder = ValueDecoder("raw", pa.schema([]), (), KAFKA_COLUMNS, key_format="string", errors_tolerance="all")
+    assert decoder.output_schema.field("key").type == pa.string()
+    decoded, bad, _ = decoder.decode(_batch([(b"order-1", b"a"), (None, b"b"), (b"\xff\xfe", b"c"), ("é".encode(), b"d")]))
+    assert decoded.column("key").to_pylist() == ["order-1", None, "é"]
+    assert decoded.column("value").to_pylist() == [b"a", b"b", b"d"] and decoded.column("offset").to_pylist() == [0, 1, 3]
+    assert bad is not None and bad.column("offset").to_pylist() == [2]
+    assert bad.column("error_class").to_pylist() == ["KeyError"] and "key: not UTF-8" in bad.column("error_message")[0].as_py()
+    strict = ValueDecoder("raw", pa.schema([]), (), KAFKA_COLUMNS, key_format="string")
+    with pytest.raises(BadRecordError, match="topic t partition 0 offset 0: KeyError: key: not UTF-8"):
+        strict.decode(_batch([(b"\xff", b"x")]))
+
+
+def test_json_keys_become_key_columns_beside_the_values_and_bad_keys_or_values_leave_the_others_in_place() -> None:
+    columns = pa.schema([("amount", pa.float64())])
+    decoder = ValueDecoder("json", columns, ("amount",), ("offset",), key_format="json", unknown_fields="add",
+                           errors_tolerance="all")
+    decoded, bad, _ = decoder.decode(_batch([
+        (b'{"id": 1, "region": "eu"}', b'{"amount": 1.5}'),
+        (b'{"id": 2, "region": "us"}', b'not json'),          # a bad value
+        (b'not a key', b'{"amount": 3.0}'),                    # a bad key
+        (None, b'{"amount": 4.0}'),                            # no key
+        (b'{"id": 5, "region": "eu"}', b'{"amount": 5.0}')]))
+    assert decoded.schema.names == ["offset", "key_id", "key_region", "amount"]
+    assert decoded.to_pylist() == [{"offset": 0, "key_id": 1, "key_region": "eu", "amount": 1.5},
+                                   {"offset": 3, "key_id": None, "key_region": None, "amount": 4.0},
+                                   {"offset": 4, "key_id": 5, "key_region": "eu", "amount": 5.0}]
+    assert bad is not None and sorted(zip(bad.column("offset").to_pylist(), bad.column("error_class").to_pylist(),
+                                          strict=True)) == [(1, "JsonParseError"), (2, "KeyError")]
+
+
+def test_avro_keys_are_read_with_their_writer_schemas_from_the_registry() -> None:
+    from confluent_kafka.schema_registry import Schema
+
+    from chandy.connectors.spark.registry import registry_client
+
+    settings = {"url": "mock://chandy-keys"}
+    key_v1 = {"type": "record", "name": "OrderKey", "fields": [{"name": "id", "type": "long"}]}
+    key_v2 = {**key_v1, "fields": [*key_v1["fields"], {"name": "shard", "type": "int", "default": 0}]}
+    value = {"type": "record", "name": "Order", "fields": [{"name": "amount", "type": "double"}]}
+    client = registry_client(settings)
+    ids = [client.register_schema(f"orders-{i}", Schema(json.dumps(s), "AVRO")) for i, s in enumerate((key_v1, key_v2, value))]
+
+    def framed(schema_id: int, schema: dict, record: dict) -> bytes:
+        buffer = io.BytesIO()
+        fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), record)
+        return b"\x00" + struct.pack(">I", schema_id) + buffer.getvalue()
+
+    columns, names = avro_columns(value)
+    decoder = ValueDecoder("avro", columns, names, ("offset",), avro_framing="confluent", as_written=True,
+                           schema_registry=tuple(sorted(settings.items())), unknown_fields="add", key_format="avro",
+                           key_as_written=True, errors_tolerance="all")
+    decoded, bad, _ = decoder.decode(_batch([(framed(ids[0], key_v1, {"id": 7}), framed(ids[2], value, {"amount": 1.0})),
+                                             (framed(ids[1], key_v2, {"id": 8, "shard": 3}),
+                                              framed(ids[2], value, {"amount": 2.0})),
+                                             (b"\x01bad", framed(ids[2], value, {"amount": 3.0}))]))
+    assert decoded.to_pylist() == [{"offset": 0, "key_id": 7, "key_shard": None, "amount": 1.0},
+                                   {"offset": 1, "key_id": 8, "key_shard": 3, "amount": 2.0}]
+    assert decoded.schema.field("key_shard").type == pa.int32()  # typed as the key's writer schema says
+    assert bad is not None and bad.column("offset").to_pylist() == [2]
+    assert "key: WireFormatError: not the Confluent wire format" in bad.column("error_message")[0].as_py()
