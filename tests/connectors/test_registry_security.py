@@ -145,7 +145,7 @@ def auth_proxy(schema_registry_url: str) -> Iterator[_AuthProxy]:
 def test_credentials_under_the_clients_names_reach_the_registry(kind, auth_proxy, schema_registry_url) -> None:
     if kind == "basic":
         auth_proxy.expected = "Basic " + base64.b64encode(b"chandy:s3cret").decode()
-        good = {"basic.auth.credentials.source": "USER_INFO", "basic.auth.user.info": "chandy:s3cret"}
+        good = {"basic.auth.user.info": "chandy:s3cret"}
         bad = {**good, "basic.auth.user.info": "chandy:wrong"}
     else:
         auth_proxy.expected = "Bearer t0ken"
