@@ -60,24 +60,12 @@ class PipelineDecoding(PipelineCore):
         their names, the key's columns known at start, their fields in the key): ``--key-schema``'s
         fields, then the table's ``key_*`` columns (added by earlier keys). Keys read as written
         from a registry, and JSON keys, start from the table's alone (new fields add columns)."""
-        from chandy.connectors.spark.keys import KEY_PREFIX
+        from chandy.connectors.spark.keys import split_key_columns
 
         opts = self.options
         if opts.key_format not in ("json", "avro"):
             return columns, names, pa.schema([]), ()
-        # a table column key_x whose name in the value is itself came from the table: a key column
-        from_table = [(f, n) for f, n in zip(columns, names, strict=True) if f.name.startswith(KEY_PREFIX) and f.name == n]
-        value = [(f, n) for f, n in zip(columns, names, strict=True) if (f, n) not in from_table]
-        key_fields: list[tuple[pa.Field, str]] = []
-        if opts.key_format == "avro" and opts.key_schema:
-            from chandy.connectors.spark.avro import avro_columns
-
-            written, written_names = avro_columns(opts.key_schema)
-            key_fields = [(f.with_name(f"{KEY_PREFIX}{n}"), n) for f, n in zip(written, written_names, strict=True)]
-        known = {f.name for f, _ in key_fields}
-        key_fields += [(f, f.name[len(KEY_PREFIX):]) for f, _ in from_table if f.name not in known]
-        return (pa.schema([f for f, _ in value]), tuple(n for _, n in value), pa.schema([f for f, _ in key_fields]),
-                tuple(n for _, n in key_fields))
+        return split_key_columns(columns, names, opts.key_schema if opts.key_format == "avro" else None)
 
     def _decoder_from_known_schema(self) -> ValueDecoder | None:
         """The decoder when the value's columns are known before reading: a DDL, an Avro schema,

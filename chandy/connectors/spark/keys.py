@@ -42,6 +42,35 @@ def with_key_fields(decoder: ValueDecoder, values_schema: pa.Schema) -> pa.Schem
     return pa.schema(fields[:kafka] + list(decoder.key_columns) + fields[kafka:])
 
 
+def split_key_columns(columns: pa.Schema, names: tuple[str, ...], key_schema: str | None = None
+                      ) -> tuple[pa.Schema, tuple[str, ...], pa.Schema, tuple[str, ...]]:
+    """A table's columns (``columns``, each one's field ``names`` in the value) split into the
+    value's and the key's: a column ``key_<field>`` whose name in the value is itself came from
+    the table, not from a value schema: the key's, after the fields of ``key_schema`` (Avro, the
+    ``--key-schema``) as ``key_<field>`` columns. Returns (value columns, their names, key
+    columns, their fields in the key).
+
+    Raises:
+        AvroValueSchemaError: ``key_schema`` is not a record of fields with column types.
+    """
+    keys: list[tuple[pa.Field, str]] = []
+    if key_schema:
+        from chandy.connectors.spark.avro import avro_columns
+
+        written, written_names = avro_columns(key_schema)
+        keys = [(f.with_name(f"{KEY_PREFIX}{f.name}"), n) for f, n in zip(written, written_names, strict=True)]
+    taken = {f.name for f, _ in keys}
+    value: list[tuple[pa.Field, str]] = []
+    for field, name in zip(columns, names, strict=True):
+        if field.name.startswith(KEY_PREFIX) and field.name == name:
+            if field.name not in taken:
+                keys.append((field, field.name[len(KEY_PREFIX):]))
+        else:
+            value.append((field, name))
+    return (pa.schema([f for f, _ in value]), tuple(n for _, n in value), pa.schema([f for f, _ in keys]),
+            tuple(n for _, n in keys))
+
+
 def key_decoder(decoder: ValueDecoder) -> ValueDecoder:
     """The decoder of ``decoder``'s keys (``json`` or ``avro``): every key a row (a null key
     null columns), bad keys kept as bad records, new fields added as columns."""

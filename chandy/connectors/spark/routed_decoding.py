@@ -156,8 +156,14 @@ def decode_routed(options: RoutedTask, batches: Iterator[pa.RecordBatch], table_
             if uri not in decoders:  # a routed table (the job's own, None, is there from the start)
                 assert uri is not None
                 columns, names = value_columns(table_fields(uri))
-                decoders[uri] = dataclasses.replace(decoder, columns=columns, source_names=names,
-                                                    columns_schema_id=None)
+                key_columns, key_names = decoder.key_columns, decoder.key_names
+                if decoder.key_format in ("json", "avro"):
+                    from chandy.connectors.spark.keys import split_key_columns
+
+                    columns, names, key_columns, key_names = split_key_columns(
+                        columns, names, decoder.key_schema if decoder.key_format == "avro" else None)
+                decoders[uri] = dataclasses.replace(decoder, columns=columns, source_names=names, key_columns=key_columns,
+                                                    key_names=key_names, columns_schema_id=None)
             decoded, bad, skipped = decoders[uri].decode(part)
             if bad is not None:
                 dead.add(bad)
