@@ -32,12 +32,10 @@ import pyarrow as pa
 
 from chandy.connectors.lake.changes import OP_COLUMN
 from chandy.connectors.spark.evolution import SchemaChangeError, offset_ranges
+from chandy.connectors.spark.records import KAFKA_COLUMNS as KAFKA_COLUMNS  # re-exported
 from chandy.connectors.spark.value_parsers import _Bad, _TypeChange, avro_parser, protobuf_parser
 from chandy.connectors.type_mapping import Unfit, json_converter, parse_json, plain_numbers
 from chandy.coordinator.errors import ChandyError
-
-#: The Kafka record's columns, in the order they are landed.
-KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestamp_type", "headers")
 
 #: A bad record, raw, with why it was bad (the columns of a dead-letter file).
 BAD_RECORDS_SCHEMA = pa.schema([
@@ -222,9 +220,13 @@ class ValueDecoder:
             return decoded, bad, skipped
         from chandy.connectors.spark.keys import with_keys
 
-        decoded, key_bad = with_keys(self, batch, decoded, kept)
-        if key_bad is not None:
-            bad = key_bad if bad is None else pa.Table.from_batches([bad, key_bad]).combine_chunks().to_batches()[0]
+        decoded, failed = with_keys(self, batch, decoded, kept)
+        if failed:
+            key_bad = {row: _Bad("KeyError", f"key: {why}") for row, why in failed.items()}
+            first = min(key_bad)
+            self._check_tolerance(batch, first, key_bad[first])
+            bad = pa.Table.from_batches([b for b in (bad, _bad_batch(batch, key_bad)) if b is not None]
+                                        ).combine_chunks().to_batches()[0]
         return decoded, bad, skipped
 
     def _decode_values(self, batch: pa.RecordBatch, vectorized: bool

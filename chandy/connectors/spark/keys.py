@@ -17,12 +17,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pyarrow as pa
 
-if TYPE_CHECKING:
-    from chandy.connectors.spark.decode import ValueDecoder
+from chandy.connectors.spark.records import KAFKA_COLUMNS
 
 #: the prefix of a key field's column (Flink's ``key.fields-prefix``)
 KEY_PREFIX = "key_"
@@ -30,7 +29,7 @@ KEY_PREFIX = "key_"
 KEY_FORMATS = ("raw", "string", "json", "avro")
 
 
-def with_key_fields(decoder: ValueDecoder, values_schema: pa.Schema) -> pa.Schema:
+def with_key_fields(decoder: Any, values_schema: pa.Schema) -> pa.Schema:
     """``values_schema`` (the Kafka columns, then the value's) with the key's columns known at
     start after the Kafka columns (``string``: ``key`` as text)."""
     if decoder.key_format == "raw":
@@ -71,7 +70,7 @@ def split_key_columns(columns: pa.Schema, names: tuple[str, ...], key_schema: st
             tuple(n for _, n in keys))
 
 
-def key_decoder(decoder: ValueDecoder) -> ValueDecoder:
+def key_decoder(decoder: Any) -> Any:
     """The decoder of ``decoder``'s keys (``json`` or ``avro``): every key a row (a null key
     null columns), bad keys kept as bad records, new fields added as columns."""
     return dataclasses.replace(
@@ -85,8 +84,6 @@ def key_decoder(decoder: ValueDecoder) -> ValueDecoder:
 def _column_name(name: str) -> str:
     """A key decoder's column as the table's: ``key_<field>`` (the decoder names a new field
     ``f``, or ``value_f`` when ``f`` is a Kafka column's name)."""
-    from chandy.connectors.spark.decode import KAFKA_COLUMNS
-
     if name.startswith(KEY_PREFIX):
         return name
     if name.startswith("value_") and name[len("value_"):] in KAFKA_COLUMNS:
@@ -94,16 +91,11 @@ def _column_name(name: str) -> str:
     return f"{KEY_PREFIX}{name}"
 
 
-def with_keys(decoder: ValueDecoder, batch: pa.RecordBatch, decoded: pa.RecordBatch,
-              kept: list[int] | None) -> tuple[pa.RecordBatch, pa.RecordBatch | None]:
+def with_keys(decoder: Any, batch: pa.RecordBatch, decoded: pa.RecordBatch,
+              kept: list[int] | None) -> tuple[pa.RecordBatch, dict[int, str]]:
     """``decoded`` (the value rows of ``batch``'s rows ``kept``, None: all) with their keys'
-    columns; returns (the rows whose keys decode, the others as bad records or None).
-
-    Raises:
-        BadRecordError: a key that does not decode, under ``errors_tolerance="none"``.
-    """
-    from chandy.connectors.spark.decode import _Bad, _bad_batch
-
+    columns (``decoder`` a ``ValueDecoder``); returns (the rows whose keys decode, why each other
+    one's did not, by its row in ``batch``)."""
     rows = list(range(batch.num_rows)) if kept is None else kept
     keys = batch.column("key") if kept is None else batch.column("key").take(pa.array(rows, pa.int64()))
     failed: dict[int, str] = {}  # position in rows -> why
@@ -135,9 +127,6 @@ def with_keys(decoder: ValueDecoder, batch: pa.RecordBatch, decoded: pa.RecordBa
                 index.append(None if position in failed else good)
                 good += position not in failed
             columns = [c.take(pa.array(index, pa.int64())) for c in columns]
-    bad_rows = {rows[p]: _Bad("KeyError", f"key: {why}") for p, why in failed.items()}
-    for row in sorted(bad_rows)[:1]:
-        decoder._check_tolerance(batch, row, bad_rows[row])
     fields = [pa.field(n, c.type) for n, c in zip(names, columns, strict=True)]
     if decoder.key_format == "string":
         at = decoded.schema.get_field_index("key")
@@ -150,4 +139,4 @@ def with_keys(decoder: ValueDecoder, batch: pa.RecordBatch, decoded: pa.RecordBa
     if failed:
         keep = pa.array([p not in failed for p in range(len(rows))])
         out = out.filter(keep)
-    return out, (_bad_batch(batch, bad_rows) if bad_rows else None)
+    return out, {rows[p]: why for p, why in failed.items()}

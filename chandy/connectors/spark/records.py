@@ -20,6 +20,9 @@ ARROW_SCHEMA = pa.schema([
     ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
 ])
 
+#: The Kafka record's columns, in the order they are landed (:data:`ARROW_SCHEMA`'s).
+KAFKA_COLUMNS = tuple(ARROW_SCHEMA.names)
+
 #: Arrow bytes a subtask holds before it writes them as lake files (``--write-buffer-bytes``): small
 #: enough that a Python worker's peak RSS is the same at 50,000 and 2,000,000 records per checkpoint
 #: (measured: 297 and 294 MiB; 365 MiB holding a whole 2,000,000-record checkpoint), large enough
