@@ -256,15 +256,19 @@ class ValueDecoder:
             columns = decode_json_batch(values, self.columns, self.source_names,
                                         unknown_fields=self.unknown_fields, session_time_zone=self.session_time_zone)
             if columns is not None:
-                kafka = [batch.column(c) for c in self.keep]
-                return pa.RecordBatch.from_arrays(kafka + columns, schema=self.values_schema), None, 0, None
+                return self._with_kafka(batch, columns), None, 0, None
         if vectorized and self.value_format == "avro" and self.cdc is None:
             from chandy.connectors.spark.avro_batch import decode_avro_batch
 
             columns = decode_avro_batch(values, self)
             if columns is not None:
-                kafka = [batch.column(c) for c in self.keep]
-                return pa.RecordBatch.from_arrays(kafka + columns, schema=self.values_schema), None, 0, None
+                return self._with_kafka(batch, columns), None, 0, None
+        if vectorized and self.value_format == "protobuf" and self.cdc is None:
+            from chandy.connectors.spark.protobuf_batch import decode_protobuf_batch
+
+            columns = decode_protobuf_batch(values, self)
+            if columns is not None:
+                return self._with_kafka(batch, columns), None, 0, None
         writer_types: dict[str, pa.DataType] = {}  # as_written: new fields' types, from their writer schema
         widened: dict[str, pa.DataType] = {}  # as_written: columns a writer schema widens
         parse = self._parser(self._writer_check(writer_types, widened) if self.as_written else None)
@@ -334,6 +338,10 @@ class ValueDecoder:
             schema = pa.schema(base)
         decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
         return decoded, (_bad_batch(batch, bad) if bad else None), skipped, keep_rows
+
+    def _with_kafka(self, batch: pa.RecordBatch, columns: list[pa.Array]) -> pa.RecordBatch:
+        """A batch path's value ``columns`` of all of ``batch``'s rows, after its kept Kafka columns."""
+        return pa.RecordBatch.from_arrays([batch.column(c) for c in self.keep] + columns, schema=self.values_schema)
 
     def _writer_check(self, new_types: dict[str, pa.DataType], widened: dict[str, pa.DataType]
                       ) -> Callable[[int, pa.Schema, tuple[str, ...]], None]:

@@ -168,7 +168,7 @@ def _add_references(registry: Any, schema: Any, pool: Any, seen: set[str]) -> No
                                            f"reference {reference.name}").SerializeToString())
 
 
-_TIMESTAMP = "google.protobuf.Timestamp"
+TIMESTAMP = "google.protobuf.Timestamp"
 
 
 def arrow_columns(message: Any) -> tuple[pa.Schema, tuple[str, ...]]:
@@ -191,7 +191,8 @@ def _is_map(field: Any) -> bool:
     return kind is not None and kind.GetOptions().map_entry
 
 
-def _is_repeated(field: Any) -> bool:
+def is_repeated(field: Any) -> bool:
+    """Whether ``field`` (a field descriptor) is repeated (maps too)."""
     repeated = getattr(field, "is_repeated", None)  # protobuf 6+; label before
     return bool(field.label == field.LABEL_REPEATED if repeated is None else repeated)
 
@@ -202,7 +203,7 @@ def _field_type(field: Any, stack: tuple[str, ...]) -> pa.DataType:
         return pa.map_(_scalar_type(entry.fields_by_name["key"], stack),
                        _scalar_type(entry.fields_by_name["value"], stack))
     kind = _scalar_type(field, stack)
-    return pa.list_(kind) if _is_repeated(field) else kind
+    return pa.list_(kind) if is_repeated(field) else kind
 
 
 def _scalar_type(field: Any, stack: tuple[str, ...]) -> pa.DataType:
@@ -220,7 +221,7 @@ def _scalar_type(field: Any, stack: tuple[str, ...]) -> pa.DataType:
     if kind in simple:
         return simple[kind]
     message = field.message_type
-    if message.full_name == _TIMESTAMP:
+    if message.full_name == TIMESTAMP:
         return pa.timestamp("us", tz="UTC")
     if message.full_name in stack:
         raise ProtobufSchemaError(f"field {field.full_name}: message {message.full_name} contains itself "
@@ -241,13 +242,13 @@ _EXTRACTORS: dict[Any, Callable[[Any], dict[str, Any]]] = {}
 
 def _extractor(descriptor: Any) -> Callable[[Any], dict[str, Any]]:
     if descriptor not in _EXTRACTORS:
-        getters = [(field.name, _getter(field)) for field in descriptor.fields]
+        getters = [(field.name, field_reader(field)) for field in descriptor.fields]
         _EXTRACTORS[descriptor] = lambda message: {name: get(message) for name, get in getters}
     return _EXTRACTORS[descriptor]
 
 
-def _getter(field: Any) -> Callable[[Any], Any]:
-    """A function from a message to ``field``'s column value."""
+def field_reader(field: Any) -> Callable[[Any], Any]:
+    """A function from a message to ``field``'s column value (built once per field)."""
     name = field.name
     if _is_map(field):
         convert_value = _converter(field.message_type.fields_by_name["value"])
@@ -255,7 +256,7 @@ def _getter(field: Any) -> Callable[[Any], Any]:
             return lambda message: list(getattr(message, name).items())
         return lambda message: [(key, convert_value(value)) for key, value in getattr(message, name).items()]
     convert = _converter(field)
-    if _is_repeated(field):
+    if is_repeated(field):
         if convert is None:
             return lambda message: list(getattr(message, name))
         return lambda message: [convert(v) for v in getattr(message, name)]
@@ -280,7 +281,7 @@ def _converter(field: Any) -> Callable[[Any], Any] | None:
     if field.type in (F.TYPE_UINT64, F.TYPE_FIXED64):
         return decimal.Decimal
     if field.type == F.TYPE_MESSAGE:
-        if field.message_type.full_name == _TIMESTAMP:
+        if field.message_type.full_name == TIMESTAMP:
             return lambda value: datetime.datetime.fromtimestamp(value.seconds, datetime.UTC) + datetime.timedelta(
                 microseconds=value.nanos // 1000)
         message_type = field.message_type
