@@ -6,11 +6,8 @@ Delta table still fails in one line. Without servers."""
 from __future__ import annotations
 
 import decimal
-import io
 import json
-import struct
 
-import fastavro
 import pyarrow as pa
 import pytest
 
@@ -20,6 +17,7 @@ from chandy.connectors.spark.decode import ValueDecoder
 from chandy.connectors.spark.evolution import SchemaChangeError, concat_evolving
 from chandy.connectors.spark.records import ARROW_SCHEMA
 from chandy.connectors.type_mapping import widens, wider
+from tests.fixtures.avro_values import confluent_framed
 
 _PRICE = {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}
 V1 = {"type": "record", "name": "Order", "fields": [
@@ -53,11 +51,6 @@ def _registry(name: str) -> tuple[dict[str, str], list[int]]:
     return settings, ids
 
 
-def _framed(schema_id: int, schema: dict, value: dict) -> bytes:
-    buffer = io.BytesIO()
-    fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), value)
-    return b"\x00" + struct.pack(">I", schema_id) + buffer.getvalue()
-
 
 def _batch(values: list[bytes], first_offset: int = 0) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(
@@ -77,13 +70,13 @@ def test_a_writer_schema_widens_the_batchs_columns_and_older_records_read_into_t
     decoder = _decoder(settings, ids[0], widen=True)
     old = {"id": 1, "qty": 7, "price": decimal.Decimal("12345678.91"), "ratio": 0.5}
     new = {"id": 2, "qty": 2**40, "price": decimal.Decimal("9999999999.99"), "ratio": 0.1}
-    decoded, bad, _ = decoder.decode(_batch([_framed(ids[0], V1, old), _framed(ids[1], V2, new)]))
+    decoded, bad, _ = decoder.decode(_batch([confluent_framed(ids[0], V1, old), confluent_framed(ids[1], V2, new)]))
     assert bad is None
     assert decoded.schema.field("qty").type == pa.int64() and decoded.schema.field("ratio").type == pa.float64()
     assert decoded.schema.field("price").type == pa.decimal128(12, 2)
     assert decoded.to_pylist() == [{"offset": 0, **old}, {"offset": 1, **new}]
     # a batch of the older writer only stays narrow (fast path); the micro-batch unifies them
-    older, bad, _ = decoder.decode(_batch([_framed(ids[0], V1, old)], first_offset=2))
+    older, bad, _ = decoder.decode(_batch([confluent_framed(ids[0], V1, old)], first_offset=2))
     assert bad is None and older.schema.field("qty").type == pa.int32()
     table = concat_evolving([older, decoded])
     assert table.schema.field("qty").type == pa.int64() and table.column("qty").to_pylist() == [7, 7, 2**40]
@@ -97,17 +90,17 @@ def test_a_narrowing_a_rescaled_decimal_or_a_delta_table_fails_naming_the_field(
                            schema_registry=tuple(sorted(settings.items())), unknown_fields="add", as_written=True,
                            columns_schema_id=ids[1], widen_columns=widen)
     # V1's int into V2's long column is Avro's promotion, not a change
-    assert decoder.decode(_batch([_framed(ids[0], V1, {"id": 1, "qty": 3, "price": decimal.Decimal("1.00"),
+    assert decoder.decode(_batch([confluent_framed(ids[0], V1, {"id": 1, "qty": 3, "price": decimal.Decimal("1.00"),
                                                          "ratio": 1.0})]))[0].column("qty").to_pylist() == [3]
     narrow_columns, narrow_names = avro_columns(V1)
     narrow = ValueDecoder("avro", narrow_columns, narrow_names, ("offset",), avro_schema=json.dumps(V1),
                           avro_framing="confluent", schema_registry=tuple(sorted(settings.items())),
                           unknown_fields="add", as_written=True, columns_schema_id=ids[0], widen_columns=widen)
-    rescaled = _framed(ids[3], RESCALED, {"id": 1, "qty": 1, "price": decimal.Decimal("1.000"), "ratio": 1.0})
+    rescaled = confluent_framed(ids[3], RESCALED, {"id": 1, "qty": 1, "price": decimal.Decimal("1.000"), "ratio": 1.0})
     with pytest.raises(SchemaChangeError, match=rf"offset 0: field price changed type: its column is decimal128\(10, 2\) "
                                                 rf"\(schema ID {ids[0]}\) but schema ID {ids[3]} writes decimal128\(10, 3\)"):
         narrow.decode(_batch([rescaled]))
-    widened = _framed(ids[1], V2, {"id": 1, "qty": 1, "price": decimal.Decimal("1.00"), "ratio": 1.0})
+    widened = confluent_framed(ids[1], V2, {"id": 1, "qty": 1, "price": decimal.Decimal("1.00"), "ratio": 1.0})
     if widen:
         assert narrow.decode(_batch([widened]))[0].schema.field("qty").type == pa.int64()
     else:

@@ -5,17 +5,15 @@ named, and the other records' keys stay on their rows."""
 
 from __future__ import annotations
 
-import io
 import json
-import struct
 
-import fastavro
 import pyarrow as pa
 import pytest
 
 from chandy.connectors.spark.avro import avro_columns
 from chandy.connectors.spark.decode import KAFKA_COLUMNS, BadRecordError, ValueDecoder
 from chandy.connectors.spark.records import ARROW_SCHEMA
+from tests.fixtures.avro_values import confluent_framed
 
 
 def _batch(records: list[tuple[bytes | None, bytes | None]]) -> pa.RecordBatch:
@@ -67,19 +65,14 @@ def test_avro_keys_are_read_with_their_writer_schemas_from_the_registry() -> Non
     client = registry_client(settings)
     ids = [client.register_schema(f"orders-{i}", Schema(json.dumps(s), "AVRO")) for i, s in enumerate((key_v1, key_v2, value))]
 
-    def framed(schema_id: int, schema: dict, record: dict) -> bytes:
-        buffer = io.BytesIO()
-        fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), record)
-        return b"\x00" + struct.pack(">I", schema_id) + buffer.getvalue()
-
     columns, names = avro_columns(value)
     decoder = ValueDecoder("avro", columns, names, ("offset",), avro_framing="confluent", as_written=True,
                            schema_registry=tuple(sorted(settings.items())), unknown_fields="add", key_format="avro",
                            key_as_written=True, errors_tolerance="all")
-    decoded, bad, _ = decoder.decode(_batch([(framed(ids[0], key_v1, {"id": 7}), framed(ids[2], value, {"amount": 1.0})),
-                                             (framed(ids[1], key_v2, {"id": 8, "shard": 3}),
-                                              framed(ids[2], value, {"amount": 2.0})),
-                                             (b"\x01bad", framed(ids[2], value, {"amount": 3.0}))]))
+    decoded, bad, _ = decoder.decode(_batch([(confluent_framed(ids[0], key_v1, {"id": 7}), confluent_framed(ids[2], value, {"amount": 1.0})),
+                                             (confluent_framed(ids[1], key_v2, {"id": 8, "shard": 3}),
+                                              confluent_framed(ids[2], value, {"amount": 2.0})),
+                                             (b"\x01bad", confluent_framed(ids[2], value, {"amount": 3.0}))]))
     assert decoded.to_pylist() == [{"offset": 0, "key_id": 7, "key_shard": None, "amount": 1.0},
                                    {"offset": 1, "key_id": 8, "key_shard": 3, "amount": 2.0}]
     assert decoded.schema.field("key_shard").type == pa.int32()  # typed as the key's writer schema says

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import base64
 import http.server
-import io
 import json
-import struct
 import subprocess
 import threading
 import urllib.request
@@ -22,7 +20,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema
 
@@ -31,6 +28,7 @@ from chandy.connectors.spark.decode import ValueDecoder
 from chandy.connectors.spark.options import PipelineError
 from chandy.connectors.spark.records import to_record_batch
 from chandy.connectors.spark.registry import latest_schema, registry_client
+from tests.fixtures.avro_values import confluent_framed
 from tests.fixtures.messages import FakeMessage as Message
 from tests.fixtures.schema_registry import SchemaRegistryProcess, resolve_apicurio
 
@@ -40,19 +38,14 @@ SCHEMA = {"type": "record", "name": "Payment", "namespace": "com.acme", "fields"
     {"name": "id", "type": "long"}, {"name": "amount", "type": "double"}]}
 
 
-def _framed(schema_id: int, value: dict) -> bytes:
-    buffer = io.BytesIO()
-    fastavro.schemaless_writer(buffer, fastavro.parse_schema(SCHEMA), value)
-    return b"\x00" + struct.pack(">I", schema_id) + buffer.getvalue()
-
 
 def _decodes_with(settings: dict[str, str], schema_id: int) -> list[dict]:
     """What a task's decoder reads of two records framed with ``schema_id``, through ``settings``."""
     columns, names = avro_columns(SCHEMA)
     decoder = ValueDecoder("avro", columns, names, ("offset",), avro_framing="confluent",
                            schema_registry=tuple(sorted(settings.items())), as_written=True)
-    batch = to_record_batch([Message(0, _framed(schema_id, {"id": 1, "amount": 2.5})),
-                             Message(1, _framed(schema_id, {"id": 2, "amount": -1.0}))])
+    batch = to_record_batch([Message(0, confluent_framed(schema_id, SCHEMA, {"id": 1, "amount": 2.5})),
+                             Message(1, confluent_framed(schema_id, SCHEMA, {"id": 2, "amount": -1.0}))])
     return decoder.decode(batch, vectorized=False)[0].to_pylist()
 
 

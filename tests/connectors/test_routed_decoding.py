@@ -6,12 +6,9 @@ columns, so record types that share a field name with different types land side 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
-import struct
 from typing import Any
 
-import fastavro
 import pyarrow as pa
 import pytest
 
@@ -26,6 +23,7 @@ from chandy.connectors.spark.routed_decoding import (
     routes_before_decoding,
     value_columns,
 )
+from tests.fixtures.avro_values import confluent_framed
 
 ORDER = {"type": "record", "name": "Order", "namespace": "com.acme", "fields": [
     {"name": "id", "type": "long"}, {"name": "total", "type": "double"}]}
@@ -66,11 +64,6 @@ def _setup(name: str) -> tuple[dict[str, str], dict[str, int]]:
     return settings, ids
 
 
-def _framed(schema_id: int, schema: dict, value: dict) -> bytes:
-    buffer = io.BytesIO()
-    fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), value)
-    return b"\x00" + struct.pack(">I", schema_id) + buffer.getvalue()
-
 
 def _batch(values: list[tuple[str, bytes | None]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(
@@ -89,10 +82,10 @@ def test_record_types_sharing_a_field_name_decode_into_their_own_tables(tmp_path
     router = Router.parse([r"com\.acme\.(\w+)=" + str(tmp_path / "$1")], by="record-name").resolved()
     task = _Task(router, _decoder(settings))
     assert routes_before_decoding(task)
-    raws = [("t", _framed(ids["Order"], ORDER, {"id": 1, "total": 2.5})),
-            ("t", _framed(ids["Customer"], CUSTOMER, {"id": "c-1", "email": "a@x"})),
-            ("t", _framed(ids["Audit"], OTHER, {"who": "root"})),
-            ("t", _framed(ids["Order"], ORDER, {"id": 2, "total": 3.5}))]
+    raws = [("t", confluent_framed(ids["Order"], ORDER, {"id": 1, "total": 2.5})),
+            ("t", confluent_framed(ids["Customer"], CUSTOMER, {"id": "c-1", "email": "a@x"})),
+            ("t", confluent_framed(ids["Audit"], OTHER, {"who": "root"})),
+            ("t", confluent_framed(ids["Order"], ORDER, {"id": 2, "total": 3.5}))]
     assert record_names(_batch(raws).column("value"), task.decoder) == [
         "com.acme.Order", "com.acme.Customer", "org.else.Audit", "com.acme.Order"]
     dead = _Dead()
@@ -113,8 +106,8 @@ def test_by_topic_a_routed_tables_columns_come_from_that_table() -> None:
     settings, ids = _setup("routed-by-topic")
     router = Router.parse(["db\\.inv\\.orders=lake/orders"]).resolved()
     task = _Task(router, _decoder(settings, errors_tolerance="all"), unrouted="dead-letter")
-    raws = [("db.inv.orders", _framed(ids["Order"], ORDER, {"id": 7, "total": 1.0})),
-            ("db.inv.customers", _framed(ids["Customer"], CUSTOMER, {"id": "c", "email": "e"}))]
+    raws = [("db.inv.orders", confluent_framed(ids["Order"], ORDER, {"id": 7, "total": 1.0})),
+            ("db.inv.customers", confluent_framed(ids["Customer"], CUSTOMER, {"id": "c", "email": "e"}))]
     orders_fields = {"id": "long", "total": "double", "note": "string", "offset": "long"}
     dead = _Dead()
     decoded = list(decode_routed(task, iter([_batch(raws)]), lambda uri: orders_fields, dead))

@@ -35,6 +35,8 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from chandy.connectors.spark.value_parsers import ValueDecoder as ParserOptions
+
 #: Python's ``datetime`` range in microseconds from the epoch (fastavro builds ``datetime``s).
 _MIN_US, _MAX_US = -62_135_596_800_000_000, 253_402_300_799_999_999
 #: ``date.fromordinal``'s range in days from the epoch.
@@ -51,20 +53,12 @@ class _Fallback(Exception):
     """Internal: this batch is not read alike here; read it record by record."""
 
 
-class AvroBatchOptions(Protocol):
-    """What the batch path reads of :class:`~chandy.connectors.spark.decode.ValueDecoder`."""
+class AvroBatchOptions(ParserOptions, Protocol):
+    """What the batch path reads of :class:`~chandy.connectors.spark.decode.ValueDecoder`: the
+    framing and registry the record-by-record parsers read, and the schema and columns."""
 
     @property
     def avro_schema(self) -> str | None: ...
-
-    @property
-    def avro_framing(self) -> str: ...
-
-    @property
-    def avro_schema_id(self) -> int | None: ...
-
-    @property
-    def schema_registry(self) -> tuple[tuple[str, str], ...]: ...
 
     @property
     def as_written(self) -> bool: ...
