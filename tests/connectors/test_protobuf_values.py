@@ -87,3 +87,60 @@ def test_the_batch_path_reads_protobuf_as_record_by_record_does() -> None:
     narrow = dataclasses.replace(decoder, columns=pa.schema(list(columns)[:-1]), source_names=names[:-1])
     assert decode_protobuf_batch(batch.column("value"), narrow) is None  # V2's price is new to these columns
     assert narrow.decode(batch)[0].to_pylist() == slow[0].to_pylist()
+
+
+def test_a_schema_the_registry_answers_as_proto_text_is_compiled_and_read(schema_registry_url) -> None:
+    """Apicurio 2.x answers ``.proto`` text for a schema registered as text (as Java and Go
+    clients register them), whatever ``format=serialized`` asks: Chandy compiles it with protoc
+    (grpcio-tools), its Timestamp import included, and reads the values as protobuf's runtime
+    does; text that does not compile is one ProtobufSchemaError naming the schema ID."""
+    import datetime
+
+    import pytest
+    from confluent_kafka.schema_registry import Schema
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+    from chandy.connectors.spark.protobuf import ProtobufSchemaError
+
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    text = ('syntax = "proto3";\npackage chandy.text;\nimport "google/protobuf/timestamp.proto";\n'
+            "message Reading {\n  int64 id = 1;\n  string station = 2;\n  google.protobuf.Timestamp at = 3;\n"
+            "  optional double celsius = 4;\n}\n")
+    schema_id = registry.register_schema(f"pbtext{uuid.uuid4().hex[:6]}-value", Schema(text, "PROTOBUF"))
+    assert "message Reading" in registry.get_schema(schema_id, fmt="serialized").schema_str  # text, not base64
+    descriptor = message_descriptor(registry, schema_id, [0])
+    assert [f.name for f in descriptor.fields] == ["id", "station", "at", "celsius"]
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="reading.proto", package="chandy.text", syntax="proto3",
+                                               dependency=["google/protobuf/timestamp.proto"])
+    message = proto.message_type.add(name="Reading")
+    message.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    message.field.add(name="station", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    message.field.add(name="at", number=3, type=f.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp",
+                      label=f.LABEL_OPTIONAL)
+    message.field.add(name="celsius", number=4, type=f.TYPE_DOUBLE, label=f.LABEL_OPTIONAL, proto3_optional=True,
+                      oneof_index=0)
+    message.oneof_decl.add(name="_celsius")
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.AddSerializedFile(proto.SerializeToString())
+    reading = message_factory.GetMessageClass(pool.FindMessageTypeByName("chandy.text.Reading"))
+    at = datetime.datetime(2026, 11, 27, 12, 0, tzinfo=datetime.UTC)
+    written = [reading(id=1, station="Oslo", celsius=-3.5), reading(id=2, station="Bergen")]
+    written[0].at.FromDatetime(at)
+    columns, names = arrow_columns(descriptor)
+    decoder = ValueDecoder("protobuf", columns, names, ("offset",), schema_registry=(("url", schema_registry_url),),
+                           as_written=True, columns_schema_id=schema_id)
+    batch = to_record_batch([Message(i, b"\x00" + schema_id.to_bytes(4, "big") + b"\x00" + m.SerializeToString())
+                             for i, m in enumerate(written)])
+    assert decoder.decode(batch)[0].to_pylist() == [
+        {"offset": 0, "id": 1, "station": "Oslo", "at": at, "celsius": -3.5},
+        {"offset": 1, "id": 2, "station": "Bergen", "at": None, "celsius": None}]
+    from chandy.connectors.spark.registry import registry_client
+
+    mock = registry_client({"url": "mock://chandy-proto-text"})  # a registry that stores what it is given
+    broken = mock.register_schema("broken-value", Schema('syntax = "proto3";\nmessage Broken {\n  int64 id = ;\n}\n',
+                                                         "PROTOBUF"))
+    with pytest.raises(ProtobufSchemaError, match=rf"schema ID {broken}: the registry returned .proto text that protoc "
+                                                  r"does not compile"):
+        message_descriptor(mock, broken, [0])

@@ -7,7 +7,10 @@ count, then that many zigzag varints; a single ``0`` byte means ``[0]``, the fir
 then the Protobuf binary. The schema is fetched from the registry in its serialized form (a
 base64 ``FileDescriptorProto``, ``GET /schemas/ids/{id}?format=serialized``), its references
 (imported ``.proto`` files registered under their own subjects) with it, and decoded with
-protobuf's own runtime (``google.protobuf``).
+protobuf's own runtime (``google.protobuf``). A registry that answers ``.proto`` text instead
+(Apicurio 2.x ignores ``format=serialized`` for schemas registered as text, as Java and Go
+clients register them) has the text compiled by ``protoc`` (grpcio-tools' in-process copy), its
+imports given as the descriptors already read.
 
 Columns follow Spark's ``from_protobuf`` (``SchemaConverters``), with ``upcast.unsigned.ints``
 (an unsigned value never turns negative) and ``emit.default.values`` (a field without presence
@@ -117,20 +120,50 @@ def _well_known_pool() -> Any:
     return pool
 
 
-def _file_proto(name: str, schema_str: str, where: str) -> Any:
+def _file_proto(name: str, schema_str: str, where: str, imports: Mapping[str, Any]) -> Any:
+    """The ``FileDescriptorProto`` of a registry's schema named ``name``: its serialized form, or
+    its ``.proto`` text compiled with ``imports`` (name to ``FileDescriptorProto``, the files it
+    may import besides protobuf's well-known ones)."""
     from google.protobuf import descriptor_pb2
     from google.protobuf.message import DecodeError
 
     proto = descriptor_pb2.FileDescriptorProto()
     try:
         proto.ParseFromString(base64.b64decode(schema_str.encode("ascii"), validate=True))
-    except (ValueError, UnicodeEncodeError, DecodeError) as exc:
-        raise ProtobufSchemaError(
-            f"{where}: the registry returned the schema as .proto text, not as a serialized descriptor "
-            "(format=serialized, which Confluent's registry serves; Apicurio 2.x answers text for schemas "
-            "registered as text): Chandy reads Protobuf schemas in their serialized form only") from exc
+    except (ValueError, UnicodeEncodeError, DecodeError):
+        proto = _compiled(name, schema_str, where, imports)
     proto.name = name
     return proto
+
+
+def _compiled(name: str, text: str, where: str, imports: Mapping[str, Any]) -> Any:
+    """``.proto`` ``text`` compiled by grpcio-tools' ``protoc`` into its ``FileDescriptorProto``.
+
+    Raises:
+        ProtobufSchemaError: the text does not compile (protoc's own message goes to stderr).
+    """
+    import importlib.resources
+    import tempfile
+    from pathlib import Path
+
+    from google.protobuf import descriptor_pb2
+    from grpc_tools import protoc
+
+    with tempfile.TemporaryDirectory(prefix="chandy-proto-") as folder:
+        source = Path(folder, "src", name)
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(text)
+        args = ["protoc", f"-I{Path(folder, 'src')}", f"-I{importlib.resources.files('grpc_tools') / '_proto'}",
+                f"--descriptor_set_out={Path(folder, 'out.pb')}"]
+        if imports:
+            given = descriptor_pb2.FileDescriptorSet(file=list(imports.values()))
+            Path(folder, "in.pb").write_bytes(given.SerializeToString())
+            args.append(f"--descriptor_set_in={Path(folder, 'in.pb')}")
+        code = protoc.main([*args, name])
+        if code != 0:
+            raise ProtobufSchemaError(f"{where}: the registry returned .proto text that protoc does not compile "
+                                      f"(exit {code}; its message is on stderr)")
+        return descriptor_pb2.FileDescriptorSet.FromString(Path(folder, "out.pb").read_bytes()).file[0]
 
 
 def message_descriptor(registry: Any, schema_id: int, indexes: list[int]) -> Any:
@@ -144,8 +177,9 @@ def message_descriptor(registry: Any, schema_id: int, indexes: list[int]) -> Any
     if (getattr(schema, "schema_type", None) or "AVRO") != "PROTOBUF":
         raise ProtobufSchemaError(f"schema ID {schema_id} is a {schema.schema_type} schema, not Protobuf")
     pool = _well_known_pool()
-    _add_references(registry, schema, pool, set())
-    proto = _file_proto(f"chandy-schema-{schema_id}.proto", schema.schema_str, f"schema ID {schema_id}")
+    files: dict[str, Any] = {}
+    _add_references(registry, schema, pool, files)
+    proto = _file_proto(f"chandy-schema-{schema_id}.proto", schema.schema_str, f"schema ID {schema_id}", files)
     descriptor = pool.AddSerializedFile(proto.SerializeToString())
     messages = list(descriptor.message_types_by_name.values())
     found: Any = None
@@ -157,15 +191,18 @@ def message_descriptor(registry: Any, schema_id: int, indexes: list[int]) -> Any
     return found
 
 
-def _add_references(registry: Any, schema: Any, pool: Any, seen: set[str]) -> None:
+def _add_references(registry: Any, schema: Any, pool: Any, files: dict[str, Any]) -> None:
+    """Add ``schema``'s references to ``pool``, imports first, each also in ``files`` (by name)."""
     for reference in schema.references or ():
-        if reference.name.startswith(_BUILTIN_PREFIXES) or reference.name in seen:
+        if reference.name.startswith(_BUILTIN_PREFIXES) or reference.name in files:
             continue
-        seen.add(reference.name)
+        files[reference.name] = None  # being read: a cycle of imports stops here
         referred = registry.get_version(reference.subject, reference.version, True, "serialized").schema
-        _add_references(registry, referred, pool, seen)
-        pool.AddSerializedFile(_file_proto(reference.name, referred.schema_str,
-                                           f"reference {reference.name}").SerializeToString())
+        _add_references(registry, referred, pool, files)
+        proto = _file_proto(reference.name, referred.schema_str, f"reference {reference.name}",
+                            {k: v for k, v in files.items() if v is not None})
+        files[reference.name] = proto
+        pool.AddSerializedFile(proto.SerializeToString())
 
 
 TIMESTAMP = "google.protobuf.Timestamp"
