@@ -136,9 +136,11 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
 
     # -- task side ------------------------------------------------------------------------------------
     def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int,
-                    partitioned: bool = True) -> list[DataFile]:
+                    partitioned: bool = True, table_fields: Mapping[str, Any] | None = None) -> list[DataFile]:
         """Write ``table`` as Parquet files (one per partition value; one file when not
-        ``partitioned``: a change file, ``--cdc``), not yet visible. Returns them."""
+        ``partitioned``: a change file, ``--cdc``), not yet visible. Returns them.
+        ``table_fields`` (Iceberg's hidden partitions) does not matter to Delta: a partition
+        transform is always a column of a Delta table."""
         if table.num_rows == 0:
             return []
         table = to_lake_types(with_partition_columns(table, self.partition_fields))

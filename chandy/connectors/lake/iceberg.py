@@ -44,7 +44,7 @@ from chandy.connectors.lake.iceberg_commits import (
     recorded_event_times,
     without_snapshot,
 )
-from chandy.connectors.lake.partitioning import partition_columns, with_partition_columns
+from chandy.connectors.lake.partitioning import HIDDEN, iceberg_transform, partition_columns, with_partition_columns
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
@@ -164,16 +164,22 @@ class IcebergSink(SchemaChecked):
         from pyiceberg.exceptions import TableAlreadyExistsError
 
         self.catalog.create_namespace_if_not_exists(self.namespace)
-        missing = [c for c in self.partition_by if c not in schema.names]
+        # a hidden partition's column is not in the files: its source column is
+        hidden = [f for f in self.partition_fields if f.column not in schema.names and f.transform in HIDDEN]
+        missing = [f.column for f in self.partition_fields if f not in hidden and f.column not in schema.names]
+        missing += [f.source for f in hidden if f.source not in schema.names]
         if missing:
             raise LakeCommitError(f"partition column(s) {missing} are not in the data: {schema.names}")
         try:
             creation = self.catalog.create_table_transaction(self.identifier, schema=schema, location=self.root_url,
                                                              properties=dict(self.table_properties))
-            if self.partition_by:  # one commit: the table never exists without its spec
+            if self.partition_fields:  # one commit: the table never exists without its spec
                 with creation.update_spec() as spec:
-                    for column in self.partition_by:
-                        spec.add_identity(column)
+                    for field in self.partition_fields:
+                        if field in hidden:
+                            spec.add_field(field.source, iceberg_transform(field), field.column)
+                        else:
+                            spec.add_identity(field.column)
             creation.commit_transaction()
         except TableAlreadyExistsError:
             pass
@@ -181,16 +187,20 @@ class IcebergSink(SchemaChecked):
 
     # -- task side ---------------------------------------------------------------------------------------
     def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int,
-                    partitioned: bool = True) -> list[DataFile]:
+                    partitioned: bool = True, table_fields: Mapping[str, Any] | None = None) -> list[DataFile]:
         """Write ``table`` as Parquet files under ``data/`` (one per partition value, or one when
         not ``partitioned``: a change file, ``--cdc``; named as the Delta sink names its files),
-        not yet visible. Returns them."""
+        not yet visible. Returns them. ``table_fields``: the table's columns (None: no table yet);
+        a hidden partition's column (:data:`~chandy.connectors.lake.partitioning.HIDDEN`) is left
+        out of the files unless the table has it."""
         import pyarrow.parquet as pq
 
         if table.num_rows == 0:
             return []
         table = to_lake_types(with_partition_columns(table, self.partition_fields))
-        schema = schema_to_b64(table.schema)
+        hidden = [f.column for f in self.partition_fields
+                  if f.transform in HIDDEN and f.column not in (table_fields or {}) and f.column in table.column_names]
+        schema = schema_to_b64(table.drop_columns(hidden).schema)
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
         parts: list[tuple[str, dict[str, Any], Any]] = [("", {}, table)]
         if self.partition_by and partitioned:  # change files (--cdc) are never partitioned
@@ -213,7 +223,7 @@ class IcebergSink(SchemaChecked):
             relative = f"{DATA_DIR}/{directory}{stem}"
             self.fs.makedirs(f"{self.root}/{relative}".rsplit("/", 1)[0], exist_ok=True)
             with self.fs.open(f"{self.root}/{relative}", "wb") as handle:
-                pq.write_table(part, handle, **self.parquet_options)
+                pq.write_table(part.drop_columns(hidden), handle, **self.parquet_options)
             size = self.fs.size(f"{self.root}/{relative}")
             files.append(DataFile(relative, size, part.num_rows, values, int(time.time() * 1000), schema))
         return files

@@ -22,6 +22,15 @@ entry                partition column            value
 ``ts`` may be a timestamp (with or without a zone; a zoned one in UTC) or a date (not for
 ``hour``); ``bucket`` takes integers, strings, binary, dates and timestamps (pyiceberg's
 ``BucketTransform``, the hash Iceberg's spec defines); a null value is a null partition.
+
+**Iceberg's hidden partitioning.** A new Iceberg table is partitioned by ``year``, ``month``,
+``day`` and ``hour`` as Iceberg means it: its spec holds the transform of the source column
+(``day(ts)``, partition field ``ts_day``) and the data files hold no partition column, so any
+Iceberg reader prunes on predicates of ``ts`` itself. Chandy still writes one file per partition
+value, and pyiceberg's ``add_files`` reads each file's partition from its ``ts`` bounds (these
+transforms preserve order). ``bucket`` and ``truncate`` keep an identity partition on their
+partition column (pyiceberg cannot read a bucket from bounds, and bounds of long strings are
+truncated), as does every transform of a table created with its partition column.
 """
 
 from __future__ import annotations
@@ -92,6 +101,17 @@ def parse_partition_by(entries: Sequence[str]) -> list[PartitionField]:
     if twice:
         raise PartitionSpecError(f"--partition-by: partition column(s) {twice} given twice")
     return fields
+
+
+#: the transforms a new Iceberg table takes as hidden partitions (see the module docstring)
+HIDDEN = ("year", "month", "day", "hour")
+
+
+def iceberg_transform(field: PartitionField) -> Any:
+    """pyiceberg's transform of ``field`` (one of :data:`HIDDEN`)."""
+    from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
+
+    return {"year": YearTransform, "month": MonthTransform, "day": DayTransform, "hour": HourTransform}[field.transform]()
 
 
 def partition_columns(entries: Sequence[str]) -> tuple[list[PartitionField], list[str]]:

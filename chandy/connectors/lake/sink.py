@@ -448,7 +448,8 @@ class LakeSink(Protocol):
     fs: Any
 
     def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int,
-                    attempt: int, partitioned: bool = True) -> list[DataFile]: ...
+                    attempt: int, partitioned: bool = True, table_fields: Mapping[str, Any] | None = None
+                    ) -> list[DataFile]: ...
 
     def exists(self) -> bool: ...
 

@@ -360,7 +360,7 @@ class RoutedTables:
         shape = data.schema.remove(data.schema.get_field_index(OP_COLUMN)) if o.changes else data.schema
         if fields is not None:
             sink.check_schema(shape, fields, where=f"checkpoint {o.checkpoint_id} ({offset_ranges(data)}): ")
-        written = sink.write_files(data, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask,
+        written = sink.write_files(data, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask, table_fields=fields,
                                    attempt=attempt, partitioned=not o.changes)
         changes: dict[str, Any] = {}
         if o.changes and written:

@@ -95,7 +95,39 @@ def test_an_iceberg_table_partitioned_by_hour_and_truncate(tmp_path: Path) -> No
     table = load_catalog("local", type="sql", uri=f"sqlite:///{warehouse}/catalog.db",
                          warehouse=f"file://{warehouse}").load_table("lake.orders")
     spec = table.spec()
-    assert [(table.schema().find_field(f.source_id).name, str(f.transform)) for f in spec.fields] == [
-        ("ts_hour", "identity"), ("name_trunc", "identity")]
+    # hour(ts) is Iceberg's hidden partitioning: the spec's transform of ts, no ts_hour column;
+    # truncate keeps an identity partition on its column (pyiceberg reads no truncate from bounds)
+    assert [(table.schema().find_field(f.source_id).name, str(f.transform), f.name) for f in spec.fields] == [
+        ("ts", "hour", "ts_hour"), ("name_trunc", "identity", "name_trunc")]
+    assert "ts_hour" not in table.schema().column_names
     scanned = table.scan(row_filter="name_trunc == 'ic'").to_arrow()
     assert sorted(scanned.column("offset").to_pylist()) == [0, 2]
+    # a predicate on ts itself prunes files: the 23:59 row's file only
+    pruned = list(table.scan(row_filter="ts < '2026-09-22T00:00:00+00:00'").plan_files())
+    assert len(pruned) == 1 and table.scan(row_filter="ts < '2026-09-22T00:00:00+00:00'").to_arrow().column(
+        "offset").to_pylist() == [0]
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=UTC)
+    # each file's partition: hours since the epoch of its rows' ts (23:59 on the 21st; twice 00:xx on the 22nd)
+    hours = sorted((task.file.partition[0] for task in table.scan().plan_files()), key=lambda h: (h is None, h))
+    assert hours == [None if t is None else (t - epoch) // datetime.timedelta(hours=1)
+                     for t in _rows().column("ts").to_pylist()]
+
+
+def test_an_iceberg_table_created_with_its_partition_column_keeps_writing_it(tmp_path: Path) -> None:
+    """A table whose spec is identity on ts_day (as Chandy created day(ts) tables before hidden
+    partitioning) gets ts_day in every file, so add_files reads the partition from it."""
+    warehouse = tmp_path / "wh"
+    warehouse.mkdir()
+    catalog = load_catalog("local", type="sql", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
+    catalog.create_namespace("lake")
+    rows = with_partition_columns(_rows(), parse_partition_by(["day(ts)"]))
+    created = catalog.create_table("lake.old", schema=rows.schema, location=f"file://{warehouse}/lake/old")
+    with created.update_spec() as spec:
+        spec.add_identity("ts_day")
+    sink = open_sink("iceberg://local/lake.old", catalog_properties={"warehouse": str(warehouse)},
+                     partition_by=("day(ts)",))
+    files = sink.write_files(_rows(), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0,
+                             table_fields=sink.table_fields())
+    assert sink.commit(JOB, 1, files, offsets={("t", 0): 4})
+    table = catalog.load_table("lake.old")
+    assert sorted(table.scan(row_filter="ts_day == '2026-09-22'").to_arrow().column("offset").to_pylist()) == [1, 2]
