@@ -65,6 +65,7 @@ FLINK_PANEL_EXPRESSIONS = (
     'max by (job_name, operator_name) (flink_taskmanager_job_task_operator_currentEmitEventTimeLag)',
     'max by (job_name) (flink_taskmanager_job_task_checkpointAlignmentTime)',
     'sum by (job_name) (flink_taskmanager_job_task_operator_KafkaSourceReader_KafkaConsumer_bytes_consumed_rate)',
+    'avg by (job_name) (flink_taskmanager_job_task_operator_KafkaSourceReader_KafkaConsumer_records_per_request_avg)',
 )
 
 
@@ -72,8 +73,7 @@ FLINK_PANEL_EXPRESSIONS = (
 #: (confluentinc/jmx-monitoring-stacks, flink-jobmanager.json and flink-taskmanager.json), whose
 #: template variables a user's scrape configuration fills: the scrape job ``flink`` and the labels
 #: ``env``, ``flink_cluster_id``, ``pod`` (set on the target below). Their JVM, slot, network,
-#: back-pressure, RocksDB and Kafka-producer panels are about a Flink cluster Chandy does not run;
-#: of the Kafka-source panels, ``records_per_request_avg`` is not served.
+#: back-pressure, RocksDB and Kafka-producer panels are about a Flink cluster Chandy does not run.
 SCOPE = 'job="flink", env="test", flink_cluster_id=~".*", pod=~".*"'
 TASK_SCOPE = 'job="flink", env="test", flink_cluster_id=~".*", job_id=~".*"'
 PUBLIC_PANEL_EXPRESSIONS = (
@@ -97,6 +97,7 @@ PUBLIC_PANEL_EXPRESSIONS = (
     f"flink_taskmanager_job_task_operator_KafkaSourceReader_KafkaConsumer_records_lag_max{{{TASK_SCOPE}}}",
     f"flink_taskmanager_job_task_operator_KafkaSourceReader_KafkaConsumer_records_consumed_rate{{{TASK_SCOPE}}}",
     f"flink_taskmanager_job_task_operator_KafkaSourceReader_KafkaConsumer_bytes_consumed_rate{{{TASK_SCOPE}}}",
+    f"flink_taskmanager_job_task_operator_KafkaSourceReader_KafkaConsumer_records_per_request_avg{{{TASK_SCOPE}}}",
 )
 
 

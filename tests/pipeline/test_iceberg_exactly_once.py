@@ -64,7 +64,13 @@ def check_exactly_once(servers: str, warehouse: Path, table_name: str, content: 
     assert on_disk == referenced, f"unreferenced files left: {sorted(on_disk - referenced)}"
 
 
-@pytest.mark.parametrize("point", POINTS)
+#: make test kills at the steps where Iceberg's commit differs from Delta's (the table commit, its
+#: event, the offsets after it); the other steps, the same code as Delta's (tests/pipeline/
+#: test_pipeline_exactly_once.py kills at every step), run with -m slow, as the README says
+ICEBERG_STEPS = ("before-lake-commit", "before-lake-event", "before-offset-commit")
+
+
+@pytest.mark.parametrize("point", [p if p in ICEBERG_STEPS else pytest.param(p, marks=pytest.mark.slow) for p in POINTS])
 def test_killed_at_each_step_then_restarted_lands_every_record_exactly_once(
         kafka_bootstrap_servers, source_topic, tmp_path, point) -> None:
     topic, content = source_topic

@@ -81,4 +81,8 @@ def test_pipeline_and_checkpoint_metrics_are_scraped_while_it_runs(lake_spark, k
     read = sum(len(b"v%d" % i) + len(f"k{i}") for i in range(300))
     assert last[(op + "KafkaSourceReader_KafkaConsumer_bytes_consumed_rate", source)] == pytest.approx(
         read / scrapes[-1][0].elapsed_s)
+    # records per Fetch request, from the tasks' librdkafka statistics: at least one record a request
+    # (every range read has records), at most the 300 the run read
+    per_request = last[(op + "KafkaSourceReader_KafkaConsumer_records_per_request_avg", source)]
+    assert 1 <= per_request <= 300, per_request
 

@@ -133,9 +133,10 @@ class LakeCommitter:
         #: the completeness watermark: per (topic, partition) the newest Kafka timestamp (ms) the
         #: job's commits landed, read from the table at a restore and recorded with each commit
         self.event_times: dict[TP, int] = {}
-        #: the record bytes (keys and values) the checkpoints this run committed read, for the
-        #: Kafka consumer's bytes_consumed_rate
-        self.bytes_read = 0
+        #: what the checkpoints this run committed read, for the Kafka consumer's metrics: the
+        #: record bytes (keys and values; bytes_consumed_rate), the Fetch requests and the records
+        #: librdkafka received for them (records_per_request_avg)
+        self.bytes_read = self.fetch_requests = self.records_fetched = 0
         self._optimizer: concurrent.futures.ThreadPoolExecutor | None = None
         self._optimizing: concurrent.futures.Future | None = None
 
@@ -194,12 +195,12 @@ class LakeCommitter:
             return []
         return data_files_from_handles(h for s in operator.subtask_states for h in s.state_handles)
 
-    def _note_source_metrics(self, metadata: CheckpointMetadata) -> tuple[dict[TP, int], int]:
+    def _note_source_metrics(self, metadata: CheckpointMetadata) -> tuple[dict[TP, int], dict[str, int]]:
         """Keep each subtask's fetch lag of this checkpoint (its ``source-metrics`` handle, if
         any), and return the completeness watermark's per-partition times once this checkpoint
         lands (:attr:`event_times` raised by the newest timestamps its subtasks read) and the
-        record bytes its subtasks read."""
-        event_times, read_bytes = dict(self.event_times), 0
+        record bytes, Fetch requests and records fetched its subtasks counted."""
+        event_times, counts = dict(self.event_times), {"bytes_read": 0, "fetch_requests": 0, "records_fetched": 0}
         operator = metadata.operator(self.context.operator_id)
         for subtask in operator.subtask_states if operator is not None else ():
             for handle in subtask.state_handles:
@@ -211,10 +212,11 @@ class LakeCommitter:
                 except (KeyError, ValueError, LakeCommitError):
                     continue
                 self.fetch_event_time_lag_ms[subtask.subtask_index] = lag
-                read_bytes += int(handle.properties.get("bytes_read") or 0)
+                for name in counts:
+                    counts[name] += int(handle.properties.get(name) or 0)
                 for tp, millis in read.items():
                     event_times[tp] = max(millis, event_times.get(tp, millis))
-        return event_times, read_bytes
+        return event_times, counts
 
     def _check_ranges(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges, already_committed: int | None,
                       held: Mapping[TP, int], *, gaps: bool = True) -> None:
@@ -270,7 +272,7 @@ class LakeCommitter:
         files = self.files_of(checkpoint_id, metadata)
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
         own_done = self._refresh_table_offsets()
-        event_times, read_bytes = self._note_source_metrics(metadata)  # over what the table holds, just refreshed
+        event_times, counts = self._note_source_metrics(metadata)  # over what the table holds, just refreshed
         offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
         by_table: dict[str, list[DataFile]] = {}
         for f in files:
@@ -290,7 +292,9 @@ class LakeCommitter:
             self.event_times = event_times
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
-            self.bytes_read += read_bytes
+            self.bytes_read += counts["bytes_read"]
+            self.fetch_requests += counts["fetch_requests"]
+            self.records_fetched += counts["records_fetched"]
         committed_to = [sink for sink, committed, _ in landed if committed]
         if committed_to:
             self._maybe_optimize(checkpoint_id, committed_to)

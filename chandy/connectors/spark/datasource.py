@@ -101,21 +101,26 @@ class RangesPartition(InputPartition):
     ranges: list
 
 
-def read_ranges(options: TaskOptions, ranges: list) -> Iterator[pa.RecordBatch]:
+def read_ranges(options: TaskOptions, ranges: list, clock: FetchClock | None = None) -> Iterator[pa.RecordBatch]:
     """A subtask's ranges ([topic, partition, start, stop], ...) as Arrow batches of at most
     ``options.batch_size`` records, in order, read with a reader pooled in this process
-    (:mod:`chandy.connectors.spark.clients`)."""
+    (:mod:`chandy.connectors.spark.clients`); ``clock`` gets the Fetch requests and records the
+    reader's librdkafka statistics counted meanwhile."""
     from chandy.connectors.kafka.source.split import KafkaPartitionSplit
     from chandy.connectors.spark.clients import range_reader
     from chandy.coordinator.faults import crash_point
 
     checkpoint_id = options.checkpoint_id
     with range_reader(options.bootstrap_servers, options.consumer_overrides) as reader:
+        requests, records = reader.fetch_requests, reader.records_fetched
         for topic, p, start, stop in ranges:
             split = KafkaPartitionSplit(topic, p, start, stop)
             for messages in reader.read_batches(split, options.batch_size, fail_on_data_loss=options.fail_on_data_loss):
                 yield to_record_batch(messages)
                 crash_point("task-read", checkpoint_id)
+        if clock is not None:  # the statistics lag up to their interval: over a run, task after task, they add up
+            clock.fetch_requests += max(0, reader.fetch_requests - requests)
+            clock.records_fetched += max(0, reader.records_fetched - records)
 
 
 class FetchClock:
@@ -130,6 +135,7 @@ class FetchClock:
         self.fetch_time_ms: int | None = None
         self.partition_event_time_ms: dict[tuple[str, int], int] = {}
         self.bytes_read = 0  # the records' keys and values, as consumed (Kafka's bytes-consumed)
+        self.fetch_requests = self.records_fetched = 0  # librdkafka's counts (read_ranges), records-per-request
 
     def watch(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``batches``, unchanged, noting each one's newest timestamp and fetch time."""
@@ -158,7 +164,8 @@ class FetchClock:
             return None
         return StateHandle(SOURCE_METRICS_KIND, None, None, 0, {
             "event_time_ms": str(self.event_time_ms), "fetch_time_ms": str(self.fetch_time_ms),
-            "bytes_read": str(self.bytes_read),
+            "bytes_read": str(self.bytes_read), "fetch_requests": str(self.fetch_requests),
+            "records_fetched": str(self.records_fetched),
             "partition_event_time_ms": offsets_to_json(self.partition_event_time_ms)})
 
 
@@ -393,7 +400,7 @@ def read_write_and_acknowledge(options: TaskOptions, per_subtask: list[list[list
         context = task_context()
         subtask, attempt = context.partitionId(), context.attemptNumber()
         clock = FetchClock()
-        batches = clock.watch(read_ranges(options, per_subtask[subtask]))
+        batches = clock.watch(read_ranges(options, per_subtask[subtask], clock))
         if options.decoder is not None:
             batches = decode_with_dead_letters(options, batches, subtask)
         files, records = write_and_acknowledge(options, batches, subtask, attempt, clock)

@@ -64,8 +64,11 @@ records this run's committed checkpoints read, per second since the run started 
 own bytes, not the fetch responses' as Kafka's consumer counts them; without ``--transform``, as
 ``currentFetchEventTimeLag``).
 
-Not served: the Kafka consumer's ``records_per_request_avg`` (the tasks' librdkafka statistics are
-not collected). With ``--metrics-legacy-names`` the bare names
+``KafkaSourceReader_KafkaConsumer_records_per_request_avg``: the records librdkafka received per
+Fetch request it sent, for this run's committed checkpoints (``rxmsgs`` over the brokers'
+``req.Fetch`` in the tasks' consumer statistics, every 100 ms; without ``--transform``).
+
+With ``--metrics-legacy-names`` the bare names
 of Chandy 0.1 (labels ``job_id``, ``operator``, and ``topic``/``partition`` for the lag) are
 served too.
 """
@@ -131,13 +134,15 @@ class PipelineMetricsCollector(Collector):
                  read_commit_ms: Callable[[], float | None] | None = None,
                  read_fetch_lag_ms: Callable[[], Mapping[int, int]] | None = None,
                  read_restarting_ms: Callable[[], float] | None = None,
-                 read_bytes: Callable[[], int] | None = None) -> None:
+                 read_bytes: Callable[[], int] | None = None,
+                 read_fetches: Callable[[], tuple[int, int]] | None = None) -> None:
         self.scope = scope if isinstance(scope, MetricScope) else MetricScope(scope)
         self.job_id = self.scope.job_id
         self.read_commit_ms = read_commit_ms
         self.read_fetch_lag_ms = read_fetch_lag_ms
         self.read_restarting_ms = read_restarting_ms
         self.read_bytes = read_bytes
+        self.read_fetches = read_fetches  # (Fetch requests, records fetched)
         self._last_read = time.monotonic()  # when the source last read records (sourceIdleTime)
         self.source = source_operator
         self.sink = sink_operator
@@ -211,6 +216,12 @@ class PipelineMetricsCollector(Collector):
                                                                           "second since the run started.")
             rate.add_metric(scope.operator_labels(self.source), read_bytes / seconds)
             yield rate
+        fetches = _scrape(self.read_fetches, "fetch requests")
+        if fetches is not None and fetches[0] > 0:
+            per_request = scope.operator_gauge(consumer + "records_per_request_avg", "Records received per Fetch "
+                                                                                     "request, over the run.")
+            per_request.add_metric(scope.operator_labels(self.source), fetches[1] / fetches[0])
+            yield per_request
         # the task's (the chained source and sink run as one task) record rates, in the task scope
         for name, help_text, value in (
                 ("numRecordsInPerSecond", "Records read per second since the run started.", read / seconds),

@@ -313,7 +313,9 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                     SINK_OPERATOR, lambda c: dict(c.fetch_event_time_lag_ms), timeout_s=5.0),
                 read_restarting_ms=lambda: self.restarting_ms,
                 read_bytes=lambda: service.call_operator_coordinator(SINK_OPERATOR, lambda c: c.bytes_read,
-                                                                     timeout_s=5.0))
+                                                                     timeout_s=5.0),
+                read_fetches=lambda: service.call_operator_coordinator(
+                    SINK_OPERATOR, lambda c: (c.fetch_requests, c.records_fetched), timeout_s=5.0))
             self.service.metrics_server.register(metrics)
         completed = failed = consecutive = 0
         first_failure: str | None = None

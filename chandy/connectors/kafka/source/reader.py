@@ -8,6 +8,7 @@ or past ``stop``, or when the consumer reports the end of the partition at or pa
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -113,6 +114,11 @@ def _in_range(messages: list[Any], stop: int, split_id: str) -> tuple[list[Any],
     return records, False
 
 
+#: how often a range reader's consumer hands librdkafka's statistics to :class:`KafkaRangeReader`
+#: (ms; its Fetch request count gives the KafkaSourceReader's ``records-per-request-avg``)
+STATS_INTERVAL_MS = 100
+
+
 class KafkaRangeReader:
     """Reads bounded splits with one consumer (reused across ranges; not thread-safe).
 
@@ -125,8 +131,23 @@ class KafkaRangeReader:
 
     def __init__(self, bootstrap_servers: str, consumer_overrides: Mapping[str, Any] | None = None,
                  timeout_s: float = 60.0) -> None:
-        self.consumer = kafka_config.consumer(bootstrap_servers, overrides={**kafka_config.RANGE_READ, **(consumer_overrides or {})})
+        #: librdkafka's counters in its latest statistics (``statistics.interval.ms``, see
+        #: :data:`STATS_INTERVAL_MS`): Fetch requests sent to every broker, records received
+        self.fetch_requests = self.records_fetched = 0
+        overrides = {**kafka_config.RANGE_READ, "statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": self._on_stats,
+                     **(consumer_overrides or {})}
+        self.consumer = kafka_config.consumer(bootstrap_servers, overrides=overrides)
         self.timeout_s = timeout_s
+
+    def _on_stats(self, text: str) -> None:
+        """librdkafka's statistics (JSON, ``STATISTICS.md``): the sum of ``brokers[*].req.Fetch``
+        and ``rxmsgs``, for the consumer's records per fetch request."""
+        try:
+            stats = json.loads(text)
+            self.fetch_requests = sum(int((b.get("req") or {}).get("Fetch", 0)) for b in (stats.get("brokers") or {}).values())
+            self.records_fetched = int(stats.get("rxmsgs", 0))
+        except (ValueError, TypeError, AttributeError):  # statistics are a metric: never fail a read for them
+            return
 
     def read(self, split: KafkaPartitionSplit, batch_size: int = 10_000) -> Iterator[Any]:
         """Yield the ``confluent_kafka.Message``\\ s of ``split``'s range, in offset order
