@@ -29,3 +29,15 @@ def test_the_committed_results_are_medians_of_five_runs_with_their_environment()
                 assert spread["min"] <= spread["median"] <= spread["max"]
     assert set(throughput["summary"]) == {"raw", "json", "avro"}
     assert set(latency["summary"]) == {"chandy", "structured-streaming"}
+
+
+def test_the_binary_formats_results_measure_avro_and_protobuf_beside_raw_bytes_in_one_run() -> None:
+    """Issue 45's benchmark: Avro beside Structured Streaming's from_avro and Chandy's own raw rate,
+    Protobuf beside raw, at 50,000 and 500,000 records per checkpoint, medians of five runs."""
+    result = json.loads((RESULTS / "binary_formats.json").read_text())
+    assert result["config"]["runs"] >= 5 and {"pyspark", "cores", "pyarrow"} <= set(result["environment"])
+    summary = result["summary"]
+    assert set(summary) == {"raw", "avro", "protobuf"}
+    for value_format in summary:
+        assert set(summary[value_format]) == {"50000", "500000"}
+    assert all("ss_parquet" in summary[f][size] for f in ("raw", "avro") for size in ("50000", "500000"))
