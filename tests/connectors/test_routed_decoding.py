@@ -88,6 +88,9 @@ def test_record_types_sharing_a_field_name_decode_into_their_own_tables(tmp_path
             ("t", confluent_framed(ids["Order"], ORDER, {"id": 2, "total": 3.5}))]
     assert record_names(_batch(raws).column("value"), task.decoder) == [
         "com.acme.Order", "com.acme.Customer", "org.else.Audit", "com.acme.Order"]
+    # an ID the registry does not know, and a value not framed: unrouted (a registry that is down raises)
+    assert record_names(_batch([("t", confluent_framed(99_999, ORDER, {"id": 1, "total": 1.0})), ("t", b"{}")]
+                               ).column("value"), task.decoder) == [None, None]
     dead = _Dead()
     decoded = list(decode_routed(task, iter([_batch(raws)]), lambda uri: None, dead))
     groups = dict(by_destination(decoded))

@@ -105,13 +105,22 @@ def record_names(values: pa.Array, decoder: ValueDecoder) -> list[str | None]:
 
 
 def _record_name(registry: Any, value_format: str, schema_id: int, indexes: list[int]) -> str | None:
+    """The writer schema's full record name; None for an ID the registry does not know (404) or a
+    schema that does not read. A registry that fails otherwise (down, refusing) raises: the task
+    fails and is retried, rather than routing the record to the job's table."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    from chandy.connectors.spark.protobuf import ProtobufSchemaError, message_descriptor
+
     try:
         if value_format == "protobuf":
-            from chandy.connectors.spark.protobuf import message_descriptor
-
             return str(message_descriptor(registry, schema_id, indexes).full_name)
         schema = json.loads(registry.get_schema(schema_id).schema_str)
-    except Exception:  # noqa: BLE001 - an unknown ID or a schema that does not parse: the record is unrouted
+    except SchemaRegistryError as exc:
+        if exc.http_status_code == 404:
+            return None
+        raise
+    except (ProtobufSchemaError, ValueError):  # not a schema of this format: the record is unrouted
         return None
     if not isinstance(schema, dict) or not schema.get("name"):
         return None
