@@ -58,6 +58,8 @@ bench: kafka-jars
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/metrics_overhead.py
 	$(PY) benchmarks/json_decode.py
+	$(PY) benchmarks/json_decode.py --value-format avro
+	$(PY) benchmarks/json_decode.py --value-format protobuf
 
 # the benchmarks against Spark Structured Streaming, in an environment of their own whose pyspark has
 # its Kafka, Avro and Delta connectors on Maven Central (pyproject's `bench` extra)

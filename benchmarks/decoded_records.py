@@ -117,7 +117,6 @@ def _protobuf_encoder(topic: str) -> Any:
     """Record ``i`` as ``bench.PageView`` framed as confluent-kafka's ProtobufSerializer frames it
     (it registers the schema as ``<topic>-value`` and frames the first record; the others reuse
     its 6-byte header: magic 0, the schema ID, message index 0). Writes the descriptor set file."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
     from google.protobuf import descriptor_pb2, timestamp_pb2
@@ -137,7 +136,9 @@ def _protobuf_encoder(topic: str) -> Any:
         out.geo.lat, out.geo.lon, out.geo.city = value["geo"]["lat"], value["geo"]["lon"], value["geo"]["city"]
         return out
 
-    serializer = ProtobufSerializer(view, SchemaRegistryClient({"url": _REGISTRY["url"]}),
+    from chandy.connectors.spark.registry import registry_client  # new_client: a mock:// URL too
+
+    serializer = ProtobufSerializer(view, registry_client({"url": _REGISTRY["url"]}),
                                     {"auto.register.schemas": True, "use.deprecated.format": False})
     first = serializer(message(0), SerializationContext(topic, MessageField.VALUE))
     header = first[:6]

@@ -1,15 +1,23 @@
-"""JSON values into Arrow columns, a batch at a time (Arrow's JSON reader, what a pipeline task
-does) next to record by record (``json.loads`` and the type mapping's converters, what it did
-before, and what ``--verify`` still does), in one process, on the throughput benchmark's
-12-field records (:mod:`benchmarks.decoded_records`).
+"""Values into Arrow columns, a batch at a time (what a pipeline task does) next to record by
+record (what it did before, and what it still does for a batch with a bad record), in one
+process, on the throughput benchmark's 12-field records (:mod:`benchmarks.decoded_records`):
 
-Run: ``.venv/bin/python benchmarks/json_decode.py [--records 50000] [--repeats 5]``. Prints the
-median records/s of each path over the repeats and the ratio; no servers, no Spark.
+- ``json``: Arrow's JSON reader next to ``json.loads`` and the type mapping's converters;
+- ``avro``: the numpy batch decoder (:mod:`chandy.connectors.spark.avro_batch`) next to
+  fastavro's ``schemaless_reader`` (plain Avro binary, the benchmark's schema);
+- ``protobuf``: columns built over the batch (:mod:`chandy.connectors.spark.protobuf_batch`) next
+  to a dict per record, both parsing with protobuf's runtime (Confluent framing, the schema in
+  confluent-kafka's in-process ``mock://`` registry).
+
+Run: ``.venv/bin/python benchmarks/json_decode.py [--value-format json|avro|protobuf] [--records
+50000] [--repeats 5]``. Prints the median records/s of each path over the repeats and the ratio,
+after checking that both land the same values; no servers, no Spark.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -18,26 +26,55 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
 
-from benchmarks.decoded_records import JSON_DDL, value_encoder
-from chandy.connectors.spark.ddl import parse_ddl
+from benchmarks.decoded_records import AVRO_SCHEMA, JSON_DDL, use_registry, value_encoder
 from chandy.connectors.spark.decode import ValueDecoder
 from chandy.connectors.spark.records import ARROW_SCHEMA
+
+KEEP = ("topic", "partition", "offset", "timestamp")
+PATHS = {"json": ("json.loads + type mapping", "Arrow's JSON reader"),
+         "avro": ("fastavro schemaless_reader + type mapping", "numpy batch decoder"),
+         "protobuf": ("protobuf runtime, a dict per record", "protobuf runtime, columns over the batch")}
+
+
+def decoder_for(value_format: str) -> ValueDecoder:
+    """The pipeline's decoder of the benchmark's records in ``value_format``."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if value_format == "json":
+        from chandy.connectors.spark.ddl import parse_ddl
+
+        columns = to_arrow_schema(parse_ddl(JSON_DDL), timezone="UTC")
+        return ValueDecoder("json", columns, tuple(columns.names), KEEP)
+    if value_format == "avro":
+        from chandy.connectors.spark.avro import avro_columns
+
+        columns, names = avro_columns(AVRO_SCHEMA)
+        return ValueDecoder("avro", columns, names, KEEP, avro_schema=json.dumps(AVRO_SCHEMA), avro_framing="raw")
+    from chandy.connectors.spark.protobuf import arrow_columns, message_descriptor
+    from chandy.connectors.spark.registry import registry_client
+
+    registry = registry_client({"url": "mock://chandy-decode-bench"})
+    latest = registry.get_latest_version("decode-bench-value")
+    columns, names = arrow_columns(message_descriptor(registry, latest.schema_id, [0]))
+    return ValueDecoder("protobuf", columns, names, KEEP, schema_registry=(("url", "mock://chandy-decode-bench"),),
+                        as_written=True, columns_schema_id=latest.schema_id)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--value-format", choices=tuple(PATHS), default="json")
     parser.add_argument("--records", type=int, default=50_000, help="records per batch")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    encode = value_encoder("json")
+    if args.value_format == "protobuf":
+        use_registry("mock://chandy-decode-bench", Path("/dev/null"))
+    encode = value_encoder(args.value_format, "decode-bench")
     values = [encode(i) for i in range(args.records)]
     batch = pa.RecordBatch.from_pylist(
         [{"key": None, "value": v, "topic": "t", "partition": 0, "offset": i, "timestamp": None,
           "timestamp_type": 0, "headers": []} for i, v in enumerate(values)], schema=ARROW_SCHEMA)
-    columns = to_arrow_schema(parse_ddl(JSON_DDL), timezone="UTC")
-    decoder = ValueDecoder("json", columns, tuple(columns.names), ("topic", "partition", "offset", "timestamp"))
+    decoder = decoder_for(args.value_format)
     rates = {}
     outputs = {}
     for vectorized in (False, True):
@@ -49,9 +86,11 @@ def main() -> None:
             assert bad is None
         rates[vectorized] = args.records / statistics.median(seconds)
     assert outputs[True].equals(outputs[False]), "the two paths landed different values"
-    print(f"{args.records:,} JSON records of {len(values[0])} bytes, 12 fields, median of {args.repeats}")
-    print(f"record by record (json.loads + type mapping): {rates[False]:>12,.0f} records/s")
-    print(f"a batch at a time (Arrow's JSON reader):      {rates[True]:>12,.0f} records/s")
+    slow, fast = PATHS[args.value_format]
+    print(f"{args.records:,} {args.value_format} records of about {len(values[0])} bytes, 12 fields, "
+          f"median of {args.repeats}, pyarrow {pa.__version__}")
+    print(f"record by record ({slow}): {rates[False]:>12,.0f} records/s")
+    print(f"a batch at a time ({fast}): {rates[True]:>12,.0f} records/s")
     print(f"ratio: {rates[True] / rates[False]:.2f}")
 
 
