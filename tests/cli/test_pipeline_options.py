@@ -93,3 +93,15 @@ def test_a_registry_url_implies_confluent_framing_and_no_value_schema(monkeypatc
     defaults = PipelineOptions(table_uri="t", bootstrap_servers="k:1", topics=("orders",), value_format="avro",
                                avro_framing="confluent", schema_registry={"url": "http://r:8081"})
     assert defaults.resolved_value_subject == "orders-value"  # TopicNameStrategy
+
+
+def test_routing_by_record_name_and_keys_as_columns_from_the_command_line(tmp_path: Path) -> None:
+    """Issue 45's options: --route-by record-name, --key-format avro, a registry URL, several
+    topics without --value-subject."""
+    options, _ = _parse(["--table", str(tmp_path / "t"), "--topic", "a", "--topic", "b", "-b", "k:9092",
+                         "--value-format", "avro", "--key-format", "avro", "--schema-registry-url", "http://r:8081",
+                         "--avro-framing", "confluent",
+                         "--route-by", "record-name", "--route", r"com\.acme\.(\w+)=lake/$1"])
+    assert (options.route_by, options.key_format, options.avro_framing) == ("record-name", "avro", "confluent")
+    assert options.routes == (r"com\.acme\.(\w+)=lake/$1",) and options.routes_per_subject
+    assert options.schema_registry == {"url": "http://r:8081"}

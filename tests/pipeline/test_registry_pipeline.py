@@ -270,13 +270,12 @@ def test_every_subject_its_table_a_multi_type_topic_and_a_database_in_one_job(sp
     """`--route-by record-name`: one topic holding three record types (TopicRecordNameStrategy
     subjects; Order and Customer share the field id as long and string) lands each type in its own
     Delta table with exactly its fields (the kills of tests/pipeline/test_routing.py cover routed
-    commits); a Debezium-shaped
+    commits; tests/cli/test_pipeline_options.py the command line); a Debezium-shaped
     database (three topics, three <topic>-value subjects) routed by topic lands in three Iceberg
     tables in one job, each with its own columns. Values as confluent-kafka's deserializer reads them."""
     import re
 
     from chandy.connectors.spark.options import PipelineError, PipelineOptions
-    from tests.fixtures import exactly_once
     from tests.fixtures.exactly_once import iceberg_table
 
     registry = SchemaRegistryClient({"url": schema_registry_url})
@@ -286,12 +285,11 @@ def test_every_subject_its_table_a_multi_type_topic_and_a_database_in_one_job(sp
         full = f"{schema['namespace']}.{schema['name']}"
         _produce(servers, registry, topic, schema, [make(i) for i in range(30)], subject=f"{topic}-{full}")
     rest = tmp_path / "rest"
-    args = ["--table", str(rest), "--topic", topic, "-b", servers, "--prefix", f"rn{uuid.uuid4().hex[:6]}",
-            "--until-drained", "--max-records-per-checkpoint", "20", "--value-format", "avro",
-            "--schema-registry-url", schema_registry_url, "--route-by", "record-name",
-            "--route", r"com\.acme\.(\w+)=" + str(tmp_path / "$1")]
-    finished = exactly_once.run_cli(args)
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    opts = PipelineOptions(table_uri=str(rest), bootstrap_servers=servers, topics=(topic,), stop_when_drained=True,
+                           prefix=f"rn{uuid.uuid4().hex[:6]}", max_records_per_checkpoint=20, value_format="avro",
+                           avro_framing="confluent", schema_registry={"url": schema_registry_url},
+                           route_by="record-name", routes=(r"com\.acme\.(\w+)=" + str(tmp_path / "$1"),))
+    assert Pipeline(opts, spark=spark).run().records_landed == 90
     source = {(topic, *where): value for where, value in _source_values(servers, registry, topic).items()}
     _check_own_columns({name: DeltaTable(str(tmp_path / name if name != "Audit" else rest)).to_pyarrow_table()
                         .to_pylist() for name in _RECORDS}, source)
