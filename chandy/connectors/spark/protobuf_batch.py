@@ -4,7 +4,7 @@
 Each value is parsed by protobuf's runtime with its writer's message class (as record by record),
 but the columns are then built one at a time from all the batch's messages, each field read by
 the reader :mod:`chandy.connectors.spark.protobuf` compiles once per message type, with no dict
-per record (about twice as fast as record by record on the benchmark's message: 5.6 against 11.3 µs a record).
+per record (1.7 times as fast as record by record on the benchmark's 50,000 records: benchmarks/json_decode.py).
 
 The batch path reads a batch only when every value of it is framed, parses, and was written with
 a message whose fields all have a column of the same type (or one Avro's promotions or a widening
