@@ -29,12 +29,11 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from chandy.connectors.lake.cleanup import delete_files, job_files
 from chandy.connectors.lake.delta_maintenance import DeltaMaintenance, is_conflict
-from chandy.connectors.lake.partitioning import partition_columns, with_partition_columns
+from chandy.connectors.lake.partitioning import partition_columns, partition_groups, with_partition_columns
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
@@ -152,13 +151,8 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         if missing:
             raise LakeCommitError(f"partition column(s) {missing} are not in the data: {table.column_names}")
         files = []
-        keys = table.select(self.partition_by).group_by(self.partition_by).aggregate([]).to_pylist()
-        for key in keys:
-            mask = None
-            for column, value in key.items():
-                cond = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
-                mask = cond if mask is None else pc.and_(mask, cond)
-            part = table.filter(mask).drop_columns(self.partition_by)
+        for key, rows in partition_groups(table, self.partition_by):
+            part = rows.drop_columns(self.partition_by)
             values = {c: _partition_string(v) for c, v in key.items()}
             directory = "/".join(f"{c}={quote(v if v is not None else '__HIVE_DEFAULT_PARTITION__', safe='')}"
                                  for c, v in values.items())

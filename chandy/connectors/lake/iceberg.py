@@ -44,7 +44,7 @@ from chandy.connectors.lake.iceberg_commits import (
     recorded_event_times,
     without_snapshot,
 )
-from chandy.connectors.lake.partitioning import HIDDEN, iceberg_transform, partition_columns, with_partition_columns
+from chandy.connectors.lake.partitioning import HIDDEN, iceberg_transform, partition_columns, partition_groups, with_partition_columns
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
@@ -204,20 +204,14 @@ class IcebergSink(SchemaChecked):
         stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
         parts: list[tuple[str, dict[str, Any], Any]] = [("", {}, table)]
         if self.partition_by and partitioned:  # change files (--cdc) are never partitioned
-            import pyarrow.compute as pc
-
             missing = [c for c in self.partition_by if c not in table.column_names]
             if missing:
                 raise LakeCommitError(f"partition column(s) {missing} are not in the data: {table.column_names}")
             parts = []
-            for key in table.select(self.partition_by).group_by(self.partition_by).aggregate([]).to_pylist():
-                mask = None
-                for column, value in key.items():
-                    condition = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
-                    mask = condition if mask is None else pc.and_(mask, condition)
+            for key, rows in partition_groups(table, self.partition_by):
                 values = {c: None if v is None else str(v) for c, v in key.items()}
                 directory = "".join(f"{c}={quote(v if v is not None else 'null', safe='')}/" for c, v in values.items())
-                parts.append((directory, values, table.filter(mask)))
+                parts.append((directory, values, rows))
         files = []
         for directory, values, part in parts:
             relative = f"{DATA_DIR}/{directory}{stem}"

@@ -120,6 +120,19 @@ def partition_columns(entries: Sequence[str]) -> tuple[list[PartitionField], lis
     return fields, [f.column for f in fields]
 
 
+def partition_groups(table: pa.Table, columns: Sequence[str]) -> list[tuple[dict[str, Any], pa.Table]]:
+    """``table``'s rows grouped by their values of ``columns`` (one partition each): (the
+    partition's values, column to value or None, its rows), in the order Arrow's group-by finds them."""
+    groups = []
+    for key in table.select(list(columns)).group_by(list(columns)).aggregate([]).to_pylist():
+        mask = None
+        for column, value in key.items():
+            condition = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
+            mask = condition if mask is None else pc.and_(mask, condition)
+        groups.append((key, table.filter(mask)))
+    return groups
+
+
 def with_partition_columns(table: pa.Table, fields: Sequence[PartitionField]) -> pa.Table:
     """``table`` with the partition column of each transform in ``fields`` appended (computed from
     its source column; one already there is kept, as a replayed part has it).

@@ -188,9 +188,9 @@ def _lake_widens(narrow: Any, wide: Any) -> bool:
     ``long``, ``float`` to ``double``, ``decimal(P,S)`` to a greater precision)."""
     if not isinstance(narrow, str) or not isinstance(wide, str):
         return False
-    decimals = [re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", t) for t in (narrow, wide)]
-    if decimals[0] and decimals[1]:
-        (p1, s1), (p2, s2) = (map(int, m.groups()) for m in decimals)  # type: ignore[union-attr]
+    first, second = (re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", t) for t in (narrow, wide))
+    if first is not None and second is not None:
+        (p1, s1), (p2, s2) = map(int, first.groups()), map(int, second.groups())
         return s1 == s2 and p2 > p1
     return (narrow, wide) in (("integer", "long"), ("float", "double"))
 

@@ -27,6 +27,7 @@ def decode_protobuf_batch(values: pa.Array, options: Any) -> list[pa.Array] | No
     """The value columns (``options.columns``, in order) of a batch of Confluent-framed Protobuf
     ``values`` (one Kafka value each), or None when the batch must be read record by record (see
     the module docstring). ``options``: the ``ValueDecoder``."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
     from google.protobuf.message import DecodeError
 
     from chandy.connectors.spark.protobuf import (
@@ -57,10 +58,8 @@ def decode_protobuf_batch(values: pa.Array, options: Any) -> list[pa.Array] | No
             rows, messages = groups.setdefault(cls, ([], []))
             rows.append(row)
             messages.append(cls.FromString(body))
-    except (ProtobufFramingError, ProtobufSchemaError, DecodeError):
-        return None  # record by record names the bad record
-    except Exception:  # noqa: BLE001 - the registry's errors: record by record meets them again and says so
-        return None
+    except (ProtobufFramingError, ProtobufSchemaError, DecodeError, SchemaRegistryError):
+        return None  # record by record names the bad record (an unknown schema ID among them)
     per_group: list[list[pa.Array]] = []
     for cls, (_, messages) in groups.items():
         try:
