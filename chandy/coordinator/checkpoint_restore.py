@@ -75,7 +75,7 @@ class CheckpointRestore(CoordinatorCore):
         now = self.env.now_ms()
         batch = Batch()
         batch.records.append(CoordinatorEpochRecord(
-            self.job_id, self.state.epoch + 1, self.transactional_id, socket.gethostname(), now))
+            self.job_id, self.state.epoch + 1, self.transactional_id, socket.gethostname(), now, self.coordinator_id))
         batch.records.append(JobStatusRecord(self.job_id, JobStatus.RUNNING, self.state.epoch + 1, None, now))
         if checkpoint_id_floor is not None and checkpoint_id_floor > self.state.next_checkpoint_id:
             log.info("job %s: checkpoint IDs continue at %d (was %d)", self.job_id, checkpoint_id_floor,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -74,8 +75,11 @@ class CoordinatorCore:
         completion_outputs: Callable[[CheckpointMetadata], Sequence[OutboundMessage]] | None = None,
         job_name: str | None = None,
         on_failover: Callable[[str], None] | None = None,
+        coordinator_id: str | None = None,
     ) -> None:
         """Args (beyond the obvious):
+            coordinator_id: this coordinator instance's ID in its epoch record (default: a random
+                one; :class:`~chandy.coordinator.records.CoordinatorEpochRecord`).
             job_name: the job's name (Flink's), published with the ``JOB_STARTED`` event.
             completion_outputs: called on the I/O executor once a checkpoint's ``_metadata`` is
                 written, before it completes; the messages it returns are published in the same
@@ -93,6 +97,7 @@ class CoordinatorCore:
         self.operators = dict(operators)
         self.state = state or CoordinatorState(job_id)
         self.transactional_id = transactional_id
+        self.coordinator_id = coordinator_id or uuid.uuid4().hex
         self.on_job_status = on_job_status
         #: a restart strategy decides global failures (a failing operator coordinator, too many
         #: failed checkpoints): called once with the reason instead of recording FAILED

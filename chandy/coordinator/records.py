@@ -122,7 +122,12 @@ class LogRecordBase(serde.AvroMapped):
 
 @dataclasses.dataclass(frozen=True)
 class CoordinatorEpochRecord(LogRecordBase):
-    """A coordinator became active with ``epoch``, fencing all older ones (kind ``epoch``)."""
+    """A coordinator became active with ``epoch``, fencing all older ones (kind ``epoch``).
+
+    ``coordinator_id`` names the coordinator instance (a random ID per start; None in records
+    written before it existed): two instances can claim one epoch number, and the log writer's
+    proof after replacing a stuck producer tells them apart by it.
+    """
 
     SCHEMA: ClassVar[str] = "chandy.v1.CoordinatorEpochRecord"
     KIND: ClassVar[str] = "epoch"
@@ -132,6 +137,7 @@ class CoordinatorEpochRecord(LogRecordBase):
     transactional_id: str
     host: str | None
     timestamp: int
+    coordinator_id: str | None = None
 
     @property
     def entity_id(self) -> str:

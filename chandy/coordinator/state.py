@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from chandy.coordinator.failure_manager import counts_towards_tolerable
 from chandy.coordinator.records import (
@@ -42,6 +42,14 @@ NO_CHECKPOINT = -1
 BATCH_CHECKPOINT_ID = 2**63 - 1
 
 
+class EpochClaim(NamedTuple):
+    """Which coordinator instance the newest epoch record of a job's log names: its ``epoch``
+    and its ``coordinator_id`` (:class:`CoordinatorEpochRecord`; ``(0, None)`` before any)."""
+
+    epoch: int
+    coordinator_id: str | None
+
+
 @dataclasses.dataclass
 class CoordinatorState:
     """The durable state of one job's coordinator (mutated only by :func:`apply`).
@@ -52,10 +60,12 @@ class CoordinatorState:
     successful checkpoint or savepoint (``last_succeeded_checkpoint_id``) or the last epoch change.
     ``extensions`` maps a connector's record kind to its entities (entity ID -> what the kind's
     registered fold keeps, by default the latest record).
+    ``epoch_owner`` is the ``coordinator_id`` of the newest epoch record in log order.
     """
 
     job_id: str
     epoch: int = 0
+    epoch_owner: str | None = None
     next_checkpoint_id: int = 1
     job_status: JobStatus = JobStatus.CREATED
     job_status_reason: str | None = None
@@ -66,6 +76,11 @@ class CoordinatorState:
     records_applied: int = 0
 
     # -- queries (pure) ----------------------------------------------------------------------
+    @property
+    def claim(self) -> EpochClaim:
+        """The newest epoch record's claim: ``(epoch, epoch_owner)``."""
+        return EpochClaim(self.epoch, self.epoch_owner)
+
     def pending(self) -> list[CheckpointRecord]:
         """Pending checkpoints and savepoints, by ID."""
         return [c for _, c in sorted(self.checkpoints.items()) if c.status is CheckpointStatus.PENDING]
@@ -103,9 +118,10 @@ def apply(state: CoordinatorState, record: LogRecord) -> CoordinatorState:
     elif isinstance(record, CheckpointIdCounterRecord):
         state.next_checkpoint_id = max(state.next_checkpoint_id, record.next_checkpoint_id)
     elif isinstance(record, CoordinatorEpochRecord):
-        if record.epoch > state.epoch:
-            state.epoch = record.epoch
-            state.continuous_failures = 0  # a new coordinator starts its failure count afresh, as a new JobMaster
+        if record.epoch >= state.epoch:  # later in log order: from the producer that fenced the earlier one's
+            if record.epoch > state.epoch:
+                state.continuous_failures = 0  # a new coordinator starts its failure count afresh, as a new JobMaster
+            state.epoch, state.epoch_owner = record.epoch, record.coordinator_id
     elif isinstance(record, JobStatusRecord):
         state.job_status = record.status
         state.job_status_reason = record.reason

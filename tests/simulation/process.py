@@ -56,6 +56,7 @@ from chandy.coordinator.kafka.topics import ChandyTopics
 from chandy.coordinator.messages import AcknowledgeCheckpoint, DeclineCheckpoint
 from chandy.coordinator.options import CheckpointingOptions
 from chandy.coordinator.records import JobStatus
+from chandy.coordinator.state import EpochClaim
 from chandy.coordinator.storage import CheckpointStorage
 from chandy.schemas.codec import SingleObjectCodec
 from tests.simulation.kafka import SimCluster
@@ -70,6 +71,13 @@ CHECKPOINT_TIMEOUT_MS = 60_000
 #: the keyword arguments the runtime gives its LogWriter to prove, after replacing a stuck
 #: producer, that no newer coordinator exists (issue 44, item 2), when this LogWriter has them
 _PROVES_EPOCH = "newest_epoch" in inspect.signature(LogWriter.__init__).parameters
+#: the proof compares the epoch records' owners and the log's key versions too (a mutation turns
+#: that off: epoch numbers only, as before issue 44's simulation found the gap)
+_PROVES_OWNER = True
+
+
+def _as_proved(claim: EpochClaim) -> EpochClaim:
+    return claim if _PROVES_OWNER else EpochClaim(claim.epoch, None)
 
 
 class SimExecutor(concurrent.futures.Executor):
@@ -242,14 +250,19 @@ class Process:
     def producer_epoch(self) -> int | None:
         return self.writer.producer.epoch if self.writer is not None else None
 
-    def _newest_epoch(self) -> int:
-        state, _ = load_state(BOOTSTRAP, self.topics.coordinator_log, JOB_ID, timeout_s=30.0)
-        return state.epoch
+    def _newest_epoch(self) -> tuple[EpochClaim, dict[Any, int]]:
+        state, stats = load_state(BOOTSTRAP, self.topics.coordinator_log, JOB_ID, timeout_s=30.0)
+        if not _PROVES_OWNER:  # whatever the log holds, as if this one's replay had found it
+            return _as_proved(state.claim), dict(self.writer._replayed_versions) if self.writer is not None else {}
+        return state.claim, stats.next_key_versions
+
+    def _own_claim(self) -> EpochClaim:
+        return _as_proved(self.cc.state.claim if self.cc is not None else EpochClaim(0, None))
 
     def _new_writer(self) -> SimLogWriter:
         extra: dict[str, Any] = {}
         if _PROVES_EPOCH:
-            extra = {"epoch": lambda: self.epoch, "newest_epoch": self._newest_epoch}
+            extra = {"epoch": self._own_claim, "newest_epoch": self._newest_epoch}
         return SimLogWriter(self, BOOTSTRAP, self.topics, JOB_ID, SingleObjectCodec(), self.transactional_id,
                             self.env.execute, self._on_writer_failed, {}, 1, retry_timeout_s=180.0,
                             still_leading=lambda: self.thinks_it_leads or self.sim.leads(self), **extra)
@@ -406,7 +419,8 @@ class Process:
                 LakeCommitterProvider(SINK_OPERATOR, self.sink, self.storage, offsets_of=offsets_of,  # type: ignore[arg-type]
                                       cluster_id=CLUSTER_ID),
                 KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
-            state=state, transactional_id=self.transactional_id, on_job_status=self._on_job_status)
+            state=state, transactional_id=self.transactional_id, on_job_status=self._on_job_status,
+            coordinator_id=self.name)
         self.acks_open = True  # acks from now on are ours (the reader is positioned at the end)
         self.storage.initialize_base_locations()
         cc = self.cc

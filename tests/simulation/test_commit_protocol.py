@@ -59,8 +59,6 @@ def known_bug(result: Result) -> str | None:
         return "test_bug_restore_cleanup_of_a_fenced_coordinator"
     if not result.config.two_prefixes:
         return None
-    if names == {"lake-event-start"}:
-        return "test_bug_two_logs_same_end_other_start"
     if result.config.starting_offsets == "latest" and names <= {"gap", "group-ahead"}:
         return "test_bug_two_logs_latest_first_runs"
     return None
@@ -207,16 +205,27 @@ def first_failure(family: str, seeds: int) -> Result | None:
     return None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 44, item 2 (its fix b265ede): LogWriter._replace_stuck_producer writes on when the log's newest "
-    "coordinator epoch is not above this coordinator's own, but this coordinator's own epoch record may never have "
-    "landed (its first transaction is the one that hung). A restart's coordinator whose epoch record is stuck that "
-    "way replaces its producer after the run it replaced wrote on, and writes its stale batch (seed 22: a "
-    "checkpoint announced twice); or the next restart, replaying a log without that record, takes the same epoch "
-    "number, which passes the comparison (seed 37: the consumer group moves back from 41 to 26)"))
-def test_bug_stuck_producer_replacement_keeps_the_protocol(quiet: None) -> None:
+def test_stuck_producer_replacement_keeps_the_protocol(quiet: None) -> None:
+    """Found by this simulation as a bug, then fixed: the epoch proof after a stuck producer's
+    replacement compared epoch numbers only. A restart whose epoch record never landed (its first
+    transaction hung) wrote on over what the coordinator it replaced wrote after its replay (seed
+    22: a checkpoint announced twice); the next restart, replaying a log without that record, took
+    the same epoch number and passed the comparison (seed 37: the group moved back). The proof now
+    names the coordinator instance and, when its own record never landed, requires the log to hold
+    exactly what its replay found."""
+    for seed in (22, 37):
+        result = run_schedule(seed, "stuck-writers")
+        assert not result.violations, result.report()
     failed = first_failure("stuck-writers", 80)
     assert failed is None, failed.report()
+
+
+def test_mutation_stuck_producer_proof_by_epoch_number_is_caught(quiet: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proof by epoch numbers alone (before the fix above): two coordinators of one epoch
+    number, or one whose epoch record never landed, write over each other."""
+    found = caught(lambda p: p.setattr(process_module, "_PROVES_OWNER", False), "stuck-writers", monkeypatch, seeds=100)
+    assert found.violations[0][0] in {"group-moved-back", "lake-event-twice", "duplicate", "lake-event",
+                                      "lake-event-start"}, found.report()
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -231,15 +240,22 @@ def test_bug_two_logs_with_slow_calls_keep_the_protocol(quiet: None) -> None:
     assert failed is None, failed.report()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 44, item 3 (its fix 5fd7e75): LakeCommitter._check_recorded compares only the end offsets the table "
-    "recorded for checkpoint N with this committer's range ends, so another run's commit of N with the same end "
-    "from another start passes: the commit is skipped and LAKE_COMMITTED names this run's ranges, which the table "
-    "does not hold (seed 1000705: checkpoint 8 announced as [40, 50), the table's 8 holds [45, 50))"))
-def test_bug_two_logs_same_end_other_start(quiet: None) -> None:
+def test_two_logs_same_end_other_start_keep_the_protocol(quiet: None) -> None:
+    """Found by this simulation as a bug, then fixed: ``LakeCommitter._check_recorded`` compared
+    only the end offsets the table recorded for checkpoint N, so another run's commit of N with the
+    same end from another start passed, and LAKE_COMMITTED named ranges the table does not hold
+    (seed 1000705: checkpoint 8 announced as [40, 50), the table's 8 holds [45, 50)). It now
+    compares the starts with the job's commit before N too."""
     for seed in (1000705, 1003233, 1003861):
         result = run_schedule(seed, "two-logs")
         assert not result.violations, result.report()
+
+
+def test_mutation_check_recorded_ends_only_is_caught(quiet: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check by end offsets alone (before the fix above) announces ranges the table does not hold."""
+    monkeypatch.setattr(LakeCommitter, "_offsets_before", lambda self, sink, checkpoint_id: None)
+    found = run_schedule(1000705, "two-logs")
+    assert found.violations and found.violations[0][0] == "lake-event-start", found.report()
 
 
 @pytest.mark.xfail(strict=True, reason=(

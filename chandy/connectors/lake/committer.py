@@ -322,27 +322,50 @@ class LakeCommitter:
 
     def _check_recorded(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges) -> None:
         """The table holds ``checkpoint_id`` already: its commit of it must record exactly the ends
-        of this committer's ranges, or the two disagree about what landed (another coordinator of
-        the job committed other ranges under the same ID) and skipping it, announcing these ranges
-        or committing them to the consumer group would lose or duplicate records.
+        of this committer's ranges, and the job's commit before it exactly their starts (the table's
+        own range is from one to the other), or the two disagree about what landed (another
+        coordinator of the job committed other ranges under the same ID) and skipping it,
+        announcing these ranges or committing them to the consumer group would lose or duplicate
+        records. A routed table's commit before may be older (the records between went to other
+        tables): there a start below it disagrees.
 
         Raises:
-            LakeCommitError: naming the partition, both ends and both sides.
+            LakeCommitError: naming the partition, both ranges and both sides.
         """
         recorded = next((c.offsets for c in sink.commits_after(self.context.job_id, checkpoint_id - 1)
                          if c.checkpoint_id == checkpoint_id), None)
         if recorded is None:
             return  # no commit of its own (a routed table it routed nothing to), or its history is gone: held checks
+        before = self._offsets_before(sink, checkpoint_id)
+        routed = sink is not self.sink
         for (topic, partition), (start, end) in sorted(ranges.items()):
             has = recorded.get((topic, partition))
-            if has == end or (has is None and end <= start):
+            had = before.get((topic, partition)) if before is not None else None
+            same_end = has == end or (has is None and end <= start)
+            same_start = had is None or had == start or (routed and had < start)
+            if same_end and same_start:
                 continue
+            held = f"[{had}, {has})" if had is not None else f"up to offset {has}"
             raise LakeDivergenceError(
                 f"table {sink.table_uri} holds checkpoint {checkpoint_id} of job {self.context.job_id} with "
-                f"{topic}-{partition} up to offset {has}, but this coordinator's checkpoint {checkpoint_id} reads "
+                f"{topic}-{partition} {held}, but this coordinator's checkpoint {checkpoint_id} reads "
                 f"[{start}, {end}) of it: another coordinator of the job committed other ranges under the same "
                 "checkpoint ID (a run that was not fenced, or one job under two coordinator logs); nothing is "
                 "announced or committed to the consumer group")
+
+    def _offsets_before(self, sink: LakeSink, checkpoint_id: int) -> Mapping[TP, int] | None:
+        """The job's cumulative offsets recorded by its newest commit to ``sink`` before
+        ``checkpoint_id`` (None: no such commit, or it recorded none), looked up in windows of 1,
+        16, 256, ... checkpoint IDs back (one read of the table's recent history in the usual case)."""
+        window = 1
+        while True:
+            after = max(checkpoint_id - 1 - window, 0)
+            earlier = [c for c in sink.commits_after(self.context.job_id, after) if c.checkpoint_id < checkpoint_id]
+            if earlier:
+                return earlier[-1].offsets
+            if after == 0:
+                return None
+            window *= 16
 
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
                       offsets: Mapping[TP, int], done: int | None,

@@ -33,7 +33,12 @@ import pyarrow.parquet as pq
 
 from chandy.connectors.lake.cleanup import delete_files, job_files
 from chandy.connectors.lake.delta_maintenance import DeltaMaintenance, is_conflict
-from chandy.connectors.lake.partitioning import partition_columns, partition_groups, with_partition_columns
+from chandy.connectors.lake.partitioning import (
+    partition_columns,
+    partition_groups,
+    with_generation_expressions,
+    with_partition_columns,
+)
 from chandy.connectors.lake.sink import (
     COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
@@ -181,6 +186,13 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         if not self.exists():
             return None
         return DeltaTable(self._delta_uri, storage_options=self._delta_options)
+
+    def _generated(self, schema: pa.Schema) -> pa.Schema:
+        """A new table's ``schema``: each partition transform's column a Delta generated column
+        where both Spark and delta-rs evaluate its expression alike
+        (:func:`~chandy.connectors.lake.partitioning.delta_generation_expression`; the table's
+        writer protocol becomes 4)."""
+        return with_generation_expressions(schema, self.partition_fields)
 
     @staticmethod
     def _fields_of(table: Any) -> dict[str, Any]:
@@ -335,7 +347,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
 
                     schema = merged if merged is not None else schema_from_b64(files[0].schema)
                     create_table_with_add_actions(
-                        self._delta_uri, DeltaSchema.from_arrow(schema), actions, mode="append",
+                        self._delta_uri, DeltaSchema.from_arrow(self._generated(schema)), actions, mode="append",
                         partition_by=self.partition_by or None, storage_options=self._delta_options,
                         configuration=delta_configuration(self.table_properties) or None,
                         commit_properties=properties)
@@ -408,7 +420,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
             missing = [c for c in self.partition_by if c not in rows.column_names]
             if missing:
                 raise LakeCommitError(f"partition column(s) {missing} are not in the data: {rows.column_names}")
-            DeltaTable.create(self._delta_uri, DeltaSchema.from_arrow(rows.schema), mode="ignore",
+            DeltaTable.create(self._delta_uri, DeltaSchema.from_arrow(self._generated(rows.schema)), mode="ignore",
                               partition_by=self.partition_by or None, storage_options=self._delta_options)
             table = self._open()
         elif self.add_columns:

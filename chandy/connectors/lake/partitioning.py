@@ -23,6 +23,11 @@ entry                partition column            value
 ``hour``); ``bucket`` takes integers, strings, binary, dates and timestamps (pyiceberg's
 ``BucketTransform``, the hash Iceberg's spec defines); a null value is a null partition.
 
+**Delta's generated columns.** In a new Delta table the ``day``, ``hour`` and ``truncate`` partition
+columns carry their ``delta.generationExpression`` (:func:`delta_generation_expression`), so Delta's
+Spark reader derives partition filters from predicates on the source column and any Delta writer
+computes or checks them; ``year``, ``month`` and ``bucket`` stay plain columns.
+
 **Iceberg's hidden partitioning.** A new Iceberg table is partitioned by ``year``, ``month``,
 ``day`` and ``hour`` as Iceberg means it: its spec holds the transform of the source column
 (``day(ts)``, partition field ``ts_day``) and the data files hold no partition column, so any
@@ -112,6 +117,53 @@ def iceberg_transform(field: PartitionField) -> Any:
     from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
 
     return {"year": YearTransform, "month": MonthTransform, "day": DayTransform, "hour": HourTransform}[field.transform]()
+
+
+#: the generation expression of each transform's partition column of a new Delta table (Delta's
+#: generated columns, ``delta.generationExpression``), where one expression means the same value in
+#: Spark SQL and in delta-rs (DataFusion), which both check a written value against it
+DELTA_GENERATED = ("day", "hour", "truncate")
+
+
+def delta_generation_expression(field: PartitionField, source_type: pa.DataType) -> str | None:
+    """The Delta generation expression of ``field``'s partition column, whose source column is of
+    ``source_type``, or None where there is none both engines evaluate alike (``year``: delta-rs has
+    no ``YEAR``; ``month``: Spark's ``DATE_FORMAT`` patterns are not DataFusion's; ``bucket``:
+    Spark has no Iceberg murmur3 bucket): those stay plain columns. ``day`` is ``CAST(ts AS
+    DATE)``, ``hour`` ``DATE_TRUNC('HOUR', ts)`` and a string's ``truncate`` ``SUBSTRING(s, 1,
+    W)``, which Delta's Spark reader turns into partition filters on predicates of the source
+    column; an integer's ``truncate`` is ``i - (((i % W) + W) % W)``. Spark evaluates a
+    zone-aware timestamp's expressions in the session time zone, and Chandy computes them in UTC,
+    as delta-rs does: a Spark session reading or writing the table runs with
+    ``spark.sql.session.timeZone=UTC``."""
+    if field.transform not in DELTA_GENERATED:
+        return None
+    column = f"`{field.source}`"
+    if field.transform == "day":
+        return f"CAST({column} AS DATE)"
+    if field.transform == "hour":
+        return f"DATE_TRUNC('HOUR', {column})"
+    if pa.types.is_string(source_type) or pa.types.is_large_string(source_type):
+        return f"SUBSTRING({column}, 1, {field.width})"
+    if pa.types.is_integer(source_type):
+        return f"{column} - ((({column} % {field.width}) + {field.width}) % {field.width})"
+    return None
+
+
+def with_generation_expressions(schema: pa.Schema, fields: Sequence[PartitionField]) -> pa.Schema:
+    """``schema`` with each transform's partition column carrying its Delta generation expression
+    (:func:`delta_generation_expression`) in its field metadata, as a new Delta table's schema."""
+    for field in fields:
+        if field.transform == "identity" or field.column not in schema.names or field.source not in schema.names:
+            continue
+        expression = delta_generation_expression(field, schema.field(field.source).type)
+        if expression is None:
+            continue
+        index = schema.get_field_index(field.column)
+        column = schema.field(index)
+        schema = schema.set(index, column.with_metadata({**(column.metadata or {}),
+                                                         b"delta.generationExpression": expression.encode()}))
+    return schema
 
 
 def partition_columns(entries: Sequence[str]) -> tuple[list[PartitionField], list[str]]:

@@ -20,6 +20,7 @@ from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.log import KEY_VERSION_HEADER, encode_record, partition_for
 from chandy.coordinator.kafka.topics import ChandyTopics
 from chandy.coordinator.records import LogKey, Tombstone
+from chandy.coordinator.state import EpochClaim
 from chandy.schemas.codec import Codec
 
 log = logging.getLogger(__name__)
@@ -70,11 +71,15 @@ class LogWriter:
     ``still_leading`` says whether this coordinator may replace a stuck producer: a new producer's
     ``init_transactions`` fences every other of the same ``transactional.id``, so only a
     coordinator that still leads its job's election may make one. ``newest_epoch`` reads the
-    newest coordinator epoch the log holds (read committed): after the new producer's
-    ``init_transactions`` the writer writes again only if it is still this coordinator's own
-    ``epoch``, else another coordinator of the job started meanwhile (a plain restart, which the
-    stuck producer could not notice), and this one stops as fenced, writing nothing (see
-    docs/design.md, "A stuck producer").
+    log (read committed, to its end): the claim of its newest epoch record (an
+    :class:`~chandy.coordinator.state.EpochClaim`) and its key versions
+    (``LoadStats.next_key_versions``). After the new producer's ``init_transactions`` the writer
+    writes again only if that claim is this coordinator's own (``epoch``), or, when this one's
+    epoch record never landed, if the log holds exactly what its replay found (the versions given
+    to :meth:`seed_key_versions`). Else another coordinator of the job wrote meanwhile (a plain
+    restart, which the stuck producer could not notice, perhaps with the same epoch number, having
+    replayed the log before this one's record landed; or the coordinator this one replaced, itself
+    unstuck), and this one stops as fenced, writing nothing (see docs/design.md, "A stuck producer").
     """
 
     def __init__(
@@ -90,13 +95,14 @@ class LogWriter:
         log_partitions: int = 1,
         retry_timeout_s: float = 180.0,
         still_leading: Callable[[], bool] = lambda: True,
-        epoch: Callable[[], int] | None = None,
-        newest_epoch: Callable[[], int] | None = None,
+        epoch: Callable[[], EpochClaim] | None = None,
+        newest_epoch: Callable[[], tuple[EpochClaim, Mapping[LogKey, int]]] | None = None,
     ) -> None:
         self.topics = topics
         self.still_leading = still_leading
         self.epoch = epoch
         self.newest_epoch = newest_epoch
+        self._replayed_versions: dict[LogKey, int] = {}  # the key versions the replay found
         self.retry_timeout_s = retry_timeout_s
         self.job_id = job_id
         self.codec = codec
@@ -131,10 +137,14 @@ class LogWriter:
 
     def _replace_stuck_producer(self, what: str) -> None:
         """A new producer for the stuck one; its ``init_transactions`` aborts the open transaction.
-        Then the log must prove that no newer coordinator of the job exists (its newest epoch is
-        this coordinator's) before anything is written again: ``init_transactions`` fences any
-        producer of the ``transactional.id``, a newer coordinator's included, and this coordinator's
-        memory is the job's truth only while no other coordinator has written.
+        Then the log must prove that no newer coordinator of the job exists before anything is
+        written again: ``init_transactions`` fences any producer of the ``transactional.id``, a
+        newer coordinator's included, and this coordinator's memory is the job's truth only while
+        no other coordinator has written. The proof: the log's newest epoch record is this
+        coordinator's own (same epoch *and* ``coordinator_id``: a restart that replayed the log
+        before this one's record landed takes the same epoch number), or, when this one's record
+        never landed (its first transaction is the stuck one), the log holds exactly the records
+        its replay found (the coordinator it replaced may have written on after that replay).
 
         Raises:
             CoordinatorFencedError: this coordinator no longer leads its job (the new producer
@@ -162,16 +172,18 @@ class LogWriter:
             return
         mine = self.epoch()
         try:
-            newest = self.newest_epoch()
+            newest, versions = self.newest_epoch()
         except ChandyError as exc:
             raise LogWriteError(f"the coordinator log could not be written: after replacing a stuck producer, the "
                                 f"log's newest epoch could not be read to prove no newer coordinator exists ({exc})") \
                 from exc
-        if newest > mine:
-            raise CoordinatorFencedError(
-                f"log writer stopped: {what}, and while it was stuck a newer coordinator of job {self.job_id} started "
-                f"(epoch {newest}, this one {mine}); the replacement producer fenced it, so neither writes on: "
-                "restart the job (it resumes from the log)")
+        if newest == mine or (newest.epoch < mine.epoch and versions == self._replayed_versions):
+            return
+        raise CoordinatorFencedError(
+            f"log writer stopped: {what}, and while it was stuck another coordinator of job {self.job_id} wrote to "
+            f"its log (the newest epoch record: epoch {newest.epoch}, coordinator {newest.coordinator_id}; this "
+            f"one: epoch {mine.epoch}, coordinator {mine.coordinator_id}); the replacement producer fenced it, so "
+            "neither writes on: restart the job (it resumes from the log)")
 
     def init(self, timeout_s: float = 60.0) -> None:
         """``init_transactions()``: fences older producers of the same transactional.id."""
@@ -184,6 +196,7 @@ class LogWriter:
         records of its key written before it."""
         with self._cond:
             self._key_versions.update(next_versions)
+            self._replayed_versions.update(next_versions)
 
     def _versions_for(self, batch: Batch) -> list[int]:
         """The key version of each of ``batch``'s records, assigned once, in submission order

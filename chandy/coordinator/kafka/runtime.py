@@ -51,7 +51,8 @@ from chandy.coordinator.messages import (
 )
 from chandy.coordinator.operator_coordinator import OperatorCoordinatorProvider
 from chandy.coordinator.options import CheckpointingOptions
-from chandy.coordinator.state import CoordinatorState
+from chandy.coordinator.records import LogKey
+from chandy.coordinator.state import CoordinatorState, EpochClaim
 from chandy.coordinator.stats import CheckpointStats
 from chandy.coordinator.storage import CheckpointStorage
 from chandy.coordinator.trigger_result import CheckpointTriggerResult
@@ -264,7 +265,7 @@ class CoordinatorService:
         self._writer = LogWriter(self.bootstrap_servers, self.topics, self.job_id, self.codec, self.transactional_id,
                                  self.mailbox.execute, self._on_writer_failed, self._producer_overrides, log_partitions,
                                  retry_timeout_s=self._retry_timeout_s, still_leading=self._still_leading,
-                                 epoch=lambda: self.epoch, newest_epoch=self._newest_epoch)
+                                 epoch=lambda: self._state().claim, newest_epoch=self._newest_epoch)
         self._writer.init(timeout_s)  # fences older coordinators of this job
         state, load_stats = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id,
                                        codec=self.codec, consumer_overrides=self._consumer_overrides,
@@ -419,15 +420,20 @@ class CoordinatorService:
         self.stop_reason = exc
         threading.Thread(target=self._halt, name="chandy-halt", daemon=True).start()
 
-    def _newest_epoch(self) -> int:
-        """The newest coordinator epoch of the job in its log (read committed, to its end).
+    def _newest_epoch(self) -> tuple[EpochClaim, dict[LogKey, int]]:
+        """The job's log read now (read committed, to its end): the claim of its newest epoch
+        record and its key versions (``LoadStats.next_key_versions``).
 
         Raises:
             LogLoadError: the log cannot be read.
         """
-        state, _ = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id, codec=self.codec,
-                              consumer_overrides=self._consumer_overrides, timeout_s=30.0)
-        return state.epoch
+        state, stats = load_state(self.bootstrap_servers, self.topics.coordinator_log, self.job_id, codec=self.codec,
+                                  consumer_overrides=self._consumer_overrides, timeout_s=30.0)
+        return state.claim, stats.next_key_versions
+
+    def _state(self) -> CoordinatorState:
+        """This coordinator's state (a fresh one before its coordinator exists)."""
+        return self.coordinator.state if self.coordinator is not None else CoordinatorState(self.job_id)
 
     def _still_leading(self) -> bool:
         """Whether this coordinator still leads its job: it owns the election group's partition

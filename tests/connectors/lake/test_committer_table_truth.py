@@ -71,7 +71,7 @@ def test_a_checkpoint_another_coordinator_committed_with_other_ranges_is_refused
     b.committer.reset_to_checkpoint(-1, None)
     b.complete(2, 5, 12)  # the other coordinator's checkpoint 2: [5, 12)
     published = len(a.context.published)
-    with pytest.raises(LakeCommitError, match=r"holds checkpoint 2 of job .* t-0 up to offset 12, but this "
+    with pytest.raises(LakeCommitError, match=r"holds checkpoint 2 of job .* t-0 \[5, 12\), but this "
                                               r"coordinator's checkpoint 2 reads \[5, 10\)"):
         a.complete(2, 5, 10)  # this one's checkpoint 2: [5, 10)
     assert len(a.context.published) == published  # no LAKE_COMMITTED for ranges the table does not hold
@@ -81,6 +81,27 @@ def test_a_checkpoint_another_coordinator_committed_with_other_ranges_is_refused
     a2.committer.reset_to_checkpoint(-1, None)
     a2.complete(2, 5, 12)
     assert offsets(a2.sink) == list(range(12))
+
+
+def test_a_checkpoint_another_coordinator_committed_with_the_same_end_from_another_start_is_refused(
+        tmp_path, table) -> None:
+    """Found by the commit-protocol simulation (family two-logs, seed 1000705): the table's
+    checkpoint 3 ends where this coordinator's does, but starts elsewhere (the other coordinator's
+    checkpoint 2 ended at 8, this one's at 5): the ends alone agree, the ranges do not, and
+    announcing [5, 12) would name offsets the table's checkpoint 3 does not hold."""
+    uri, catalog = table
+    a, b = Run(tmp_path, "a", uri, catalog), Run(tmp_path, "b", uri, catalog)
+    a.committer.reset_to_checkpoint(-1, None)
+    a.complete(1, 0, 5)
+    b.committer.reset_to_checkpoint(1, None)
+    b.complete(2, 5, 8)
+    b.complete(3, 8, 12)
+    published = len(a.context.published)
+    with pytest.raises(LakeCommitError, match=r"holds checkpoint 3 of job .* t-0 \[8, 12\), but this "
+                                              r"coordinator's checkpoint 3 reads \[5, 12\)"):
+        a.complete(3, 5, 12)
+    assert len(a.context.published) == published
+    assert offsets(a.sink) == list(range(12))
 
 
 def test_a_committer_whose_memory_is_behind_the_table_reads_it_again(tmp_path, table) -> None:

@@ -85,6 +85,47 @@ def test_a_delta_table_partitioned_by_day_and_bucket(tmp_path: Path) -> None:
     assert sorted(one_day.column("offset").to_pylist()) == [1, 2]
 
 
+def test_delta_partition_transforms_are_generated_columns_delta_rs_agrees_with(tmp_path: Path) -> None:
+    """Delta's generated columns (``delta.generationExpression``, writer protocol 4): ``day``,
+    ``hour`` and ``truncate`` partition columns carry the expression Spark and delta-rs both
+    evaluate; ``year``, ``month`` and ``bucket`` stay plain columns. delta-rs checks every row it
+    writes against the expression (``(value <=> expression) IS TRUE``): appending Chandy's rows,
+    partition columns included, through delta-rs's own writer proves the two agree, on values
+    before 1970, negative integers and multi-byte strings too."""
+    from deltalake import write_deltalake
+
+    entries = ("day(ts)", "hour(ts)", "truncate(2, name)", "truncate(10, id)", "year(ts)", "month(ts)", "bucket(4, id)")
+    sink = open_sink(str(tmp_path / "t"), partition_by=entries)
+    rows = _rows()
+    files = sink.write_files(rows, job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+    assert sink.commit(JOB, 1, files, offsets={("t", 0): 4})
+    table = DeltaTable(str(tmp_path / "t"))
+    assert table.protocol().min_writer_version >= 4
+    expressions = {f.name: f.metadata.get("delta.generationExpression") for f in table.schema().fields}
+    assert expressions["ts_day"] == "CAST(`ts` AS DATE)"
+    assert expressions["ts_hour"] == "DATE_TRUNC('HOUR', `ts`)"
+    assert expressions["name_trunc"] == "SUBSTRING(`name`, 1, 2)"
+    assert expressions["id_trunc"] == "`id` - (((`id` % 10) + 10) % 10)"
+    assert expressions["ts_year"] is None and expressions["ts_month"] is None and expressions["id_bucket"] is None
+    more = pa.table({"topic": ["t"] * 3, "partition": pa.array([0] * 3, pa.int32()),
+                     "offset": pa.array([4, 5, 6], pa.int64()),
+                     "ts": pa.array([datetime.datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC),
+                                     datetime.datetime(2026, 9, 22, 13, 45, tzinfo=UTC), None],
+                                    pa.timestamp("us", tz="UTC")),
+                     "id": pa.array([-13, 7, None], pa.int64()), "name": ["ü€x", "d", None]})
+    with_columns = with_partition_columns(more, parse_partition_by(entries))
+    target = pa.schema(table.schema().to_arrow())
+    write_deltalake(str(tmp_path / "t"), with_columns.select(target.names).cast(target),
+                    mode="append")  # refused if a value disagreed
+    landed = {r["offset"]: r for r in DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()}
+    assert landed[4]["ts_day"] == datetime.date(1969, 12, 31) and landed[4]["id_trunc"] == -20
+    assert landed[4]["name_trunc"] == "ü€" and landed[5]["ts_hour"] == datetime.datetime(2026, 9, 22, 13, tzinfo=UTC)
+    wrong = with_columns.set_column(with_columns.schema.get_field_index("ts_day"), "ts_day",
+                                    pa.array([datetime.date(2000, 1, 1)] * 3, pa.date32()))
+    with pytest.raises(Exception, match="failed validation"):
+        write_deltalake(str(tmp_path / "t"), wrong.select(target.names).cast(target), mode="append")
+
+
 def test_an_iceberg_table_partitioned_by_hour_and_truncate(tmp_path: Path) -> None:
     warehouse = tmp_path / "wh"
     sink = open_sink("iceberg://local/lake.orders", catalog_properties={"warehouse": str(warehouse)},

@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from chandy.coordinator.environment import Batch
 from chandy.coordinator.kafka.log_writer import CoordinatorFencedError, LogWriteError, LogWriter
 from chandy.coordinator.kafka.topics import is_retriable
+from chandy.coordinator.state import EpochClaim
 
 
 class _Producer:
@@ -129,8 +130,9 @@ def _offsets_writer(first: _OffsetsProducer, second: _OffsetsProducer, *, leadin
     writer._stuck_producers = []
     writer._batch_versions = {}
     writer.still_leading = lambda: leading
-    writer.epoch = lambda: 3
-    writer.newest_epoch = lambda: 3  # no newer coordinator wrote to the log
+    writer.epoch = lambda: EpochClaim(3, "me")
+    writer.newest_epoch = lambda: (EpochClaim(3, "me"), {})  # no other coordinator wrote to the log
+    writer._replayed_versions = {}
     writer._check_reachable = lambda: None  # Kafka answers
     return writer
 
@@ -174,10 +176,56 @@ def test_a_stuck_producers_replacement_stops_when_the_log_holds_a_newer_epoch(mo
     monkeypatch.setattr(log_writer, "SEND_OFFSETS_STUCK_S", 0.2)
     stuck, fresh = _OffsetsProducer(stuck=True), _OffsetsProducer(stuck=False)
     writer = _offsets_writer(stuck, fresh, leading=True)
-    writer.newest_epoch = lambda: 4
-    with pytest.raises(CoordinatorFencedError, match=r"a newer coordinator of job job started \(epoch 4, this one 3\)"):
+    writer.newest_epoch = lambda: (EpochClaim(4, "newer"), {})
+    with pytest.raises(CoordinatorFencedError, match=r"another coordinator of job job wrote to its log \(the newest "
+                                                     r"epoch record: epoch 4, coordinator newer; this one: epoch 3"):
         writer._commit([(Batch(source_offsets=[SourceOffsets("group", (("t", 0, 5),))]), None)])
     assert fresh.calls == ["init"]  # nothing written by the replacement
+    stuck.released.set()
+
+
+def test_a_stuck_producers_replacement_stops_when_another_coordinator_holds_the_same_epoch(monkeypatch) -> None:
+    """Found by the commit-protocol simulation (stuck-writers, seed 37): a restart that replayed the
+    log before this coordinator's epoch record landed takes the same epoch number; the epoch
+    record's coordinator ID tells the two apart."""
+    from chandy.coordinator.environment import SourceOffsets
+    from chandy.coordinator.kafka import log_writer
+
+    monkeypatch.setattr(log_writer, "SEND_OFFSETS_STUCK_S", 0.2)
+    stuck, fresh = _OffsetsProducer(stuck=True), _OffsetsProducer(stuck=False)
+    writer = _offsets_writer(stuck, fresh, leading=True)
+    writer.newest_epoch = lambda: (EpochClaim(3, "other"), {})
+    with pytest.raises(CoordinatorFencedError, match="epoch 3, coordinator other; this one: epoch 3, coordinator me"):
+        writer._commit([(Batch(source_offsets=[SourceOffsets("group", (("t", 0, 5),))]), None)])
+    assert fresh.calls == ["init"]
+    stuck.released.set()
+
+
+@pytest.mark.parametrize("log_changed", [False, True])
+def test_a_coordinator_whose_epoch_record_never_landed_writes_on_only_over_an_unchanged_log(
+        monkeypatch, log_changed: bool) -> None:
+    """Found by the commit-protocol simulation (stuck-writers, seed 22): this coordinator's first
+    transaction (its epoch record) is the stuck one, so the log's newest epoch record is still the
+    one it replaced. It writes on only if the log holds exactly what its replay found: the
+    coordinator it replaced may have unstuck itself and written on after that replay."""
+    from chandy.coordinator.environment import SourceOffsets
+    from chandy.coordinator.kafka import log_writer
+    from chandy.coordinator.records import LogKey
+
+    monkeypatch.setattr(log_writer, "SEND_OFFSETS_STUCK_S", 0.2)
+    stuck, fresh = _OffsetsProducer(stuck=True), _OffsetsProducer(stuck=False)
+    writer = _offsets_writer(stuck, fresh, leading=True)
+    key = LogKey("job", "checkpoint", "1")
+    writer._replayed_versions = {key: 1}
+    writer.newest_epoch = lambda: (EpochClaim(2, "replaced"), {key: 2 if log_changed else 1})
+    batch = Batch(source_offsets=[SourceOffsets("group", (("t", 0, 5),))])
+    if log_changed:
+        with pytest.raises(CoordinatorFencedError, match="epoch 2, coordinator replaced; this one: epoch 3"):
+            writer._commit([(batch, None)])
+        assert fresh.calls == ["init"]
+    else:
+        writer._commit([(batch, None)])
+        assert fresh.calls == ["init", "begin", "send_offsets", "commit"]
     stuck.released.set()
 
 

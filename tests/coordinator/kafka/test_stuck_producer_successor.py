@@ -77,7 +77,8 @@ def test_a_stuck_producers_replacement_never_writes_over_a_newer_run(
         wait_for(lambda: _group_offset(kafka_bootstrap_servers, group, topic) == 10, what="B's offset commit")
         # A's stuck call times out: its replacement must find B's epoch and stop without writing
         wait_for(lambda: a.fenced.is_set(), timeout_s=60, what="A stopping as fenced")
-        assert "newer coordinator of job" in str(a.stop_reason)
+        assert f"another coordinator of job {job} wrote to its log (the newest epoch record: epoch {b.epoch}, " \
+               f"coordinator {b.coordinator.coordinator_id}; this one: epoch {epoch_a}" in str(a.stop_reason)
         hanging.released.set()
         assert _group_offset(kafka_bootstrap_servers, group, topic) == 10  # never moved back to A's 5
     finally:
