@@ -221,8 +221,11 @@ class LakeCommitter:
     def _check_ranges(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges, already_committed: int | None,
                       held: Mapping[TP, int], *, gaps: bool = True) -> None:
         """Step 3 of the module docstring, for ``sink``, which holds ``held`` of the job's
-        partitions; ``gaps``: warn when a range starts above what the table holds (not for a
-        routed table, which gets a commit only when records are routed to it). Raises
+        partitions; ``gaps``: refuse a range that starts above what the table holds (not for a
+        routed table, which gets a commit only when records are routed to it): the job's ranges
+        of a partition the table holds start at the table's offsets (``offset_floor``), so a
+        higher start is another coordinator's memory (found by the commit-protocol simulation:
+        two first runs of one job under two logs with ``--starting-offsets latest``). Raises
         LakeCommitError instead of losing or duplicating."""
         if already_committed is not None and already_committed >= checkpoint_id:
             behind = {tp: (end, held.get(tp)) for tp, (start, end) in ranges.items()
@@ -237,16 +240,18 @@ class LakeCommitter:
             return
         for (topic, partition), (start, end) in sorted(ranges.items()):
             has = held.get((topic, partition))
-            if has is None or end <= start:
+            if has is None:
                 continue
-            if start < has:
+            if start < has and end > start:
                 raise LakeDivergenceError(
                     f"checkpoint {checkpoint_id} would land {topic}-{partition} offsets [{start}, {end}) but table "
                     f"{sink.table_uri} already holds that partition up to offset {has}: refusing to duplicate")
-            if start > has and gaps:
-                log.warning("checkpoint %d starts %s-%d at offset %d, but the table holds it only up to %d: "
-                            "offsets [%d, %d) are not in the table", checkpoint_id, topic, partition, start, has,
-                            has, start)
+            if start > has and gaps:  # an empty range too: the commit would record its end
+                raise LakeDivergenceError(
+                    f"checkpoint {checkpoint_id} would land {topic}-{partition} offsets [{start}, {end}) but table "
+                    f"{sink.table_uri} holds that partition only up to offset {has}: offsets [{has}, {start}) would "
+                    "never land (another coordinator of the job, under another coordinator log, started elsewhere); "
+                    "refusing to skip records (a restart resumes from the table's offsets)")
 
     def _sink_of(self, table_uri: str) -> LakeSink:
         """The sink of a table this job's files name: ``sink``, or a routed table's (opened once).
