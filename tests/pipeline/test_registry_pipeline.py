@@ -236,6 +236,54 @@ def test_a_writer_schema_that_adds_a_field_lands_every_value_once_through_a_kill
     assert _group_of(servers, str(table), topic) == {(topic, 0): 240, (topic, 1): 240}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_widening_lands_every_value_once_through_a_kill_at_each_step_of_its_commit(
+        kafka_bootstrap_servers, schema_registry_url, tmp_path, point: str) -> None:
+    """`chandy pipeline run` into Iceberg, SIGKILLed at one step of the commit protocol of the very
+    checkpoint that widens the table (checkpoint 4, the first to read W2's records: qty int to
+    long, price decimal(10,2) to (12,2), ratio float to double, with values only the wider types
+    hold), then run to the end: every record of W1, W2 and W1 again lands once, every value as
+    confluent-kafka's deserializer reads it, the columns wide, the consumer group at the end.
+    Slow (five Spark runs killed and five finished; `-m slow`)."""
+    from decimal import Decimal
+
+    from pyiceberg.types import DecimalType, DoubleType, LongType
+
+    from tests.fixtures import exactly_once
+
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    servers = kafka_bootstrap_servers
+    topic = make_topic(servers, [])
+
+    def narrow(i: int) -> dict:
+        return {"id": i, "qty": -i, "price": Decimal(i * 101) / 100, "ratio": i / 8}
+
+    _produce(servers, registry, topic, W1, [narrow(i) for i in range(120)])  # checkpoints 1 to 3
+    _produce(servers, registry, topic, W2, [{"id": i, "qty": 2**40 + i, "price": Decimal("9999999999.99") - i,
+                                             "ratio": 0.1 * i} for i in range(120, 200)], subject=f"{topic}-w2")
+    _produce(servers, registry, topic, W1, [narrow(i) for i in range(200, 240)])
+    warehouse, name = tmp_path / "wh", f"registry.killed_{uuid.uuid4().hex[:6]}"
+    args = ["--table", f"iceberg://local/{name}", "--catalog-property", f"warehouse={warehouse}", "--topic", topic,
+            "-b", servers, "--prefix", f"rw{uuid.uuid4().hex[:6]}", "--until-drained",
+            "--max-records-per-checkpoint", "20", "--parallelism", "2", "--value-format", "avro",
+            "--schema-registry-url", schema_registry_url]
+    crashed = exactly_once.run_cli(args, crash_at=f"{point}@4")
+    assert crashed.returncode == -9, f"{point}: {crashed.stderr[-3000:]}"
+    finished = exactly_once.run_cli(args)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    table = exactly_once.iceberg_table(warehouse, name)
+    fields = {f.name: f.field_type for f in table.schema().fields}
+    assert (fields["qty"], fields["price"], fields["ratio"]) == (LongType(), DecimalType(12, 2), DoubleType())
+    rows = table.scan().to_arrow().to_pylist()
+    landed = {(r["partition"], r["offset"]): r for r in rows}
+    assert len(landed) == len(rows) == 240, f"{point}: a record landed twice or not at all"
+    for where, value in _source_values(servers, registry, topic).items():
+        for column in ("id", "qty", "price", "ratio"):
+            assert landed[where][column] == value[column], (point, where, column)
+    assert _group_of(servers, f"iceberg://local/{name}", topic) == {(topic, 0): 120, (topic, 1): 120}
+
+
 ORDER = {"type": "record", "name": "Order", "namespace": "com.acme", "fields": [
     {"name": "id", "type": "long"}, {"name": "total", "type": "double"}]}
 #: shares a field name with Order, of another type: each table keeps its own

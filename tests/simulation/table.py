@@ -34,6 +34,7 @@ from chandy.connectors.lake.sink import (
     LakeCommit,
     LakeCommitError,
     TableProgress,
+    check_unchanged,
 )
 from tests.simulation.kernel import World
 
@@ -165,7 +166,8 @@ class SimSink:
 
     # -- commits ------------------------------------------------------------------------------------
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
-               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None) -> LakeCommit | None:
+               offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
+               checked_at: Any = ...) -> LakeCommit | None:
         """As ``DeltaLakeSink.commit`` (see the module docstring)."""
         files = list(files)
         table = self.table
@@ -178,6 +180,8 @@ class SimSink:
             return None
         if not files and (not offsets or not exists):
             return None
+        check_unchanged(self.table_uri, job_id, checkpoint_id, done, checked_at)
+        read_done = done if checked_at is ... else checked_at
         self._tokens += 1
         token = f"{self.process}-{self._tokens}"
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
@@ -207,6 +211,7 @@ class SimSink:
                 if done is not None and done >= checkpoint_id:
                     ours = [c for c in table.commits if c.token == token] if done == checkpoint_id else []
                     return self._lake_commit(ours[0]) if ours else None
+                check_unchanged(self.table_uri, job_id, checkpoint_id, done, read_done)
                 self.world.sleep(min(2000, 50 * 2 ** attempt))
         return None  # not reached
 

@@ -228,13 +228,19 @@ def test_mutation_stuck_producer_proof_by_epoch_number_is_caught(quiet: None, mo
                                       "lake-event-start"}, found.report()
 
 
+def test_two_logs_a_commit_racing_the_check_keeps_the_protocol(quiet: None) -> None:
+    """Found by this simulation as a bug, then fixed: under two logs with slow calls the
+    committer's range check and the table commit were not one step, and the other run's commit
+    between them made records land twice (family two-logs-faults, seed 213). The sink now commits
+    only while the table holds the job's checkpoint the check read (``check_unchanged``)."""
+    result = run_schedule(213, "two-logs-faults")
+    assert not result.violations, result.report()
+
+
 @pytest.mark.xfail(strict=True, reason=(
-    "one job under two coordinator logs, with slow calls (issue 44, item 3 covers only whole actions): the "
-    "committer's range check and the table commit are not one step, so the other run's commit between them lands "
-    "records twice (seed 213); one run's cleanup of an aborted checkpoint deletes the files of the same checkpoint "
-    "ID the other run is committing, after its missing-files check (seed 119: the table references files that "
-    "are gone); with --starting-offsets latest two first runs start at different offsets and a range above "
-    "the table's offsets is committed with a warning only (seed 529: offsets skipped for good)"))
+    "one job under two coordinator logs, with slow calls: one run's cleanup of an aborted checkpoint deletes the "
+    "files of the same checkpoint ID the other run is committing, after its missing-files check (seed 119: the "
+    "table references files that are gone)"))
 def test_bug_two_logs_with_slow_calls_keep_the_protocol(quiet: None) -> None:
     failed = first_failure("two-logs-faults", 200)
     assert failed is None, failed.report()

@@ -396,11 +396,14 @@ class LakeCommitter:
                 f"{sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
                 "intermediate savepoint's files are cleaned up once a later checkpoint lands the same ranges), "
                 "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
-        commit = sink.commit_changes if self.changes else sink.commit
         try:
             watermark = {"event_times": dict(event_times)} if event_times else {}  # sinks of older callers take none
-            committed = commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
-                               cluster_id=self.cluster_id, **watermark)
+            if self.changes:
+                committed = sink.commit_changes(self.context.job_id, checkpoint_id, files,
+                                                offsets=dict(offsets) or None, cluster_id=self.cluster_id, **watermark)
+            else:  # only while the table still holds what the checks above read (check_unchanged)
+                committed = sink.commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
+                                        cluster_id=self.cluster_id, checked_at=done, **watermark)
         except LakeSchemaError as exc:  # say which records did not fit
             where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
                               if end > start)

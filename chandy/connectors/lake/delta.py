@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from types import EllipsisType
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -51,6 +52,7 @@ from chandy.connectors.lake.sink import (
     LakeCommitError,
     SchemaChecked,
     TableProgress,
+    check_unchanged,
     merge_schemas,
     offsets_from_json,
     offsets_to_json,
@@ -293,7 +295,8 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
 
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
-               event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
+               event_times: Mapping[TP, int] | None = None,
+               checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
         """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id)
         and ``commitInfo`` recording the job, the checkpoint, the records and files added and the
         ``offsets`` (end offset per (topic, partition), cumulative) it covers, and the
@@ -302,11 +305,14 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         Returns the :class:`LakeCommit` made (its version), or None (committing nothing) when the
         table already holds this checkpoint or a later one of the job, or when there are neither
         files nor offsets to record (a commit with offsets but no files records progress: records
-        that were all filtered out or dead-lettered are landed too).
+        that were all filtered out or dead-lettered are landed too). ``checked_at``: the job's
+        newest checkpoint in the table when the committer checked the ranges of these files
+        (:func:`~chandy.connectors.lake.sink.check_unchanged`), before and after a conflict.
 
         Raises:
             LakeSchemaError: the files' schema does not fit the table's.
-            LakeCommitError: delta-rs refused the commit.
+            LakeCommitError: delta-rs refused the commit, or another coordinator of the job
+                committed since ``checked_at``.
         """
         from deltalake.transaction import AddAction, CommitProperties, Transaction, create_table_with_add_actions
 
@@ -340,6 +346,8 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
         if table is not None and merged is not None and self.add_columns:
             table = self._add_columns(table, merged, checkpoint_id)
+        check_unchanged(self.table_uri, job_id, checkpoint_id, done, checked_at)
+        read_done = done if checked_at is ... else checked_at
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
                 if fields is None:
@@ -368,6 +376,9 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
                     log.info("checkpoint %d: commit conflicted but is in %s (%s): done", checkpoint_id, self.table_uri,
                              "this commit landed" if ours else "another coordinator of the job committed it")
                     return ours
+                # delta-rs refuses a commit racing one of the same app id; committing again on the
+                # new version would skip the committer's check of what that commit holds
+                check_unchanged(self.table_uri, job_id, checkpoint_id, done, read_done)
                 fields = None if table is None else self._fields_of(table)
                 log.warning("checkpoint %d: concurrent commit to %s (%s): retrying (attempt %d of %d)", checkpoint_id,
                             self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)

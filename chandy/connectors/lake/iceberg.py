@@ -27,6 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import EllipsisType
 from typing import Any
 from urllib.parse import quote
 
@@ -36,6 +37,7 @@ from chandy.connectors.lake.cleanup import delete_files, job_files
 from chandy.connectors.lake.iceberg_catalog import catalog_properties_for, parse_iceberg_uri
 from chandy.connectors.lake.iceberg_commits import (
     PROPERTY_PREFIX,
+    commit_failure,
     commit_in,
     commit_record,
     commits_after,
@@ -54,6 +56,7 @@ from chandy.connectors.lake.sink import (
     LakeCommitError,
     SchemaChecked,
     TableProgress,
+    check_unchanged,
     evolves,
     merge_schemas,
     offsets_from_json,
@@ -283,15 +286,19 @@ class IcebergSink(SchemaChecked):
 
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
-               event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
+               event_times: Mapping[TP, int] | None = None,
+               checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
         """Add ``files`` in one Iceberg commit recording (job id, checkpoint id, offsets, records and
         files added) in the snapshot summary and the table properties. Returns the
         :class:`LakeCommit` made (its snapshot), or None (committing nothing) when the table already
         holds this checkpoint or a later one, or there is nothing to record.
 
+        ``checked_at``: see :func:`~chandy.connectors.lake.sink.check_unchanged`.
+
         Raises:
             LakeSchemaError: the files' schema does not fit the table's.
-            LakeCommitError: the catalog refused the commit (after ``COMMIT_ATTEMPTS`` conflicts).
+            LakeCommitError: the catalog refused the commit (after ``COMMIT_ATTEMPTS`` conflicts),
+                or another coordinator of the job committed since ``checked_at``.
         """
         files = list(files)
         token = uuid.uuid4().hex  # tells this commit apart from the same checkpoint's commit by another coordinator
@@ -311,6 +318,9 @@ class IcebergSink(SchemaChecked):
                 log.info("checkpoint %d: commit conflicted but is in %s (%s): done", checkpoint_id, self.table_uri,
                          "this commit landed" if ours else "another coordinator of the job committed it")
                 return ours
+            if attempt == 1 and checked_at is ...:
+                checked_at = done  # a conflict must find the job where this commit found it
+            check_unchanged(self.table_uri, job_id, checkpoint_id, done, checked_at)
             if not files and (not offsets or table is None):
                 return None
             fields = None if table is None else self._fields_of(table)
@@ -339,7 +349,7 @@ class IcebergSink(SchemaChecked):
                 action = f"committing checkpoint {checkpoint_id} to {self.table_uri}"
                 reloaded = self._landed_after(exc, token, action)
                 if reloaded is None:
-                    failure = self._commit_failure(exc, attempt, action)
+                    failure = commit_failure(exc, attempt, action)
                     if failure is not None:
                         raise failure from exc
                     continue
@@ -363,16 +373,6 @@ class IcebergSink(SchemaChecked):
 
         return apply_changes(self, job_id, checkpoint_id, files, offsets=offsets, cluster_id=cluster_id,
                              event_times=event_times)
-
-    def _commit_failure(self, exc: Exception, attempt: int, action: str) -> LakeCommitError | None:
-        """After commit attempt ``attempt`` failed with ``exc``: the error to raise (any failure
-        but a lost race with a concurrent commit, or the last attempt's), else None after waiting
-        before the next attempt."""
-        if not is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
-            return LakeCommitError(f"{action} failed (attempt {attempt}): {type(exc).__name__}: {exc}")
-        log.warning("%s met a concurrent commit (%s): retrying", action, exc)
-        time.sleep(min(2.0, 0.05 * 2 ** attempt))
-        return None
 
     def _landed_after(self, exc: Exception, token: str, action: str) -> Any | None:
         """The table when the commit carrying ``token`` landed despite ``exc``, else None; raises

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from chandy.connectors.lake.sink import (
+    COMMIT_ATTEMPTS,
     COMMIT_TOKEN,
     EVENT_TIMES_KEY,
     FILES_KEY,
@@ -106,6 +107,17 @@ def is_conflict(exc: BaseException) -> bool:
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
     return isinstance(exc, CommitFailedException | ValidationException)
+
+
+def commit_failure(exc: Exception, attempt: int, action: str) -> LakeCommitError | None:
+    """After commit attempt ``attempt`` (of ``COMMIT_ATTEMPTS``) failed with ``exc``: the error to
+    raise (any failure but a lost race with a concurrent commit, or the last attempt's), else None
+    after waiting before the next attempt."""
+    if not is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
+        return LakeCommitError(f"{action} failed (attempt {attempt}): {type(exc).__name__}: {exc}")
+    log.warning("%s met a concurrent commit (%s): retrying", action, exc)
+    time.sleep(min(2.0, 0.05 * 2 ** attempt))
+    return None
 
 
 def is_refusal(exc: BaseException) -> bool:

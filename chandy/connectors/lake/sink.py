@@ -19,6 +19,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from types import EllipsisType
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -58,6 +59,29 @@ class LakeDivergenceError(LakeCommitError, SuppressRestartsError):
 
 
 TP = tuple[str, int]
+
+
+def check_unchanged(table_uri: str, job_id: str, checkpoint_id: int, done: int | None,
+                    checked_at: int | None | EllipsisType) -> None:
+    """A sink's commit of ``checkpoint_id`` goes on only while the job's newest checkpoint in the
+    table (``done``, just read by the commit) is still the one the committer checked the commit's
+    ranges against (``checked_at``; ``...``: not given). Another coordinator of the job committed
+    between the check and the commit otherwise (a zombie, a run it did not fence, one job under two
+    coordinator logs), and committing would land what that commit may hold twice (found by the
+    commit-protocol simulation, family ``two-logs-faults``). A ``done`` at or past
+    ``checkpoint_id`` is the caller's (the table holds it: nothing is committed, and the committer
+    compares what it holds).
+
+    Raises:
+        LakeCommitError: the checkpoint fails; the next one reads the table again.
+    """
+    if checked_at is ... or done == checked_at or (done is not None and done >= checkpoint_id):
+        return
+    then = "none of the job's checkpoints" if checked_at is None else f"the job's checkpoint {checked_at}"
+    raise LakeCommitError(
+        f"committing checkpoint {checkpoint_id} to {table_uri}: another coordinator of job {job_id} committed its "
+        f"checkpoint {done} since this commit's ranges were checked against the table (which then held {then}); "
+        "not committed, so no record lands twice: the next checkpoint reads the table again")
 
 #: commitInfo (Delta) / snapshot summary and table property (Iceberg) key of a random token each
 #: commit carries: after a conflict, the table's commit of the checkpoint is this writer's only if it
@@ -463,7 +487,8 @@ class LakeSink(Protocol):
 
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[tuple[str, int], int] | None = None,
-               cluster_id: str | None = None, event_times: Mapping[TP, int] | None = None) -> LakeCommit | None: ...
+               cluster_id: str | None = None, event_times: Mapping[TP, int] | None = None,
+               checked_at: int | None | EllipsisType = ...) -> LakeCommit | None: ...
 
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[tuple[str, int], int] | None = None,

@@ -104,6 +104,33 @@ def test_a_checkpoint_another_coordinator_committed_with_the_same_end_from_anoth
     assert offsets(a.sink) == list(range(12))
 
 
+def test_a_commit_another_coordinator_races_between_the_check_and_the_commit_is_refused(tmp_path, table) -> None:
+    """Found by the commit-protocol simulation (family two-logs-faults, seed 213): the committer
+    checked its ranges against the table, then another coordinator of the job committed, then this
+    one committed: its records landed twice. The sink now commits only while the job's newest
+    checkpoint in the table is still the one the check read (``checked_at``), and the race fails
+    the checkpoint instead."""
+    uri, catalog = table
+    a, b = Run(tmp_path, "a", uri, catalog), Run(tmp_path, "b", uri, catalog)
+    a.committer.reset_to_checkpoint(-1, None)
+    a.complete(1, 0, 5)
+    b.committer.reset_to_checkpoint(1, None)
+    commit = a.sink.commit
+
+    def raced(*args, **kwargs):  # the other coordinator's commit lands between the check and this commit
+        b.complete(2, 5, 12)
+        return commit(*args, **kwargs)
+
+    a.sink.commit = raced  # type: ignore[method-assign]
+    published = len(a.context.published)
+    with pytest.raises(LakeCommitError, match=r"another coordinator of job .* committed its checkpoint 2 since this "
+                                              r"commit's ranges were checked against the table \(which then held "
+                                              r"the job's checkpoint 1\)"):
+        a.complete(3, 5, 10)
+    assert len(a.context.published) == published
+    assert offsets(a.sink) == list(range(12))  # every offset once
+
+
 def test_a_committer_whose_memory_is_behind_the_table_reads_it_again(tmp_path, table) -> None:
     """A zombie: it committed checkpoint 1, then another coordinator committed 2 and 3. The
     zombie's next checkpoint (4, from its memory at offset 5) would land [5, 9) again: refused,
