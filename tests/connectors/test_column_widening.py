@@ -123,3 +123,30 @@ def test_the_sinks_schema_checks_take_a_widening_only_when_the_table_can() -> No
     with pytest.raises(LakeSchemaError, match="column qty is long in one file but integer in another"):
         merge_schemas([narrow, wide])
     assert evolves(wide, table) and not evolves(narrow, table) and not evolves(narrow, {**table, "qty": "long"})
+
+
+def test_an_iceberg_table_widened_still_lists_and_cleans_its_files(tmp_path) -> None:
+    """Found by the slow kill-during-widening test: once Iceberg widened ``qty`` (int to long), a
+    restore's cleanup listed the table's files with pyiceberg's ``inspect`` tables, which decode
+    the older files' 4-byte int bounds as longs and fail (``struct.error: unpack requires a buffer
+    of 8 bytes``): the job could never restore again. Files of both widths, a commit each, then
+    the listings a restore reads and its cleanup (an unreferenced file of an aborted checkpoint)."""
+    from chandy.connectors.lake.sinks import open_sink
+
+    job = "0123456789abcdef0123456789abcdef"
+    sink = open_sink("iceberg://local/lake.widened", catalog_properties={"warehouse": str(tmp_path / "wh")},
+                     add_columns=True)
+
+    def rows(qty_type: pa.DataType, start: int) -> pa.Table:
+        return pa.table({"offset": pa.array([start, start + 1], pa.int64()),
+                         "qty": pa.array([-start, 2**40 if qty_type == pa.int64() else 7], qty_type)})
+
+    for checkpoint, qty_type in ((1, pa.int32()), (2, pa.int64())):
+        files = sink.write_files(rows(qty_type, 2 * checkpoint), job_id=job, checkpoint_id=checkpoint, subtask=0,
+                                 attempt=0)
+        assert sink.commit(job, checkpoint, files, offsets={("t", 0): 2 * checkpoint + 2})
+    assert dict(sink.table_fields() or {})["qty"] == "long"
+    orphan = sink.write_files(rows(pa.int64(), 6), job_id=job, checkpoint_id=3, subtask=0, attempt=0)
+    assert len(sink.referenced_files()) == 2
+    assert sink.delete_unreferenced(job) == [orphan[0].path]
+    assert sorted(sink.read_table().column("qty").to_pylist()) == [-4, -2, 7, 2**40]

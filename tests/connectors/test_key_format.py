@@ -6,6 +6,7 @@ named, and the other records' keys stay on their rows."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -78,3 +79,70 @@ def test_avro_keys_are_read_with_their_writer_schemas_from_the_registry() -> Non
     assert decoded.schema.field("key_shard").type == pa.int32()  # typed as the key's writer schema says
     assert bad is not None and bad.column("offset").to_pylist() == [2]
     assert "key: WireFormatError: not the Confluent wire format" in bad.column("error_message")[0].as_py()
+
+
+def _order_key_class() -> Any:
+    """``chandy.test.OrderKey`` (proto3): id int64, region string."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="chandy/test/order_key.proto", package="chandy.test",
+                                               syntax="proto3")
+    key = proto.message_type.add(name="OrderKey")
+    key.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    key.field.add(name="region", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(proto.SerializeToString())
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("chandy.test.OrderKey"))
+
+
+def test_protobuf_and_json_schema_keys_become_key_columns_read_through_the_registry() -> None:
+    """``--key-format protobuf`` and ``json-schema``: keys written by confluent-kafka's own
+    ``ProtobufSerializer`` and ``JSONSerializer`` (Confluent framing, schemas registered under
+    ``<topic>-key``) land as ``key_<field>`` columns beside raw values, each as protobuf's runtime
+    or the JSON reads it; a key not so framed is a bad record named ``key: ...``, the others keep
+    their rows."""
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from chandy.connectors.spark.registry import registry_client
+
+    settings = {"url": "mock://chandy-keys-protobuf-json"}
+    registry = registry_client(settings)
+    context = SerializationContext("t", MessageField.KEY)
+    order_key = _order_key_class()
+    protobuf_key = ProtobufSerializer(order_key, registry, {"auto.register.schemas": True,
+                                                            "use.deprecated.format": False})
+    keys = [protobuf_key(order_key(id=7, region="eu"), context), protobuf_key(order_key(id=8), context), b"\x01bad"]
+    decoder = ValueDecoder("raw", pa.schema([]), (), ("offset", "value"), key_format="protobuf", key_as_written=True,
+                           schema_registry=tuple(sorted(settings.items())), errors_tolerance="all")
+    decoded, bad, _ = decoder.decode(_batch([(k, f"v{i}".encode()) for i, k in enumerate(keys)]))
+    assert decoded.to_pylist() == [{"offset": 0, "key_id": 7, "key_region": "eu", "value": b"v0"},
+                                   {"offset": 1, "key_id": 8, "key_region": "", "value": b"v1"}]
+    assert decoded.schema.field("key_id").type == pa.int64()
+    assert bad is not None and bad.column("offset").to_pylist() == [2]
+    assert bad.column("error_message")[0].as_py().startswith("key: ")
+
+    key_schema = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "OrderKey", "type": "object",
+                  "properties": {"id": {"type": "integer"}, "region": {"type": "string"}}, "required": ["id"]}
+    json_key = JSONSerializer(json.dumps(key_schema), registry, conf={"auto.register.schemas": True})
+    keys = [json_key({"id": 9, "region": "us"}, context), json_key({"id": 10}, context), b'{"id": 11}']
+    decoder = ValueDecoder("raw", pa.schema([]), (), ("offset", "value"), key_format="json-schema",
+                           schema_registry=tuple(sorted(settings.items())), errors_tolerance="all")
+    decoded, bad, _ = decoder.decode(_batch([(k, f"v{i}".encode()) for i, k in enumerate(keys)]))
+    assert decoded.to_pylist() == [{"offset": 0, "key_id": 9, "key_region": "us", "value": b"v0"},
+                                   {"offset": 1, "key_id": 10, "key_region": None, "value": b"v1"}]
+    assert bad is not None and bad.column("offset").to_pylist() == [2]  # plain JSON: not Confluent-framed
+    assert bad.column("error_message")[0].as_py().startswith("key: ")
+
+
+def test_protobuf_and_json_schema_keys_need_a_registry() -> None:
+    from chandy.connectors.spark.options import PipelineError, PipelineOptions
+
+    for key_format in ("protobuf", "json-schema"):
+        with pytest.raises(PipelineError, match="--key-format protobuf and json-schema need --schema-registry-url"):
+            PipelineOptions(table_uri="t", bootstrap_servers="k:1", topics=("a",), key_format=key_format)
+        options = PipelineOptions(table_uri="t", bootstrap_servers="k:1", topics=("a",), key_format=key_format,
+                                  schema_registry={"url": "http://registry:8081"})
+        assert options.key_format == key_format

@@ -127,3 +127,61 @@ def test_value_columns_of_a_table_leave_out_kafkas_and_name_renamed_fields() -> 
     assert columns.names == ["id", "value_offset", "when"] and names == ("id", "offset", "when")
     assert columns.field("when").type == pa.timestamp("us", "UTC")
     assert value_columns(None) == (pa.schema([]), ())
+
+
+def _customer_class() -> Any:
+    """``chandy.test.Customer`` (proto3): id string, email string; its ``id`` is a string where
+    ``chandy.test.Order``'s is an int64."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="chandy/test/customer.proto", package="chandy.test",
+                                               syntax="proto3")
+    customer = proto.message_type.add(name="Customer")
+    customer.field.add(name="id", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    customer.field.add(name="email", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(proto.SerializeToString())
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("chandy.test.Customer"))
+
+
+def test_protobuf_message_types_route_by_their_full_names_into_their_own_tables(tmp_path) -> None:
+    """Protobuf as Avro: one topic carrying two message types (confluent-kafka's
+    ``ProtobufSerializer``, TopicRecordNameStrategy-like subjects), routed by the writer message's
+    full name (``package.Message``), each part decoded with its own table's columns: Order's ``id``
+    an int64, Customer's a string; every value as protobuf's runtime reads it."""
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from chandy.connectors.spark.registry import registry_client
+    from tests.fixtures.protobuf_messages import expected_row, order, order_class
+
+    settings = {"url": "mock://routed-protobuf"}
+    registry = registry_client(settings)
+    context = SerializationContext("t", MessageField.VALUE)
+    orders, customers = order_class(1), _customer_class()
+    serialize = {cls: ProtobufSerializer(cls, registry, {"auto.register.schemas": True, "use.deprecated.format": False,
+                                                         "subject.name.strategy": lambda c, r, n=name: f"t-{n}"})
+                 for cls, name in ((orders, "Order"), (customers, "Customer"))}
+    messages = [order(orders, 1), customers(id="c-1", email="a@x"), order(orders, 2), customers(id="c-2")]
+    raws = [("t", serialize[type(m)](m, context)) for m in messages]
+    decoder = ValueDecoder("protobuf", pa.schema([]), (), ("topic", "offset"),
+                           schema_registry=tuple(sorted(settings.items())), unknown_fields="add", as_written=True)
+    router = Router.parse([r"chandy\.test\.(\w+)=" + str(tmp_path / "$1")], by="record-name").resolved()
+    task = _Task(router, decoder)
+    assert routes_before_decoding(task)
+    assert record_names(_batch(raws).column("value"), decoder) == [
+        "chandy.test.Order", "chandy.test.Customer", "chandy.test.Order", "chandy.test.Customer"]
+    dead = _Dead()
+    groups = dict(by_destination(list(decode_routed(task, iter([_batch(raws)]), lambda uri: None, dead))))
+    order_rows = pa.Table.from_batches(groups[f"file://{tmp_path}/Order"]).to_pylist()
+    customer_table = pa.Table.from_batches(groups[f"file://{tmp_path}/Customer"])
+    assert [r["offset"] for r in order_rows] == [0, 2]
+    for row, i in zip(order_rows, (1, 2), strict=True):
+        expected = expected_row(order(orders, i))
+        assert {k: sorted(row[k]) if k == "attrs" else row[k] for k in expected} == expected  # a map: unordered
+    assert customer_table.schema.field("id").type == pa.string()
+    assert pa.Table.from_batches(groups[f"file://{tmp_path}/Order"]).schema.field("id").type == pa.int64()
+    assert customer_table.to_pylist() == [{"topic": "t", "offset": 1, "id": "c-1", "email": "a@x"},
+                                          {"topic": "t", "offset": 3, "id": "c-2", "email": ""}]
+    assert dead.bad == [] and None not in groups

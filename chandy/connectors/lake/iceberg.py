@@ -41,6 +41,7 @@ from chandy.connectors.lake.iceberg_commits import (
     commit_in,
     commit_record,
     commits_after,
+    data_file_paths,
     is_conflict,
     landed_after,
     recorded_event_times,
@@ -383,8 +384,7 @@ class IcebergSink(SchemaChecked):
         """Paths (relative to the table root) of the data files any snapshot references."""
         if table is None or table.current_snapshot() is None:
             return set()
-        paths = table.inspect.all_data_files().column("file_path").to_pylist()
-        return {self._relative(p) for p in paths}
+        return {self._relative(p) for p in data_file_paths(table, table.snapshots())}
 
     def _relative(self, path: str) -> str:
         for prefix in (self.root_url + "/", self.root + "/", "file://" + self.root + "/"):
@@ -397,7 +397,7 @@ class IcebergSink(SchemaChecked):
         table = self._load()
         if table is None or table.current_snapshot() is None:
             return set()
-        return {self._relative(p) for p in table.inspect.data_files().column("file_path").to_pylist()}
+        return {self._relative(p) for p in data_file_paths(table, [table.current_snapshot()])}
 
     def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]:
         """Delete this job's data files that no snapshot references (aborted or crashed

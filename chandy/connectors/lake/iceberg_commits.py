@@ -109,6 +109,22 @@ def is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, CommitFailedException | ValidationException)
 
 
+def data_file_paths(table: Any, snapshots: Any) -> set[str]:
+    """The paths of the data files the manifests of ``snapshots`` list (live entries), read from
+    the manifests themselves. Not pyiceberg's ``inspect`` tables: they decode every column's
+    bounds with the table's *current* schema, which fails (``struct.error``) on the 4-byte bounds
+    an int column's older files keep once Iceberg's type promotion made it a long, so a restore
+    after a widening could never list what the table references."""
+    from pyiceberg.manifest import ManifestContent
+
+    paths: set[str] = set()
+    for snapshot in snapshots:
+        for manifest in snapshot.manifests(table.io):
+            if manifest.content == ManifestContent.DATA:
+                paths.update(entry.data_file.file_path for entry in manifest.fetch_manifest_entry(table.io))
+    return paths
+
+
 def commit_failure(exc: Exception, attempt: int, action: str) -> LakeCommitError | None:
     """After commit attempt ``attempt`` (of ``COMMIT_ATTEMPTS``) failed with ``exc``: the error to
     raise (any failure but a lost race with a concurrent commit, or the last attempt's), else None

@@ -44,7 +44,8 @@ class PipelineDecoding(PipelineCore):
         value_format = "json" if opts.value_format in (None, "json-schema") else opts.value_format
         columns, names, key_columns, key_names = self._key_columns(columns, names)
         return ValueDecoder(value_format, columns, names, keep, key_format=opts.key_format, key_columns=key_columns,
-                            key_names=key_names, key_as_written=opts.key_format == "avro" and not opts.key_schema,
+                            key_names=key_names, key_as_written=(opts.key_format == "avro" and not opts.key_schema)
+                            or opts.key_format == "protobuf",
                             avro_schema=opts.value_schema
                             if opts.value_format == "avro" else None, avro_framing=opts.avro_framing,
                             avro_schema_id=opts.avro_schema_id, unknown_fields=unknown_fields,
@@ -60,10 +61,10 @@ class PipelineDecoding(PipelineCore):
         their names, the key's columns known at start, their fields in the key): ``--key-schema``'s
         fields, then the table's ``key_*`` columns (added by earlier keys). Keys read as written
         from a registry, and JSON keys, start from the table's alone (new fields add columns)."""
-        from chandy.connectors.spark.keys import split_key_columns
+        from chandy.connectors.spark.keys import FIELD_KEY_FORMATS, split_key_columns
 
         opts = self.options
-        if opts.key_format not in ("json", "avro"):
+        if opts.key_format not in FIELD_KEY_FORMATS:
             return columns, names, pa.schema([]), ()
         return split_key_columns(columns, names, opts.key_schema if opts.key_format == "avro" else None)
 

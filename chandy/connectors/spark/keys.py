@@ -9,7 +9,10 @@
   (:class:`~chandy.connectors.spark.decode.ValueDecoder`): Avro with ``--key-schema`` or, with a
   Schema Registry, each key read with its own writer schema (the ``<topic>-key`` subject's latest
   version gives the columns at start); JSON objects with their fields' types inferred, new fields
-  adding columns with schema evolution. The ``key`` column keeps the bytes. A null key gives null
+  adding columns with schema evolution. ``protobuf`` / ``json-schema``: Confluent-framed keys read
+  through the registry as their values are (each Protobuf key with its own writer message, a JSON
+  Schema key's 5-byte header checked and its JSON read), new fields adding columns. The ``key``
+  column keeps the bytes. A null key gives null
   key columns; a key that does not decode (not JSON, not Avro of its schema, not framed) makes its
   record bad, named ``key: ...``, never a row with the key's columns null.
 """
@@ -26,7 +29,9 @@ from chandy.connectors.spark.records import KAFKA_COLUMNS
 #: the prefix of a key field's column (Flink's ``key.fields-prefix``)
 KEY_PREFIX = "key_"
 #: what ``--key-format`` takes
-KEY_FORMATS = ("raw", "string", "json", "avro")
+KEY_FORMATS = ("raw", "string", "json", "avro", "protobuf", "json-schema")
+#: the formats whose fields become ``key_<field>`` columns
+FIELD_KEY_FORMATS = ("json", "avro", "protobuf", "json-schema")
 
 
 def with_key_fields(decoder: Any, values_schema: pa.Schema) -> pa.Schema:
@@ -71,14 +76,15 @@ def split_key_columns(columns: pa.Schema, names: tuple[str, ...], key_schema: st
 
 
 def key_decoder(decoder: Any) -> Any:
-    """The decoder of ``decoder``'s keys (``json`` or ``avro``): every key a row (a null key
-    null columns), bad keys kept as bad records, new fields added as columns."""
+    """The decoder of ``decoder``'s keys (one of :data:`FIELD_KEY_FORMATS`): every key a row (a
+    null key null columns), bad keys kept as bad records, new fields added as columns."""
+    schema_framed = decoder.key_format == "json-schema"
     return dataclasses.replace(
-        decoder, value_format=decoder.key_format, columns=decoder.key_columns, source_names=decoder.key_names,
-        keep=(), avro_schema=decoder.key_schema if decoder.key_format == "avro" else None,
+        decoder, value_format="json" if schema_framed else decoder.key_format, columns=decoder.key_columns,
+        source_names=decoder.key_names, keep=(), avro_schema=decoder.key_schema if decoder.key_format == "avro" else None,
         avro_schema_id=None, unknown_fields="add", tombstones="null", errors_tolerance="all", cdc=None,
-        as_written=decoder.key_as_written, columns_schema_id=None, json_framing="plain", key_format="raw",
-        key_columns=pa.schema([]), key_names=())
+        as_written=decoder.key_as_written, columns_schema_id=None, json_framing="confluent" if schema_framed else "plain",
+        key_format="raw", key_columns=pa.schema([]), key_names=())
 
 
 def _column_name(name: str) -> str:

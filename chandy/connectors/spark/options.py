@@ -15,6 +15,7 @@ from typing import Any
 from chandy.connectors.kafka.source.offsets import OffsetsSpecError, parse_offsets_spec
 from chandy.connectors.lake.sinks import is_iceberg
 from chandy.connectors.lake.uri import normalize_table_uri
+from chandy.connectors.spark.keys import KEY_FORMATS
 from chandy.connectors.spark.progress import CHECKPOINT_PHASES as CHECKPOINT_PHASES  # re-exported
 from chandy.connectors.spark.progress import PipelineProgress as PipelineProgress
 from chandy.connectors.spark.progress import PipelineSummary as PipelineSummary
@@ -338,9 +339,10 @@ class PipelineOptions:
     key_schema: str | None = _opt(None, "--key-schema", read_at_file=True, help=(
         "Avro keys' schema (JSON or @file), read with --avro-framing, with --cdc or --key-format avro  [default: "
         "JSON keys, or the Schema Registry's schema with --avro-framing confluent]"))
-    key_format: str = _opt("raw", "--key-format", choices=("raw", "string", "json", "avro"), help=(
-        "raw: the key column holds Kafka's bytes; string: UTF-8 text; json, avro: the key's fields become columns "
-        "key_<field> (Avro: --key-schema, or each key's writer schema from the Schema Registry, <topic>-key)."))
+    key_format: str = _opt("raw", "--key-format", choices=KEY_FORMATS, help=(
+        "raw: the key column holds Kafka's bytes; string: UTF-8 text; json, avro, protobuf, json-schema: the key's "
+        "fields become columns key_<field> (Avro: --key-schema, or each key's writer schema from the Schema Registry; "
+        "Protobuf and JSON Schema: Confluent-framed, through the Schema Registry)."))
 
     def __post_init__(self) -> None:
         _restart_strategy_options(self.flink_conf, self.restart_strategy)  # a bad -D restart-strategy.* fails now
@@ -381,10 +383,12 @@ class PipelineOptions:
             raise PipelineError(f"Avro framing must be single-object, confluent or raw, got {self.avro_framing!r}")
         if self.schema_registry and self.value_format not in ("json-schema", "protobuf") and (
                 self.value_format != "avro" or self.avro_framing != "confluent") and (
-                self.key_format != "avro" or self.avro_framing != "confluent" or self.value_format == "avro"):
+                self.key_format != "avro" or self.avro_framing != "confluent" or self.value_format == "avro") and (
+                self.key_format not in ("protobuf", "json-schema")):
             raise PipelineError("a Schema Registry (--schema-registry-url) needs --value-format avro --avro-framing "
                                 "confluent (the registry resolves each record's writer schema by its ID), "
-                                "--value-format json-schema, --value-format protobuf or --key-format avro")
+                                "--value-format json-schema, --value-format protobuf or --key-format avro, "
+                                "protobuf or json-schema")
         if self.schema_registry and "url" not in self.schema_registry:
             raise PipelineError("Schema Registry settings need a url (--schema-registry-url)")
         if self.transform and ":" not in self.transform:
@@ -476,9 +480,11 @@ class PipelineOptions:
             raise PipelineError("--cdc cannot take a --transform: the merge needs the change records as decoded "
                                 "(their key, operation, partition and offset)")
         if self.key_format != "raw" and (self.cdc or (self.key_format == "avro" and not (
-                self.key_schema or (self.schema_registry and self.avro_framing == "confluent")))):
+                self.key_schema or (self.schema_registry and self.avro_framing == "confluent"))) or (
+                self.key_format in ("protobuf", "json-schema") and not self.schema_registry)):
             raise PipelineError("--key-format takes the keys of plain values (with --cdc the change's key is the row's "
-                                "id); --key-format avro needs --key-schema or --schema-registry-url with Confluent framing")
+                                "id); --key-format avro needs --key-schema or --schema-registry-url with Confluent "
+                                "framing; --key-format protobuf and json-schema need --schema-registry-url")
         if (self.id_columns or (self.key_schema and self.key_format != "avro")) and not self.cdc:
             raise PipelineError("--id-columns and --key-schema go with --cdc debezium or upsert")
         columns = tuple(c.strip() for text in self.id_columns for c in text.split(",") if c.strip())

@@ -166,9 +166,9 @@ def decode_routed(options: RoutedTask, batches: Iterator[pa.RecordBatch], table_
                 assert uri is not None
                 columns, names = value_columns(table_fields(uri))
                 key_columns, key_names = decoder.key_columns, decoder.key_names
-                if decoder.key_format in ("json", "avro"):
-                    from chandy.connectors.spark.keys import split_key_columns
+                from chandy.connectors.spark.keys import FIELD_KEY_FORMATS, split_key_columns
 
+                if decoder.key_format in FIELD_KEY_FORMATS:
                     columns, names, key_columns, key_names = split_key_columns(
                         columns, names, decoder.key_schema if decoder.key_format == "avro" else None)
                 decoders[uri] = dataclasses.replace(decoder, columns=columns, source_names=names, key_columns=key_columns,
