@@ -251,7 +251,7 @@ def test_two_logs_same_end_other_start_keep_the_protocol(quiet: None) -> None:
     only the end offsets the table recorded for checkpoint N, so another run's commit of N with the
     same end from another start passed, and LAKE_COMMITTED named ranges the table does not hold
     (seed 1000705: checkpoint 8 announced as [40, 50), the table's 8 holds [45, 50)). It now
-    compares the starts with the job's commit before N too."""
+    refuses a start below where the job's commit before N ended too."""
     for seed in (1000705, 1003233, 1003861):
         result = run_schedule(seed, "two-logs")
         assert not result.violations, result.report()

@@ -327,12 +327,12 @@ class LakeCommitter:
 
     def _check_recorded(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges) -> None:
         """The table holds ``checkpoint_id`` already: its commit of it must record exactly the ends
-        of this committer's ranges, and the job's commit before it exactly their starts (the table's
-        own range is from one to the other), or the two disagree about what landed (another
+        of this committer's ranges, and the job's commit before it must not end above their starts
+        (the table's own range starts there), or the two disagree about what landed (another
         coordinator of the job committed other ranges under the same ID) and skipping it,
         announcing these ranges or committing them to the consumer group would lose or duplicate
-        records. A routed table's commit before may be older (the records between went to other
-        tables): there a start below it disagrees.
+        records. The commit before found may end below a start: a routed table's records between
+        went to other tables, and an Iceberg commit that added no file made no snapshot to find.
 
         Raises:
             LakeCommitError: naming the partition, both ranges and both sides.
@@ -342,12 +342,11 @@ class LakeCommitter:
         if recorded is None:
             return  # no commit of its own (a routed table it routed nothing to), or its history is gone: held checks
         before = self._offsets_before(sink, checkpoint_id)
-        routed = sink is not self.sink
         for (topic, partition), (start, end) in sorted(ranges.items()):
             has = recorded.get((topic, partition))
             had = before.get((topic, partition)) if before is not None else None
             same_end = has == end or (has is None and end <= start)
-            same_start = had is None or had == start or (routed and had < start)
+            same_start = had is None or had <= start
             if same_end and same_start:
                 continue
             held = f"[{had}, {has})" if had is not None else f"up to offset {has}"

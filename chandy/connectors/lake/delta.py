@@ -344,10 +344,10 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         for schema in schemas:
             self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
         merged = merge_schemas(schemas, where=f"checkpoint {checkpoint_id}: ") if schemas else None
+        check_unchanged(self.table_uri, job_id, checkpoint_id, done, checked_at)  # before any change to the table
+        read_done = done if checked_at is ... else checked_at
         if table is not None and merged is not None and self.add_columns:
             table = self._add_columns(table, merged, checkpoint_id)
-        check_unchanged(self.table_uri, job_id, checkpoint_id, done, checked_at)
-        read_done = done if checked_at is ... else checked_at
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
                 if fields is None:

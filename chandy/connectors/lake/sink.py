@@ -83,6 +83,7 @@ def check_unchanged(table_uri: str, job_id: str, checkpoint_id: int, done: int |
         f"checkpoint {done} since this commit's ranges were checked against the table (which then held {then}); "
         "not committed, so no record lands twice: the next checkpoint reads the table again")
 
+
 #: commitInfo (Delta) / snapshot summary and table property (Iceberg) key of a random token each
 #: commit carries: after a conflict, the table's commit of the checkpoint is this writer's only if it
 #: holds the token (a fenced coordinator then does not report a newer one's commit as its own)
