@@ -83,17 +83,11 @@ def test_avro_keys_are_read_with_their_writer_schemas_from_the_registry() -> Non
 
 def _order_key_class() -> Any:
     """``chandy.test.OrderKey`` (proto3): id int64, region string."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
 
-    f = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(name="chandy/test/order_key.proto", package="chandy.test",
-                                               syntax="proto3")
-    key = proto.message_type.add(name="OrderKey")
-    key.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
-    key.field.add(name="region", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(proto.SerializeToString())
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("chandy.test.OrderKey"))
+    from tests.fixtures.protobuf_messages import message_class
+
+    return message_class("chandy.test", "OrderKey", [("id", F.TYPE_INT64), ("region", F.TYPE_STRING)])
 
 
 def test_protobuf_and_json_schema_keys_become_key_columns_read_through_the_registry() -> None:

@@ -132,17 +132,11 @@ def test_value_columns_of_a_table_leave_out_kafkas_and_name_renamed_fields() -> 
 def _customer_class() -> Any:
     """``chandy.test.Customer`` (proto3): id string, email string; its ``id`` is a string where
     ``chandy.test.Order``'s is an int64."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
 
-    f = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(name="chandy/test/customer.proto", package="chandy.test",
-                                               syntax="proto3")
-    customer = proto.message_type.add(name="Customer")
-    customer.field.add(name="id", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    customer.field.add(name="email", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(proto.SerializeToString())
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("chandy.test.Customer"))
+    from tests.fixtures.protobuf_messages import message_class
+
+    return message_class("chandy.test", "Customer", [("id", F.TYPE_STRING), ("email", F.TYPE_STRING)])
 
 
 def test_protobuf_message_types_route_by_their_full_names_into_their_own_tables(tmp_path) -> None:
