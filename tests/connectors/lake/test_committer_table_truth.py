@@ -63,6 +63,17 @@ def table(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str
     return "iceberg://local/lake.t", {"warehouse": str(tmp_path / "wh")}
 
 
+def after_one_checkpoint(tmp_path: Path, table: tuple[str, dict[str, str]], first: str, second: str) -> tuple[Run, Run]:
+    """Two coordinators of the job over one table: ``first`` committed checkpoint 1 ([0, 5)), and
+    ``second`` restored it (its next checkpoint is 2)."""
+    uri, catalog = table
+    a, b = Run(tmp_path, first, uri, catalog), Run(tmp_path, second, uri, catalog)
+    a.committer.reset_to_checkpoint(-1, None)
+    a.complete(1, 0, 5)
+    b.committer.reset_to_checkpoint(1, None)
+    return a, b
+
+
 def test_a_checkpoint_another_coordinator_committed_with_other_ranges_is_refused(tmp_path, table) -> None:
     uri, catalog = table
     a, b = Run(tmp_path, "a", uri, catalog), Run(tmp_path, "b", uri, catalog)
@@ -89,11 +100,7 @@ def test_a_checkpoint_another_coordinator_committed_with_the_same_end_from_anoth
     checkpoint 3 ends where this coordinator's does, but starts elsewhere (the other coordinator's
     checkpoint 2 ended at 8, this one's at 5): the ends alone agree, the ranges do not, and
     announcing [5, 12) would name offsets the table's checkpoint 3 does not hold."""
-    uri, catalog = table
-    a, b = Run(tmp_path, "a", uri, catalog), Run(tmp_path, "b", uri, catalog)
-    a.committer.reset_to_checkpoint(-1, None)
-    a.complete(1, 0, 5)
-    b.committer.reset_to_checkpoint(1, None)
+    a, b = after_one_checkpoint(tmp_path, table, "a", "b")
     b.complete(2, 5, 8)
     b.complete(3, 8, 12)
     published = len(a.context.published)
@@ -111,11 +118,7 @@ def test_a_commit_another_coordinator_races_between_the_check_and_the_commit_is_
     one committed: its records landed twice. The sink now commits only while the job's newest
     checkpoint in the table is still the one the check read (``checked_at``), and the race fails
     the checkpoint instead."""
-    uri, catalog = table
-    a, b = Run(tmp_path, "a", uri, catalog), Run(tmp_path, "b", uri, catalog)
-    a.committer.reset_to_checkpoint(-1, None)
-    a.complete(1, 0, 5)
-    b.committer.reset_to_checkpoint(1, None)
+    a, b = after_one_checkpoint(tmp_path, table, "a", "b")
     commit = a.sink.commit
 
     def raced(*args, **kwargs):  # the other coordinator's commit lands between the check and this commit
@@ -136,11 +139,7 @@ def test_a_committer_whose_memory_is_behind_the_table_reads_it_again(tmp_path, t
     """A zombie: it committed checkpoint 1, then another coordinator committed 2 and 3. The
     zombie's next checkpoint (4, from its memory at offset 5) would land [5, 9) again: refused,
     because the committer reads the table's offsets again (12), not its own (5)."""
-    uri, catalog = table
-    zombie, newer = Run(tmp_path, "z", uri, catalog), Run(tmp_path, "n", uri, catalog)
-    zombie.committer.reset_to_checkpoint(-1, None)
-    zombie.complete(1, 0, 5)
-    newer.committer.reset_to_checkpoint(1, None)
+    zombie, newer = after_one_checkpoint(tmp_path, table, "z", "n")
     newer.complete(2, 5, 8)
     newer.complete(3, 8, 12)
     with pytest.raises(LakeCommitError, match=r"would land t-0 offsets \[5, 9\) but table .* already holds that "
