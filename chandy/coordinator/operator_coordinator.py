@@ -127,6 +127,16 @@ class OperatorCoordinatorContext(Protocol):
         a coordinator of the job started later takes only higher IDs."""
         ...
 
+    def when_logged(self, action: Callable[[], Any]) -> None:
+        """Run ``action`` on the mailbox thread once everything this coordinator has appended to
+        its log so far is durable (its transactions committed, in order); never, when the log
+        writer stops first (fenced by a newer coordinator, or failed). An action that destroys
+        what another coordinator of the job may use (deleting data files) waits for this: a
+        coordinator whose start is in its log was not fenced when it started, so a coordinator
+        started later replayed a log holding this one's start and every checkpoint ID it knew
+        of, and takes higher ones."""
+        ...
+
     def publish_event(self, checkpoint_id: int, event_type: str, *, records: Sequence[Any] = (),
                       **fields: Any) -> None:
         """Publish a ``CheckpointEvent`` of ``event_type`` about checkpoint ``checkpoint_id`` on

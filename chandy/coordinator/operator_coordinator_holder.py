@@ -161,6 +161,12 @@ class OperatorCoordinatorHolder:
         """See :meth:`OperatorCoordinatorContext.newest_checkpoint_id`."""
         return -1 if self._state_of is None else self._state_of().next_checkpoint_id - 1
 
+    def when_logged(self, action: Callable[[], Any]) -> None:
+        """See :meth:`OperatorCoordinatorContext.when_logged`: an empty batch after everything
+        appended so far (the log writer commits transactions in order and runs their callbacks
+        on the mailbox, or stops for good)."""
+        self.env.append(Batch(), lambda: None if self._closed else action())
+
     def log_records(self, kind: str) -> Mapping[str, Any]:
         """See :meth:`OperatorCoordinatorContext.log_records` (empty without a coordinator state)."""
         return {} if self._state_of is None else self._state_of().records_of(kind)

@@ -41,7 +41,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from chandy.connectors.kafka.source import offsets as offsets_module
 from chandy.connectors.kafka.source.enumerator import KafkaSourceCoordinatorProvider, KafkaSourceOptions
 from chandy.connectors.lake.committer import LakeCommitterProvider
-from chandy.connectors.lake.sink import LakeCommitError
+from chandy.connectors.lake.sink import LakeCommitError, coordinator_log_id
 from chandy.connectors.spark.options import SINK_OPERATOR, SOURCE_OPERATOR
 from chandy.connectors.spark.pipeline import Pipeline
 from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator
@@ -417,7 +417,7 @@ class Process:
             JOB_ID, options, self.env, self.storage, {SINK_OPERATOR: self.parallelism},
             coordinator_providers=[
                 LakeCommitterProvider(SINK_OPERATOR, self.sink, self.storage, offsets_of=offsets_of,  # type: ignore[arg-type]
-                                      cluster_id=CLUSTER_ID),
+                                      cluster_id=CLUSTER_ID, log_id=coordinator_log_id(self.prefix, JOB_ID)),
                 KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
             state=state, transactional_id=self.transactional_id, on_job_status=self._on_job_status,
             coordinator_id=self.name)

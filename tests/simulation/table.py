@@ -11,10 +11,11 @@
   fails as a conflict and is retried on the new version (re-checking the app transaction, as
   ``DeltaLakeSink.commit`` does); any other concurrent commit is rebased;
 - data files live in the table's location from the moment a task writes them; the table
-  references the files its commits added; :meth:`SimSink.delete_unreferenced` deletes the job's
-  files no commit references, as the Delta sink does: it reads what the table references, lists
-  the location, then deletes file by file (separate calls, which the schedule may spread out only
-  when ``SimTable.racy_cleanup`` is set).
+  references the files its commits added; a file's name carries its coordinator log's ID
+  (``coordinator_log_id`` of the process's prefix); :meth:`SimSink.delete_unreferenced` deletes
+  the job's files of its log that no commit references, as the Delta sink does: it lists the
+  location, reads what the table references, then deletes file by file (separate calls, which the
+  schedule may spread out only when ``SimTable.racy_cleanup`` is set).
 
 A data file's content is the offset ranges it holds (what a Spark task read), so the checker
 knows every (topic, partition, offset) the table holds.
@@ -35,6 +36,7 @@ from chandy.connectors.lake.sink import (
     LakeCommitError,
     TableProgress,
     check_unchanged,
+    coordinator_log_id,
 )
 from tests.simulation.kernel import World
 
@@ -87,9 +89,12 @@ class SimTable:
     def referenced(self) -> set[str]:
         return {path for commit in self.commits for path in commit.files}
 
-    def new_name(self, job_id: str, checkpoint_id: int, subtask: int, attempt: int) -> str:
+    def new_name(self, job_id: str, checkpoint_id: int, subtask: int, attempt: int, log_id: str) -> str:
+        """As :func:`~chandy.connectors.lake.sink.data_file_name`, with a counter for its random part
+        (a seed replays exactly)."""
         self._names += 1
-        return f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{self._names:08x}.parquet"
+        return (f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-log{log_id}-"
+                f"{self._names:08x}.parquet")
 
 
 class SimSink:
@@ -224,7 +229,7 @@ class SimSink:
         """A Spark task's files of ``ranges`` (one file), written into the table's location."""
         if not ranges:
             return []
-        path = self.table.new_name(job_id, checkpoint_id, subtask, attempt)
+        path = self.table.new_name(job_id, checkpoint_id, subtask, attempt, coordinator_log_id(self.prefix, job_id))
         records = sum(end - start for _, _, start, end in ranges)
         info = FileInfo(path, job_id, checkpoint_id, ranges, records, self.process)
 
@@ -236,18 +241,21 @@ class SimSink:
         self.world.call("table.write", write, lambda: LakeCommitError(f"writing {path} failed (simulated)"))
         return [DataFile(path, 100 * records, records, {}, self.world.now_ms(), "")]
 
-    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]:
+    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None,
+                            log_id: str | None = None) -> list[str]:
         """As ``DeltaLakeSink.delete_unreferenced`` (see the module docstring)."""
         racy = self.table.racy_cleanup
         allowed = ("ok", "fail", "delay", "late") if racy else ("ok", "fail")
-        referenced = self.world.call("table.read", lambda: set(self.table.referenced()), lambda: LakeCommitError(
-            f"reading table {self.table_uri} failed (simulated)"), allowed=allowed)
         listing = self.world.call("table.list", lambda: sorted(self.table.storage), lambda: LakeCommitError(
             f"listing {self.table_uri} failed (simulated)"), allowed=allowed)
+        referenced = self.world.call("table.read", lambda: set(self.table.referenced()), lambda: LakeCommitError(
+            f"reading table {self.table_uri} failed (simulated)"), allowed=allowed)
         deleted = []
         for path in listing:
             match = DATA_FILE_NAME.search(path)
             if match is None or not job_id.startswith(match["job"]) or path in referenced:
+                continue
+            if log_id is not None and match["log"] not in (None, log_id):
                 continue
             if keep_checkpoints_after is not None and int(match["checkpoint"]) > keep_checkpoints_after:
                 continue

@@ -37,13 +37,16 @@ def _entries(fs: Any, path: str) -> list[tuple[str, bool]]:
         return []
 
 
-def job_files(fs: Any, root: str, job_id: str, *, data_dir: str = "",
+def job_files(fs: Any, root: str, job_id: str, *, data_dir: str = "", log_id: str | None = None,
               keep_checkpoints_after: int | None = None) -> dict[str, int]:
     """The data files of job ``job_id`` (named with ``job_id[:8]``) under ``root`` (fsspec's form
     of the table root on ``fs``): their paths relative to ``root`` (``data_dir`` first, when the
     sink writes its files under one) and the checkpoint each belongs to. Files of checkpoints above
-    ``keep_checkpoints_after`` (in flight) are left out, and so is anything outside the data
-    directory and its partition directories (see the module docstring)."""
+    ``keep_checkpoints_after`` (in flight) are left out, with ``log_id`` so are files another
+    coordinator log of the job wrote (named with another log ID: see
+    :func:`~chandy.connectors.lake.sink.coordinator_log_id`; a file named without one, written
+    before log IDs, is every log's), and so is anything outside the data directory and its
+    partition directories (see the module docstring)."""
     found: dict[str, int] = {}
     pending = [f"{data_dir.strip('/')}/" if data_dir.strip("/") else ""]
     while pending:
@@ -55,6 +58,8 @@ def job_files(fs: Any, root: str, job_id: str, *, data_dir: str = "",
                 continue
             match = DATA_FILE_NAME.match(name)
             if match is None or not job_id.startswith(match["job"]):
+                continue
+            if log_id is not None and match["log"] not in (None, log_id):
                 continue
             checkpoint = int(match["checkpoint"])
             if keep_checkpoints_after is None or checkpoint <= keep_checkpoints_after:

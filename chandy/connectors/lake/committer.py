@@ -23,8 +23,9 @@ Protocol, in order (docs/design.md, "The pipeline's commit protocol"):
 
 The commit runs on the mailbox thread, on purpose: it must finish before the source commits its
 offsets, and that order is the order of notifications. ``reset_to_checkpoint(N)`` (a restart)
-commits N as well, since restoring implies completion, and then deletes the job's data files
-that no commit references (written by aborted or crashed checkpoints).
+commits N as well, since restoring implies completion, and then, once its start is in the
+coordinator log, deletes the job's data files that no commit references (written by aborted or
+crashed checkpoints) and that this coordinator log's runs wrote (``log_id``).
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ class LakeCommitter:
                  cluster_id: str | None = None, optimize_every: int | None = None,
                  optimize_target_size: int | None = None, open_table: Callable[[str], LakeSink] | None = None,
                  changes: bool = False, vacuum_every: int | None = None,
-                 vacuum_retention_hours: float = 168.0) -> None:
+                 vacuum_retention_hours: float = 168.0, log_id: str | None = None) -> None:
         self.context = context
+        self.log_id = log_id  # the data files of this job's coordinator log (coordinator_log_id): the only ones it deletes
         self.open_table = open_table
         self.changes = changes
         self._routed: dict[str, LakeSink] = {}  # the routed tables this run met, by URI
@@ -228,8 +230,9 @@ class LakeCommitter:
         two first runs of one job under two logs with ``--starting-offsets latest``). Raises
         LakeCommitError instead of losing or duplicating."""
         if already_committed is not None and already_committed >= checkpoint_id:
+            # an empty range above the table's offsets too (with gaps): its end would reach the group
             behind = {tp: (end, held.get(tp)) for tp, (start, end) in ranges.items()
-                      if end > start and held.get(tp, -1) < end}
+                      if (end > start and held.get(tp, -1) < end) or (gaps and tp in held and start > held[tp])}
             if behind:
                 (topic, partition), (end, has) = sorted(behind.items())[0]
                 raise LakeDivergenceError(
@@ -429,8 +432,8 @@ class LakeCommitter:
             if error is not None:
                 log.warning("cleanup of %s failed: %s", sink.table_uri, error)
 
-        self.context.call_async(lambda: sink.delete_unreferenced(job_id, keep_checkpoints_after=keep_checkpoints_after),
-                                cleaned)
+        self.context.call_async(lambda: sink.delete_unreferenced(job_id, keep_checkpoints_after=keep_checkpoints_after,
+                                                                 log_id=self.log_id), cleaned)
 
     def _announced(self, sink: LakeSink) -> int | None:
         """The newest checkpoint whose LAKE_COMMITTED event for ``sink``'s table the log records."""
@@ -496,9 +499,11 @@ class LakeCommitter:
 
     def reset_to_checkpoint(self, checkpoint_id: int, checkpoint_data: bytes | None) -> None:
         """Restore (a restart): read what the table holds, commit ``checkpoint_id`` if the table
-        lacks it (restoring implies completion), delete the job's files no commit references of
-        checkpoints up to ``checkpoint_id`` or the table's newest (never a later checkpoint's
-        files: another coordinator of the job may be writing them).
+        lacks it (restoring implies completion); then, once this coordinator's start is in its
+        log (``context.when_logged``; never, when it is fenced first), delete on the I/O
+        executor the files of its log's runs (``log_id``) that no commit references, of
+        checkpoints up to ``checkpoint_id``, the table's newest or the newest the log handed out
+        (never a later checkpoint's files: another coordinator of the job may be writing them).
 
         Raises:
             LakeCommitError: the restored checkpoint disagrees with the table (see step 3), or
@@ -535,13 +540,20 @@ class LakeCommitter:
                 self._restoring = False
         # bounded: only files of checkpoints this coordinator's log has handed out (each completed
         # or aborted by now), the restored one or the table's newest are the restore's to delete; a
-        # coordinator of the job started while this restore was slow takes higher IDs, and its
-        # in-flight files are never touched
+        # coordinator of the job started later takes higher IDs, and its in-flight files are never
+        # touched. Deleted only once this coordinator's epoch is in its log (when_logged): a
+        # coordinator fenced before that may have replayed a log the one that fenced it had
+        # already written to, and its bound would cover that one's checkpoints
         done = self.sink.committed_checkpoint(self.context.job_id)
         keep_after = max(checkpoint_id, done if done is not None else NO_CHECKPOINT, self.context.newest_checkpoint_id())
-        for sink in (self.sink, *self._routed.values()):
-            sink.delete_unreferenced(self.context.job_id, keep_checkpoints_after=keep_after)
-            self._cleaned.add(sink.table_uri)
+        sinks = (self.sink, *self._routed.values())
+        self._cleaned.update(sink.table_uri for sink in sinks)
+
+        def clean_up() -> None:
+            for sink in sinks:
+                self._delete_unreferenced_async(sink, keep_after)
+
+        self.context.when_logged(clean_up)
 
     def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
         pass
@@ -571,12 +583,13 @@ class LakeCommitterProvider:
     changes: bool = False
     vacuum_every: int | None = None
     vacuum_retention_hours: float = 168.0
+    log_id: str | None = None
 
     def create(self, context: Any) -> LakeCommitter:
         return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id,
                              optimize_every=self.optimize_every, optimize_target_size=self.optimize_target_size,
                              open_table=self.open_table, changes=self.changes, vacuum_every=self.vacuum_every,
-                             vacuum_retention_hours=self.vacuum_retention_hours)
+                             vacuum_retention_hours=self.vacuum_retention_hours, log_id=self.log_id)
 
 
 def _table_of(checkpoint_data: bytes | None) -> str | None:

@@ -12,7 +12,7 @@ Each commit also records, in its ``commitInfo``, ``chandy.job_id``, ``chandy.che
 cumulative) and ``chandy.kafka_cluster_id``, so the table itself says what landed
 (:meth:`DeltaLakeSink.progress`); the pipeline reconciles with it at start.
 
-Data files are named ``part-chandy-<job id[:8]>-<checkpoint:010d>-<subtask:05d>-a<attempt>-<uuid>.parquet``
+Data files are named as :func:`~chandy.connectors.lake.sink.data_file_name` says
 (under ``<column>=<value>/`` directories for partitioned tables, without the partition columns
 inside the files, as Delta lays them out), so files that no commit references can be found and
 deleted.
@@ -53,6 +53,7 @@ from chandy.connectors.lake.sink import (
     SchemaChecked,
     TableProgress,
     check_unchanged,
+    data_file_name,
     merge_schemas,
     offsets_from_json,
     offsets_to_json,
@@ -142,7 +143,8 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
 
     # -- task side ------------------------------------------------------------------------------------
     def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int,
-                    partitioned: bool = True, table_fields: Mapping[str, Any] | None = None) -> list[DataFile]:
+                    partitioned: bool = True, table_fields: Mapping[str, Any] | None = None,
+                    log_id: str | None = None) -> list[DataFile]:
         """Write ``table`` as Parquet files (one per partition value; one file when not
         ``partitioned``: a change file, ``--cdc``), not yet visible. Returns them.
         ``table_fields`` (Iceberg's hidden partitions) does not matter to Delta: a partition
@@ -151,7 +153,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
             return []
         table = to_lake_types(with_partition_columns(table, self.partition_fields))
         schema = schema_to_b64(table.schema)
-        stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        stem = data_file_name(job_id, checkpoint_id, subtask, attempt, log_id)
         if not self.partition_by or not partitioned:  # change files (--cdc) are never partitioned
             return [self._write_one(table, stem, {}, schema)]
         missing = [c for c in self.partition_by if c not in table.column_names]
@@ -513,10 +515,12 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         """:meth:`removed_files` of ``table`` (a dry-run vacuum, which replays the log's tombstones)."""
         return set(table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False))
 
-    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]:
+    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None,
+                            log_id: str | None = None) -> list[str]:
         """Delete this job's data files that no version of the table references (written by
         aborted or crashed checkpoints), except those of checkpoints above
-        ``keep_checkpoints_after`` (still in flight). Files a compaction removed are left to
+        ``keep_checkpoints_after`` (still in flight) and, with ``log_id``, those another
+        coordinator log of the job wrote (:func:`~chandy.connectors.lake.sink.coordinator_log_id`). Files a compaction removed are left to
         :meth:`vacuum` and its retention, so readers of older versions keep working. Returns
         what was deleted (paths relative to the table root).
 
@@ -530,7 +534,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         land in its own commit, which records the checkpoint's app transaction), so no version
         references it.
         """
-        listed = job_files(self.fs, self.root, job_id, keep_checkpoints_after=keep_checkpoints_after)
+        listed = job_files(self.fs, self.root, job_id, keep_checkpoints_after=keep_checkpoints_after, log_id=log_id)
         if not listed:
             return []
         table = self._open()

@@ -58,6 +58,7 @@ from chandy.connectors.lake.sink import (
     SchemaChecked,
     TableProgress,
     check_unchanged,
+    data_file_name,
     evolves,
     merge_schemas,
     offsets_from_json,
@@ -191,7 +192,8 @@ class IcebergSink(SchemaChecked):
 
     # -- task side ---------------------------------------------------------------------------------------
     def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int, attempt: int,
-                    partitioned: bool = True, table_fields: Mapping[str, Any] | None = None) -> list[DataFile]:
+                    partitioned: bool = True, table_fields: Mapping[str, Any] | None = None,
+                    log_id: str | None = None) -> list[DataFile]:
         """Write ``table`` as Parquet files under ``data/`` (one per partition value, or one when
         not ``partitioned``: a change file, ``--cdc``; named as the Delta sink names its files),
         not yet visible. Returns them. ``table_fields``: the table's columns (None: no table yet);
@@ -205,7 +207,7 @@ class IcebergSink(SchemaChecked):
         hidden = [f.column for f in self.partition_fields
                   if f.transform in HIDDEN and f.column not in (table_fields or {}) and f.column in table.column_names]
         schema = schema_to_b64(table.drop_columns(hidden).schema)
-        stem = f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        stem = data_file_name(job_id, checkpoint_id, subtask, attempt, log_id)
         parts: list[tuple[str, dict[str, Any], Any]] = [("", {}, table)]
         if self.partition_by and partitioned:  # change files (--cdc) are never partitioned
             missing = [c for c in self.partition_by if c not in table.column_names]
@@ -399,12 +401,15 @@ class IcebergSink(SchemaChecked):
             return set()
         return {self._relative(p) for p in data_file_paths(table, [table.current_snapshot()])}
 
-    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]:
+    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None,
+                            log_id: str | None = None) -> list[str]:
         """Delete this job's data files that no snapshot references (aborted or crashed
-        checkpoints), except those of checkpoints above ``keep_checkpoints_after``; returns them
+        checkpoints), except those of checkpoints above ``keep_checkpoints_after`` and, with
+        ``log_id``, those another coordinator log of the job wrote; returns them
         (relative to the table root). As Delta's: it lists ``data/`` first, then reads the table,
         and every snapshot's files only for a file of a checkpoint the table holds."""
-        listed = job_files(self.fs, self.root, job_id, data_dir=DATA_DIR, keep_checkpoints_after=keep_checkpoints_after)
+        listed = job_files(self.fs, self.root, job_id, data_dir=DATA_DIR, log_id=log_id,
+                           keep_checkpoints_after=keep_checkpoints_after)
         table = self._load() if listed else None
         done = None if table is None else self._record_of(table, job_id)[0]
         if done is not None and any(c <= done for c in listed.values()):

@@ -18,6 +18,7 @@ import datetime
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from types import EllipsisType
 from typing import Any, Protocol
@@ -41,7 +42,29 @@ SCHEMA_HASH = "schema_hash"
 #: Flink's ``currentFetchEventTimeLag``, and per partition the newest it read (``partition_event_time_ms``,
 #: JSON as ``chandy.offsets``), for the completeness watermark
 SOURCE_METRICS_KIND = "source-metrics"
-DATA_FILE_NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoint>\d{10})-(?P<subtask>\d{5})-a(?P<attempt>\d+)-[0-9a-f]+\.parquet$")
+#: a data file's name: ``part-chandy-<job ID[:8]>-<checkpoint:010d>-<subtask:05d>-a<attempt>-log<log ID>-<random
+#: hex>.parquet`` (:func:`data_file_name`); files written before log IDs have no ``-log<log ID>``
+DATA_FILE_NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoint>\d{10})-(?P<subtask>\d{5})"
+                            r"-a(?P<attempt>\d+)-(?:log(?P<log>[0-9a-f]{8})-)?[0-9a-f]+\.parquet$")
+
+
+def coordinator_log_id(prefix: str, job_id: str) -> str:
+    """The ID (8 hex digits: the first of the SHA-256 of ``<prefix>/<job_id>``) of job ``job_id``'s
+    coordinator log under topic prefix ``prefix``, which every data file its runs write carries
+    (:func:`data_file_name`). A cleanup deletes only the files of its own log (and files without a
+    log ID): the coordinators of one log are ordered by fencing and by the checkpoint IDs the log
+    hands out, so a cleanup bounded by its log's IDs never meets a file another coordinator of that
+    log may still commit; a second log of the same job (another ``--prefix``: an operator's
+    mistake nothing fences) hands out the same IDs, and its files are never this log's to delete
+    (docs/design.md §7, "Cleanup")."""
+    return hashlib.sha256(f"{prefix}/{job_id}".encode()).hexdigest()[:8]
+
+
+def data_file_name(job_id: str, checkpoint_id: int, subtask: int, attempt: int, log_id: str | None) -> str:
+    """A new data file's name (:data:`DATA_FILE_NAME`; ``log_id``: :func:`coordinator_log_id`,
+    None for a writer that knows no log), unique by its random part."""
+    log = f"log{log_id}-" if log_id else ""
+    return f"part-chandy-{job_id[:8]}-{checkpoint_id:010d}-{subtask:05d}-a{attempt}-{log}{uuid.uuid4().hex[:12]}.parquet"
 
 
 class LakeCommitError(ChandyError):
@@ -473,8 +496,8 @@ class LakeSink(Protocol):
     fs: Any
 
     def write_files(self, table: pa.Table, *, job_id: str, checkpoint_id: int, subtask: int,
-                    attempt: int, partitioned: bool = True, table_fields: Mapping[str, Any] | None = None
-                    ) -> list[DataFile]: ...
+                    attempt: int, partitioned: bool = True, table_fields: Mapping[str, Any] | None = None,
+                    log_id: str | None = None) -> list[DataFile]: ...
 
     def exists(self) -> bool: ...
 
@@ -500,7 +523,8 @@ class LakeSink(Protocol):
 
     def missing_files(self, files: Iterable[DataFile]) -> list[str]: ...
 
-    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None) -> list[str]: ...
+    def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None,
+                            log_id: str | None = None) -> list[str]: ...
 
     def optimize(self, *, target_size: int | None = None) -> dict[str, Any]: ...
 

@@ -24,7 +24,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, WriterCommitMessage
 
 from chandy.connectors.lake.routing import Router
-from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeSink, data_files_to_handles, offsets_to_json
+from chandy.connectors.lake.sink import (
+    SOURCE_METRICS_KIND,
+    DataFile,
+    LakeSink,
+    coordinator_log_id,
+    data_files_to_handles,
+    offsets_to_json,
+)
 from chandy.connectors.spark.decode import ValueDecoder, decode_batches
 from chandy.connectors.spark.evolution import SchemaChangeError, concat_evolving, offset_ranges
 from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
@@ -368,7 +375,8 @@ class RoutedTables:
         if fields is not None:
             sink.check_schema(shape, fields, where=f"checkpoint {o.checkpoint_id} ({offset_ranges(data)}): ")
         written = sink.write_files(data, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask, table_fields=fields,
-                                   attempt=attempt, partitioned=not o.changes)
+                                   attempt=attempt, partitioned=not o.changes,
+                                   log_id=coordinator_log_id(o.prefix, o.job_id))
         changes: dict[str, Any] = {}
         if o.changes and written:
             assert o.decoder is not None

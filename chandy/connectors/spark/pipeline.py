@@ -51,6 +51,7 @@ from chandy.connectors.kafka.source.enumerator import (
     KafkaSourceOptions,
 )
 from chandy.connectors.lake.committer import LakeCommitterProvider, OffsetRanges
+from chandy.connectors.lake.sink import coordinator_log_id
 from chandy.connectors.lake.sinks import LakeSink, open_sink
 from chandy.connectors.spark.classic import spark_master
 from chandy.connectors.spark.cluster import (
@@ -157,7 +158,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                                                          optimize_target_size=opts.optimize_target_size,
                                                          open_table=self._routed_table if opts.routes else None,
                                                          changes=opts.cdc is not None, vacuum_every=opts.vacuum_every,
-                                                         vacuum_retention_hours=opts.vacuum_retention_hours),
+                                                         vacuum_retention_hours=opts.vacuum_retention_hours,
+                                                         log_id=coordinator_log_id(opts.prefix, self.job_id)),
                                    KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
             prefix=opts.prefix, producer_overrides=opts.driver_producer_overrides,
             consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
