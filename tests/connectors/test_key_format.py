@@ -90,21 +90,32 @@ def _order_key_class() -> Any:
     return message_class("chandy.test", "OrderKey", [("id", F.TYPE_INT64), ("region", F.TYPE_STRING)])
 
 
-def test_protobuf_and_json_schema_keys_become_key_columns_read_through_the_registry() -> None:
+@pytest.fixture(params=["mock", "apicurio"])
+def registry_url(request: pytest.FixtureRequest) -> str:
+    """confluent-kafka's in-process ``mock://`` registry, then the real one the tests start
+    (Apicurio Registry's Confluent-compatible API: ``schema_registry_url``)."""
+    if request.param == "mock":
+        return "mock://chandy-keys-protobuf-json"
+    return str(request.getfixturevalue("schema_registry_url"))
+
+
+def test_protobuf_and_json_schema_keys_become_key_columns_read_through_the_registry(registry_url: str) -> None:
     """``--key-format protobuf`` and ``json-schema``: keys written by confluent-kafka's own
     ``ProtobufSerializer`` and ``JSONSerializer`` (Confluent framing, schemas registered under
-    ``<topic>-key``) land as ``key_<field>`` columns beside raw values, each as protobuf's runtime
-    or the JSON reads it; a key not so framed is a bad record named ``key: ...``, the others keep
-    their rows."""
+    ``<topic>-key``, in the in-process registry and in a real one) land as ``key_<field>`` columns
+    beside raw values, each as protobuf's runtime or the JSON reads it; a key not so framed is a
+    bad record named ``key: ...``, the others keep their rows."""
+    import uuid
+
     from confluent_kafka.schema_registry.json_schema import JSONSerializer
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     from chandy.connectors.spark.registry import registry_client
 
-    settings = {"url": "mock://chandy-keys-protobuf-json"}
+    settings = {"url": registry_url}
     registry = registry_client(settings)
-    context = SerializationContext("t", MessageField.KEY)
+    context = SerializationContext(f"t{uuid.uuid4().hex[:8]}", MessageField.KEY)
     order_key = _order_key_class()
     protobuf_key = ProtobufSerializer(order_key, registry, {"auto.register.schemas": True,
                                                             "use.deprecated.format": False})

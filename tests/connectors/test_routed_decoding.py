@@ -179,3 +179,54 @@ def test_protobuf_message_types_route_by_their_full_names_into_their_own_tables(
     assert customer_table.to_pylist() == [{"topic": "t", "offset": 1, "id": "c-1", "email": "a@x"},
                                           {"topic": "t", "offset": 3, "id": "c-2", "email": ""}]
     assert dead.bad == [] and None not in groups
+
+
+def test_json_schema_record_types_route_by_their_titles_into_tables_with_their_own_columns(tmp_path) -> None:
+    """JSON Schema as Avro: one topic carrying two record types written by confluent-kafka's
+    ``JSONSerializer`` (subjects by record name), routed by the writer schema's ``title`` (the
+    record name Confluent's serializers use); a new table starts with the columns of the newest
+    writer schema among its records (Order's ``qty`` an int32 from ``connect.type``, its added
+    ``note`` there for version 1's records too), an existing table decodes with its own columns,
+    and a schema without a title is unrouted."""
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from chandy.connectors.spark.registry import registry_client
+
+    settings = {"url": "mock://routed-json-schema"}
+    registry = registry_client(settings)
+    context = SerializationContext("t", MessageField.VALUE)
+    order_v1 = {"title": "com.acme.Order", "type": "object", "properties": {
+        "id": {"type": "integer"}, "qty": {"type": "integer", "connect.type": "int32"}}}
+    order_v2 = {**order_v1, "properties": {**order_v1["properties"], "note": {"type": "string"}}}
+    customer = {"title": "com.acme.Customer", "type": "object", "properties": {
+        "id": {"type": "string"}, "email": {"type": "string"}}}
+    untitled = {"type": "object", "properties": {"who": {"type": "string"}}}
+
+    def serializer(schema: dict[str, Any]) -> Any:
+        return JSONSerializer(json.dumps(schema), registry, conf={
+            "auto.register.schemas": True, "subject.name.strategy": lambda c, name: f"t-{name or 'untitled'}"})
+
+    raws = [("t", serializer(order_v1)({"id": 1, "qty": 2}, context)),
+            ("t", serializer(customer)({"id": "c-1", "email": "a@x"}, context)),
+            ("t", serializer(order_v2)({"id": 2, "qty": 3, "note": "gift"}, context)),
+            ("t", serializer(untitled)({"who": "root"}, context))]
+    decoder = ValueDecoder("json", pa.schema([]), (), ("topic", "offset"), json_framing="confluent",
+                           schema_registry=tuple(sorted(settings.items())), unknown_fields="add")
+    router = Router.parse([r"com\.acme\.(\w+)=" + str(tmp_path / "$1")], by="record-name").resolved()
+    task = _Task(router, decoder)
+    assert routes_before_decoding(task)
+    assert record_names(_batch(raws).column("value"), decoder) == [
+        "com.acme.Order", "com.acme.Customer", "com.acme.Order", None]
+    customer_table = {"id": "string", "email": "string", "topic": "string"}  # an existing table's columns
+    fields = {f"file://{tmp_path}/Customer": customer_table}
+    dead = _Dead()
+    groups = dict(by_destination(list(decode_routed(task, iter([_batch(raws)]), fields.get, dead))))
+    orders = pa.Table.from_batches(groups[f"file://{tmp_path}/Order"])
+    assert orders.schema.field("qty").type == pa.int32() and orders.schema.field("id").type == pa.int64()
+    assert orders.to_pylist() == [{"topic": "t", "offset": 0, "id": 1, "qty": 2, "note": None},
+                                  {"topic": "t", "offset": 2, "id": 2, "qty": 3, "note": "gift"}]
+    assert pa.Table.from_batches(groups[f"file://{tmp_path}/Customer"]).to_pylist() == [
+        {"topic": "t", "offset": 1, "id": "c-1", "email": "a@x"}]
+    assert pa.Table.from_batches(groups[None]).to_pylist() == [{"topic": "t", "offset": 3, "who": "root"}]
+    assert dead.bad == []

@@ -494,3 +494,49 @@ def test_protobuf_values_land_once_with_the_registrys_columns_and_evolve(spark, 
         assert {k: row[k] for k in expected} == expected, where
         compared += 1
     assert compared == len(landed) == 60
+
+
+ORDER_TITLED = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "com.acme.Order", "type": "object",
+                "properties": {"id": {"type": "integer"}, "qty": {"type": "integer", "connect.type": "int32"}},
+                "required": ["id"]}
+#: shares the property id with Order, as a string: each table keeps its own
+CUSTOMER_TITLED = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "com.acme.Customer",
+                   "type": "object", "properties": {"id": {"type": "string"}, "email": {"type": "string"}}}
+
+
+def test_json_schema_record_types_route_by_title_into_their_own_tables(spark, kafka_bootstrap_servers,
+                                                                       schema_registry_url, tmp_path) -> None:
+    """`--value-format json-schema --route-by record-name`: one topic holding two JSON Schema
+    record types written by confluent-kafka's JSONSerializer (TopicRecordNameStrategy subjects)
+    lands each in its own Delta table, named by the schema's title, with its own schema's columns
+    (Order's qty an int32 from connect.type, Customer's id a string beside Order's bigint); every
+    value once, as confluent-kafka's JSONDeserializer reads it."""
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    servers = kafka_bootstrap_servers
+    topic = make_topic(servers, [])
+    producer = kafka_config.producer(servers)
+    context = SerializationContext(topic, MessageField.VALUE)
+    serializers = {schema["title"]: JSONSerializer(json.dumps(schema), registry, conf={
+        "subject.name.strategy": lambda c, record_name: f"{c.topic}-{record_name}"})
+        for schema in (ORDER_TITLED, CUSTOMER_TITLED)}
+    for i in range(40):
+        value: dict[str, Any] = {"id": i, "qty": i * 3} if i % 2 else {"id": f"c-{i}", "email": f"{i}@x"}
+        title = "com.acme.Order" if i % 2 else "com.acme.Customer"
+        producer.produce(topic, serializers[title](value, context), partition=i % 2 if i < 20 else (i + 1) % 2)
+    producer.flush(30)
+    opts = PipelineOptions(table_uri=str(tmp_path / "rest"), bootstrap_servers=servers, topics=(topic,),
+                           stop_when_drained=True, prefix=f"js{uuid.uuid4().hex[:6]}", max_records_per_checkpoint=8,
+                           value_format="json-schema", schema_registry={"url": schema_registry_url},
+                           route_by="record-name", routes=(r"com\.acme\.(\w+)=" + str(tmp_path / "$1"),))
+    assert Pipeline(opts, spark=spark).run().records_landed == 40
+    source = _source_values(servers, registry, topic, JSONDeserializer(None, schema_registry_client=registry))
+    orders, customers = _landed(str(tmp_path / "Order")), _landed(str(tmp_path / "Customer"))
+    assert {f.name: str(f.type) for f in pa.schema(DeltaTable(str(tmp_path / "Order")).schema().to_arrow())
+            if f.name in ("id", "qty")} == {"id": "int64", "qty": "int32"}
+    assert pa.schema(DeltaTable(str(tmp_path / "Customer")).schema().to_arrow()).field("id").type == pa.string()
+    assert set(orders) | set(customers) == set(source) and not set(orders) & set(customers)
+    for where, value in source.items():
+        row, fields = (orders[where], ("id", "qty")) if where in orders else (customers[where], ("id", "email"))
+        assert {f: row[f] for f in fields} == {f: value[f] for f in fields}, where

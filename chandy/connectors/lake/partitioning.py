@@ -23,10 +23,11 @@ entry                partition column            value
 ``hour``); ``bucket`` takes integers, strings, binary, dates and timestamps (pyiceberg's
 ``BucketTransform``, the hash Iceberg's spec defines); a null value is a null partition.
 
-**Delta's generated columns.** In a new Delta table the ``year``, ``day``, ``hour`` and ``truncate``
-partition columns carry their ``delta.generationExpression`` (:func:`delta_generation_expression`),
-so any Delta writer computes or checks them and Delta's Spark reader derives partition filters
-from predicates on the source column; ``month`` and ``bucket`` stay plain columns.
+**Delta's generated columns.** In a new Delta table the ``year``, ``month``, ``day``, ``hour`` and
+``truncate`` partition columns carry their ``delta.generationExpression``
+(:func:`delta_generation_expression`), so any Delta writer computes or checks them, and Delta's
+Spark reader derives partition filters on ``day``, ``hour`` and a string's ``truncate`` from
+predicates on the source column; ``bucket`` stays a plain column.
 
 **Iceberg's hidden partitioning.** A new Iceberg table is partitioned by ``year``, ``month``,
 ``day`` and ``hour`` as Iceberg means it: its spec holds the transform of the source column
@@ -122,18 +123,20 @@ def iceberg_transform(field: PartitionField) -> Any:
 #: the generation expression of each transform's partition column of a new Delta table (Delta's
 #: generated columns, ``delta.generationExpression``), where one expression means the same value in
 #: Spark SQL and in delta-rs (DataFusion), which both check a written value against it
-DELTA_GENERATED = ("year", "day", "hour", "truncate")
+DELTA_GENERATED = ("year", "month", "day", "hour", "truncate")
 
 
 def delta_generation_expression(field: PartitionField, source_type: pa.DataType) -> str | None:
     """The Delta generation expression of ``field``'s partition column, whose source column is of
-    ``source_type``, or None where there is none both engines evaluate alike (``month``: Spark's
-    ``DATE_FORMAT`` patterns are not DataFusion's; ``bucket``: Spark has no Iceberg murmur3
-    bucket): those stay plain columns. ``day`` is ``CAST(ts AS DATE)``, ``hour``
-    ``DATE_TRUNC('HOUR', ts)`` and a string's ``truncate`` ``SUBSTRING(s, 1, W)``, which Delta's
-    Spark reader turns into partition filters on predicates of the source column; ``year`` is
-    ``EXTRACT(YEAR FROM ts)`` (delta-rs has no ``YEAR``) and an integer's ``truncate`` is
-    ``i - (((i % W) + W) % W)``. Spark evaluates a
+    ``source_type``, or None where there is none both engines evaluate alike (``bucket``: Spark
+    has no Iceberg murmur3 bucket): that stays a plain column. ``day`` is ``CAST(ts AS DATE)``,
+    ``hour`` ``DATE_TRUNC('HOUR', ts)`` and a string's ``truncate`` ``SUBSTRING(s, 1, W)``, which
+    Delta's Spark reader turns into partition filters on predicates of the source column; ``year``
+    is ``EXTRACT(YEAR FROM ts)`` (delta-rs has no ``YEAR``), ``month``
+    ``SUBSTRING(CAST(ts AS STRING), 1, 7)`` (both engines cast a date or timestamp to text
+    starting ``yyyy-MM-``; Delta's optimizable month form, ``DATE_FORMAT(ts, 'yyyy-MM')``, is a
+    Spark pattern DataFusion does not read, so Spark prunes no month from ``ts``) and an
+    integer's ``truncate`` ``i - (((i % W) + W) % W)``. Spark evaluates a
     zone-aware timestamp's expressions in the session time zone, and Chandy computes them in UTC,
     as delta-rs does: a Spark session reading or writing the table runs with
     ``spark.sql.session.timeZone=UTC``."""
@@ -142,6 +145,8 @@ def delta_generation_expression(field: PartitionField, source_type: pa.DataType)
     column = f"`{field.source}`"
     if field.transform == "year":
         return f"EXTRACT(YEAR FROM {column})"
+    if field.transform == "month":
+        return f"SUBSTRING(CAST({column} AS STRING), 1, 7)"
     if field.transform == "day":
         return f"CAST({column} AS DATE)"
     if field.transform == "hour":

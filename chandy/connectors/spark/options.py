@@ -320,7 +320,7 @@ class PipelineOptions:
         "table's name, allowed by a pattern: '([a-z_]+)=lake/$1')."))
     route_by: str = _opt("topic", "--route-by", choices=("topic", "record-name"), help=(
         "What --route's PATTERN matches: the topic, or each value's writer schema's full record name from the Schema "
-        "Registry (Avro namespace.name, Protobuf package.Message), e.g. 'com\\.acme\\.(\\w+)=lake/$1'."))
+        "Registry (Avro namespace.name, Protobuf package.Message, JSON Schema title), e.g. 'com\\.acme\\.(\\w+)=lake/$1'."))
     unrouted: str = _opt("table", "--unrouted", choices=("table", "dead-letter"), help=(
         "Records no --route rule matches land in --table, or are bad records (dead-lettered with "
         "--errors-tolerance all --dead-letter-topic, else they fail the micro-batch)."))
@@ -456,9 +456,11 @@ class PipelineOptions:
             except RouteError as exc:
                 raise PipelineError(str(exc)) from exc
         if self.route_by == "record-name" and (self.route_field or not self.routes or self.cdc or self.transform or (
-                self.value_format not in ("avro", "protobuf")) or not self.schema_registry or self.value_schema):
+                self.value_format not in ("avro", "protobuf", "json-schema")) or not self.schema_registry
+                or self.value_schema):
             raise PipelineError("--route-by record-name routes by each value's writer schema from the Schema Registry: "
-                                "it needs --route rules, --value-format avro or protobuf with --schema-registry-url "
+                                "it needs --route rules, --value-format avro, protobuf or json-schema with "
+                                "--schema-registry-url "
                                 "and no --value-schema, and takes neither --route-field, --cdc nor --transform")
         if self.route_field and not self.routes:
             raise PipelineError("--route-field needs --route rules (PATTERN=TABLE) to route by its value")
@@ -534,11 +536,11 @@ class PipelineOptions:
 
     @property
     def routes_per_subject(self) -> bool:
-        """Routed records read as written from a registry (Avro without ``--value-schema``, or
-        Protobuf; no ``--cdc``, no ``--route-field``): each table's columns come from its own
+        """Routed records read through a registry (Avro or JSON Schema without ``--value-schema``,
+        or Protobuf; no ``--cdc``, no ``--route-field``): each table's columns come from its own
         records' writer schemas, and without ``--value-subject`` the job's table starts with none."""
         return bool(self.routes) and not self.route_field and not self.cdc and bool(self.schema_registry) and (
-            self.value_format == "protobuf" or (self.value_format == "avro" and not self.value_schema))
+            self.value_format == "protobuf" or (self.value_format in ("avro", "json-schema") and not self.value_schema))
 
     @property
     def resolved_value_subject(self) -> str:

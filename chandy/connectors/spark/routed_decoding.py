@@ -1,11 +1,13 @@
 """Every subject its table (issue 45): routed records decoded per destination table, so that
 each routed table is created and evolved from its own writer schemas.
 
-When a job reads its values through a Schema Registry as written (Avro or Protobuf, see
-``ValueDecoder.as_written``) and routes by topic or by record name (``--route-by record-name``),
-the route of a record is known before its value is decoded: its topic, or the full name of its
-writer schema's record (Avro ``namespace.name``, Protobuf ``package.Message``; what Confluent's
-``RecordNameStrategy`` and ``TopicRecordNameStrategy`` name subjects by). Each raw batch is split
+When a job reads its values through a Schema Registry (Avro or Protobuf as written, see
+``ValueDecoder.as_written``; JSON Schema) and routes by topic or by record name (``--route-by
+record-name``), the route of a record is known before its value is decoded: its topic, or the
+full name of its writer schema's record (Avro ``namespace.name``, Protobuf ``package.Message``,
+JSON Schema's ``title``; what Confluent's ``RecordNameStrategy`` and
+``TopicRecordNameStrategy`` name subjects by). A routed JSON Schema table created by the job
+starts with the columns of the newest writer schema among its first records. Each raw batch is split
 by destination first, and each part decoded with its table's own columns (the table's, or none
 for a table not created yet), so a whole Debezium database (one topic per table) or a topic of
 several record types lands in one job with each table holding exactly its records' fields: a
@@ -51,9 +53,17 @@ class RoutedTask(Protocol):
 
 def routes_before_decoding(options: RoutedTask) -> bool:
     """Whether records are split by table before decoding: a router by topic or record name
-    (not by a decoded field) and values read as written from a registry, without ``--cdc``."""
-    return (options.router is not None and options.router.field is None and options.decoder is not None
-            and options.decoder.as_written and not options.changes)
+    (not by a decoded field) and values read as written from a registry (Avro, Protobuf) or
+    through it (JSON Schema), without ``--cdc``."""
+    decoder = options.decoder
+    return (options.router is not None and options.router.field is None and decoder is not None
+            and (decoder.as_written or _json_schema(decoder)) and not options.changes)
+
+
+def _json_schema(decoder: ValueDecoder) -> bool:
+    """``--value-format json-schema`` with a registry: Confluent-framed JSON, each value's schema
+    there by its ID."""
+    return decoder.value_format == "json" and decoder.json_framing == "confluent" and bool(decoder.schema_registry)
 
 
 def value_columns(table_fields: Mapping[str, Any] | None) -> tuple[pa.Schema, tuple[str, ...]]:
@@ -75,8 +85,9 @@ def value_columns(table_fields: Mapping[str, Any] | None) -> tuple[pa.Schema, tu
 
 def record_names(values: pa.Array, decoder: ValueDecoder) -> list[str | None]:
     """The full record name of each value's writer schema (Confluent framing; the schema from the
-    registry by the value's schema ID): Avro's ``namespace.name``, Protobuf's message full name.
-    None for a tombstone, a value not so framed, or a schema ID the registry does not know (such
+    registry by the value's schema ID): Avro's ``namespace.name``, Protobuf's message full name,
+    JSON Schema's ``title`` (what Confluent's serializers name a JSON Schema's record by). None
+    for a tombstone, a value not so framed, or a schema ID the registry does not know (such
     records are unrouted)."""
     from chandy.connectors.spark.registry import registry_client
 
@@ -122,6 +133,8 @@ def _record_name(registry: Any, value_format: str, schema_id: int, indexes: list
         raise
     except (ProtobufSchemaError, ValueError):  # not a schema of this format: the record is unrouted
         return None
+    if value_format == "json":  # JSON Schema
+        return str(schema["title"]) if isinstance(schema, dict) and schema.get("title") else None
     if not isinstance(schema, dict) or not schema.get("name"):
         return None
     name, namespace = str(schema["name"]), schema.get("namespace")
@@ -164,7 +177,10 @@ def decode_routed(options: RoutedTask, batches: Iterator[pa.RecordBatch], table_
                 continue
             if uri not in decoders:  # a routed table (the job's own, None, is there from the start)
                 assert uri is not None
-                columns, names = value_columns(table_fields(uri))
+                fields = table_fields(uri)
+                columns, names = value_columns(fields)
+                if fields is None and _json_schema(decoder):  # a new table: its newest writer schema's columns
+                    columns, names = _json_schema_columns(part.column("value"), decoder)
                 key_columns, key_names = decoder.key_columns, decoder.key_names
                 from chandy.connectors.spark.keys import FIELD_KEY_FORMATS, split_key_columns
 
@@ -179,6 +195,29 @@ def decode_routed(options: RoutedTask, batches: Iterator[pa.RecordBatch], table_
             if skipped:
                 dead.add_skipped(skipped)
             yield decoded.replace_schema_metadata({ROUTE_KEY: (uri or "").encode()})
+
+
+def _json_schema_columns(values: pa.Array, decoder: ValueDecoder) -> tuple[pa.Schema, tuple[str, ...]]:
+    """The columns of the newest (highest ID) JSON Schema among ``values``' Confluent-framed
+    schema IDs (:func:`~chandy.connectors.spark.json_schema.json_schema_columns`); none when no
+    value is framed or no such schema has columns (the values' own fields then evolve the table,
+    as JSON's do). A registry that fails (down, refusing) raises: the task is retried."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    from chandy.connectors.spark.json_schema import JsonSchemaError, json_schema_columns
+    from chandy.connectors.spark.registry import registry_client
+
+    ids = {int.from_bytes(raw[1:5], "big") for raw in values.to_pylist() if raw and len(raw) >= 5 and raw[0] == 0}
+    registry = registry_client(dict(decoder.schema_registry))
+    for schema_id in sorted(ids, reverse=True):
+        try:
+            return json_schema_columns(registry.get_schema(schema_id).schema_str)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != 404:
+                raise
+        except JsonSchemaError:
+            continue
+    return pa.schema([]), ()
 
 
 def by_destination(part: list[pa.RecordBatch]) -> list[tuple[str | None, list[pa.RecordBatch]]]:

@@ -87,8 +87,8 @@ def test_a_delta_table_partitioned_by_day_and_bucket(tmp_path: Path) -> None:
 
 def test_delta_partition_transforms_are_generated_columns_delta_rs_agrees_with(tmp_path: Path) -> None:
     """Delta's generated columns (``delta.generationExpression``, writer protocol 4): ``year``,
-    ``day``, ``hour`` and ``truncate`` partition columns carry the expression Spark and delta-rs
-    both evaluate; ``month`` and ``bucket`` stay plain columns. delta-rs checks every row it
+    ``month``, ``day``, ``hour`` and ``truncate`` partition columns carry the expression Spark and
+    delta-rs both evaluate; ``bucket`` stays a plain column. delta-rs checks every row it
     writes against the expression (``(value <=> expression) IS TRUE``): appending Chandy's rows,
     partition columns included, through delta-rs's own writer proves the two agree, on values
     before 1970, negative integers and multi-byte strings too."""
@@ -107,7 +107,8 @@ def test_delta_partition_transforms_are_generated_columns_delta_rs_agrees_with(t
     assert expressions["name_trunc"] == "SUBSTRING(`name`, 1, 2)"
     assert expressions["id_trunc"] == "`id` - (((`id` % 10) + 10) % 10)"
     assert expressions["ts_year"] == "EXTRACT(YEAR FROM `ts`)"
-    assert expressions["ts_month"] is None and expressions["id_bucket"] is None
+    assert expressions["ts_month"] == "SUBSTRING(CAST(`ts` AS STRING), 1, 7)"
+    assert expressions["id_bucket"] is None
     more = pa.table({"topic": ["t"] * 3, "partition": pa.array([0] * 3, pa.int32()),
                      "offset": pa.array([4, 5, 6], pa.int64()),
                      "ts": pa.array([datetime.datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC),
@@ -121,10 +122,12 @@ def test_delta_partition_transforms_are_generated_columns_delta_rs_agrees_with(t
     landed = {r["offset"]: r for r in DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()}
     assert landed[4]["ts_day"] == datetime.date(1969, 12, 31) and landed[4]["id_trunc"] == -20
     assert landed[4]["name_trunc"] == "ü€" and landed[5]["ts_hour"] == datetime.datetime(2026, 9, 22, 13, tzinfo=UTC)
-    wrong = with_columns.set_column(with_columns.schema.get_field_index("ts_day"), "ts_day",
-                                    pa.array([datetime.date(2000, 1, 1)] * 3, pa.date32()))
-    with pytest.raises(Exception, match="failed validation"):
-        write_deltalake(str(tmp_path / "t"), wrong.select(target.names).cast(target), mode="append")
+    assert (landed[4]["ts_month"], landed[5]["ts_month"], landed[6]["ts_month"]) == ("1969-12", "2026-09", None)
+    for column, value in (("ts_day", pa.array([datetime.date(2000, 1, 1)] * 3, pa.date32())),
+                          ("ts_month", pa.array(["2000-01"] * 3))):
+        wrong = with_columns.set_column(with_columns.schema.get_field_index(column), column, value)
+        with pytest.raises(Exception, match="failed validation"):
+            write_deltalake(str(tmp_path / "t"), wrong.select(target.names).cast(target), mode="append")
 
 
 def test_an_iceberg_table_partitioned_by_hour_and_truncate(tmp_path: Path) -> None:
