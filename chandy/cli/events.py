@@ -82,8 +82,13 @@ def events_tail(job_id: str | None, event_types: tuple[str, ...], from_beginning
 
 @events.command("wait")
 @click.option("--job", "job_id", required=True, help="The job's ID (chandy job list shows it).")
-@click.option("--checkpoint", "checkpoint_id", type=click.IntRange(1), required=True,
+@click.option("--checkpoint", "checkpoint_id", type=click.IntRange(1), default=None,
               help="Wait until this checkpoint (or a later one, which holds it) is in the table.")
+@click.option("--until-event-time", "until_event_time", default=None, metavar="MS|ISO-8601",
+              help="Wait until the table is complete up to this event time (ms since the epoch, or e.g. "
+                   "2026-11-27T10:00:00Z; without a zone: UTC): a LAKE_COMMITTED whose valid_through_ms, the "
+                   "minimum over the job's partitions of the newest Kafka timestamp landed, is at or past it. "
+                   "With --checkpoint: both.")
 @click.option("--table", "table_uri", default=None, help="Only commits to this table (a job may write several).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=60.0, show_default=True,
               help="Seconds to wait.")
@@ -92,21 +97,31 @@ def events_tail(job_id: str | None, event_types: tuple[str, ...], from_beginning
 @bootstrap_option
 @data_dir_option
 @handle_errors
-def events_wait(job_id: str, checkpoint_id: int, table_uri: str | None, timeout_s: float, fmt: str, prefix: str,
-                bootstrap_servers: str | None, data_dir: Path | None) -> None:
-    """Wait until a checkpoint's records are in the lake (its LAKE_COMMITTED event), for shell
-    scripts and schedulers. Prints the table and its version; exits 0 when the checkpoint is in
-    the table, 124 on timeout (as GNU timeout), 3 when the job ended without landing it, 1 on
-    any other error."""
+def events_wait(job_id: str, checkpoint_id: int | None, until_event_time: str | None, table_uri: str | None,
+                timeout_s: float, fmt: str, prefix: str, bootstrap_servers: str | None, data_dir: Path | None) -> None:
+    """Wait until a checkpoint's records are in the lake (its LAKE_COMMITTED event), or until the
+    table is complete up to an event time (--until-event-time: a downstream job waiting for an
+    hour to close), for shell scripts and schedulers. Prints the table and its version; exits 0
+    when it is, 124 on timeout (as GNU timeout), 3 when the job ended first, 1 on any other error
+    (2: neither --checkpoint nor --until-event-time, or a time that does not parse)."""
     import dataclasses
 
+    from chandy.connectors.kafka.source.offsets import OffsetsSpecError, parse_timestamp_ms
     from chandy.connectors.lake.uri import normalize_table_uri
     from chandy.coordinator.kafka.subscriber import LakeCommitWaitError, wait_for_lake_commit
 
+    if checkpoint_id is None and until_event_time is None:
+        raise click.UsageError("give --checkpoint, --until-event-time, or both")
+    until_ms = None
+    if until_event_time is not None:
+        try:
+            until_ms = parse_timestamp_ms(until_event_time, "--until-event-time")
+        except OffsetsSpecError as exc:
+            raise click.BadParameter(str(exc), param_hint="--until-event-time") from None
     try:
         event = wait_for_lake_commit(resolve_bootstrap(bootstrap_servers, data_dir), job_id, checkpoint_id,
                                      table_uri=normalize_table_uri(table_uri) if table_uri else None,
-                                     timeout_s=timeout_s, prefix=prefix)
+                                     until_event_time_ms=until_ms, timeout_s=timeout_s, prefix=prefix)
     except LakeCommitWaitError as exc:
         click.echo(f"Error: {exc}", err=True)
         raise SystemExit(124 if exc.reason == "timeout" else 3) from None

@@ -4,6 +4,7 @@ checkpoint is in the lake, 124 on timeout, 3 when the job ended without landing 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -81,6 +82,32 @@ def test_wait_exits_0_when_landed_124_on_timeout_and_3_once_the_job_ended(kafka_
     ended = _cli(servers, prefix, "wait", "--job", JOB, "--checkpoint", "9", "--timeout", "60")
     assert ended.returncode == 3 and "ended (FINISHED) without landing checkpoint 9" in ended.stderr
     assert time.monotonic() - started < 30
+
+
+def test_wait_until_event_time_returns_the_first_commit_whose_watermark_reaches_it(kafka_bootstrap_servers,
+                                                                                  topic_prefix) -> None:
+    """``--until-event-time``: the first LAKE_COMMITTED whose completeness watermark
+    (``valid_through_ms``) is at or past the time, given as ms or ISO-8601 (no zone: UTC); a
+    commit without a watermark never answers it; with ``--checkpoint`` both must hold."""
+    servers, prefix = kafka_bootstrap_servers, topic_prefix
+    ensure_topics(kafka_config.admin_client(servers), ChandyTopics(prefix))
+    hour = 1_795_000_000_000  # 2026-11-18T11:06:40Z
+    _publish(servers, prefix, [_lake(1, 0),  # no watermark (a run with --transform)
+                               dataclasses.replace(_lake(2, 1), valid_through_ms=hour - 1),
+                               dataclasses.replace(_lake(3, 2), valid_through_ms=hour + 5_000),
+                               dataclasses.replace(_lake(4, 3), valid_through_ms=hour + 9_000)])
+    closed = _cli(servers, prefix, "wait", "--job", JOB, "--until-event-time", "2026-11-18T11:06:40", "--format", "json")
+    assert closed.returncode == 0, closed.stderr
+    assert json.loads(closed.stdout)["checkpoint_id"] == 3
+    both = _cli(servers, prefix, "wait", "--job", JOB, "--until-event-time", str(hour), "--checkpoint", "4",
+                "--format", "json")
+    assert both.returncode == 0 and json.loads(both.stdout)["checkpoint_id"] == 4, both.stderr
+    later = _cli(servers, prefix, "wait", "--job", JOB, "--until-event-time", str(hour + 10_000), "--timeout", "2")
+    assert later.returncode == 124 and f"event time {hour + 10_000} ms of job {JOB} was not in" in later.stderr
+    neither = _cli(servers, prefix, "wait", "--job", JOB)
+    assert neither.returncode == 2 and "give --checkpoint, --until-event-time, or both" in neither.stderr
+    garbled = _cli(servers, prefix, "wait", "--job", JOB, "--until-event-time", "yesterday")
+    assert garbled.returncode == 2 and "neither ms since the epoch nor an ISO-8601 date-time" in garbled.stderr
 
 
 def test_tail_and_subscribe_filter_event_types(kafka_bootstrap_servers, topic_prefix) -> None:

@@ -199,20 +199,31 @@ class LakeCommitWaitError(ChandyError):
         self.reason = reason
 
 
-def wait_for_lake_commit(bootstrap_servers: str, job_id: str, checkpoint_id: int, *, table_uri: str | None = None,
+def wait_for_lake_commit(bootstrap_servers: str, job_id: str, checkpoint_id: int | None = None, *,
+                         table_uri: str | None = None, until_event_time_ms: int | None = None,
                          timeout_s: float = 60.0, prefix: str = "chandy", **kwargs: Any) -> CheckpointEvent:
     """Block until checkpoint ``checkpoint_id`` of ``job_id`` (or a later one, which holds it) is
     in a table: its ``LAKE_COMMITTED`` event, read from the start of the events topic, so a
     checkpoint landed long ago is found at once. ``table_uri``: only that table's commits (a job
-    may write several).
+    may write several). ``until_event_time_ms`` (ms since the epoch): also (or, without
+    ``checkpoint_id``, only) until the table is complete up to that event time, the first
+    ``LAKE_COMMITTED`` whose completeness watermark (``valid_through_ms``: the minimum over the
+    job's partitions of the newest Kafka timestamp landed) is at or past it, as a downstream job
+    waits for an hour to close (the valid-through timestamp of Kafka Connect's Iceberg sink).
 
     Returns:
         the ``LAKE_COMMITTED`` event (its ``table_version`` is the version to read).
 
     Raises:
+        ValueError: neither ``checkpoint_id`` nor ``until_event_time_ms``.
         LakeCommitWaitError: ``timeout_s`` seconds passed (reason ``timeout``), or the job
             reached a terminal status (FINISHED, FAILED, CANCELED) without landing it (``job-ended``).
     """
+    if checkpoint_id is None and until_event_time_ms is None:
+        raise ValueError("wait_for_lake_commit needs a checkpoint ID, an event time, or both")
+    what = " and ".join(
+        ([f"checkpoint {checkpoint_id}"] if checkpoint_id is not None else [])
+        + ([f"event time {until_event_time_ms} ms"] if until_event_time_ms is not None else []))
     deadline = time.monotonic() + timeout_s
     ended: CheckpointEvent | None = None  # the job's newest event, when it ended the job
     with subscribe(bootstrap_servers, job_id=job_id, start="earliest", prefix=prefix, **kwargs) as subscription:
@@ -224,14 +235,17 @@ def wait_for_lake_commit(bootstrap_servers: str, job_id: str, checkpoint_id: int
             if event is None:
                 if ended is not None and subscription.caught_up():
                     raise LakeCommitWaitError(
-                        f"job {job_id} ended ({ended.job_status}) without landing checkpoint {checkpoint_id}"
+                        f"job {job_id} ended ({ended.job_status}) without landing {what}"
                         + (f" in {table_uri}" if table_uri else ""), "job-ended")
                 continue
             terminal = event.event_type == "JOB_STATUS_CHANGED" and event.job_status in ("FINISHED", "FAILED",
                                                                                          "CANCELED")
             ended = event if terminal else None  # any later event: the job runs again
-            if (event.event_type == "LAKE_COMMITTED" and event.checkpoint_id >= checkpoint_id
+            if (event.event_type == "LAKE_COMMITTED"
+                    and (checkpoint_id is None or event.checkpoint_id >= checkpoint_id)
+                    and (until_event_time_ms is None or (event.valid_through_ms is not None
+                                                         and event.valid_through_ms >= until_event_time_ms))
                     and (table_uri is None or event.table_uri == table_uri)):
                 return event
-    raise LakeCommitWaitError(f"checkpoint {checkpoint_id} of job {job_id} was not in "
+    raise LakeCommitWaitError(f"{what} of job {job_id} was not in "
                               f"{table_uri or 'its table'} within {timeout_s:g} s", "timeout")
