@@ -520,9 +520,9 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         """Delete this job's data files that no version of the table references (written by
         aborted or crashed checkpoints), except those of checkpoints above
         ``keep_checkpoints_after`` (still in flight) and, with ``log_id``, those another
-        coordinator log of the job wrote (:func:`~chandy.connectors.lake.sink.coordinator_log_id`). Files a compaction removed are left to
-        :meth:`vacuum` and its retention, so readers of older versions keep working. Returns
-        what was deleted (paths relative to the table root).
+        coordinator log of the job wrote (:func:`~chandy.connectors.lake.sink.coordinator_log_id`).
+        Files a compaction removed are left to :meth:`vacuum` and its retention, so readers of
+        older versions keep working. Returns what was deleted (paths relative to the table root).
 
         It lists first, then reads the table: a file committed after the listing is in the
         version read, one written after it is not listed. Its cost on a large table: one
