@@ -58,16 +58,18 @@ def lake_optimize(table_uri: str, target_size: int | None, storage_conf: tuple[s
 @click.option("--table", "table_uri", required=True, help="Table URL (a Delta path/URL or iceberg://catalog/ns.table).")
 @click.option("--retention-hours", type=click.FloatRange(0), required=True,
               help="Delete files removed from the table longer ago than this (Delta's default is 168).")
+@click.option("--retain-last", type=click.IntRange(1), default=1, show_default=True,
+              help="Iceberg: keep the M newest snapshots whatever their age (ExpireSnapshots.retainLast).")
 @click.option("--dry-run", is_flag=True, help="List the files instead of deleting them.")
 @storage_option
 @catalog_property_option
 @handle_errors
-def lake_vacuum(table_uri: str, retention_hours: float, dry_run: bool, storage_conf: tuple[str, ...],
+def lake_vacuum(table_uri: str, retention_hours: float, retain_last: int, dry_run: bool, storage_conf: tuple[str, ...],
                 catalog_conf: tuple[str, ...]) -> None:
     """Delete data files the table no longer references (compacted away) after a retention; files of
     in-flight checkpoints are never touched (they are not yet in the table's log as removed)."""
     sink = _lake_sink(table_uri, storage_conf, catalog_conf)
-    files = sink.vacuum(retention_hours=retention_hours, dry_run=dry_run)
+    files = sink.vacuum(retention_hours=retention_hours, dry_run=dry_run, retain_last=retain_last)
     for path in files:
         console.print(path)
     err_console.print(f"{len(files)} file(s) {'would be' if dry_run else ''} deleted".replace("  ", " "))

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import click
+import pytest
 
 from chandy.cli.app import main
 from chandy.cli.pipeline import options_from_cli
@@ -105,3 +106,16 @@ def test_routing_by_record_name_and_keys_as_columns_from_the_command_line(tmp_pa
     assert (options.route_by, options.key_format, options.avro_framing) == ("record-name", "avro", "confluent")
     assert options.routes == (r"com\.acme\.(\w+)=lake/$1",) and options.routes_per_subject
     assert options.schema_registry == {"url": "http://r:8081"}
+
+
+def test_maintenance_under_the_issue_trackers_names_is_the_same_setting(tmp_path: Path) -> None:
+    """Iceberg users' ``--expire-snapshots-every N --retain-last M`` and Delta users'
+    ``--vacuum-every N --retention-hours H`` spell the same settings as ``--vacuum-every`` and
+    ``--vacuum-retention-hours`` (one definition, several names)."""
+    table = ["--table", str(tmp_path / "t"), "--topic", "orders", "-b", "k:9092"]
+    iceberg, _ = _parse([*table, "--expire-snapshots-every", "5", "--retain-last", "3"])
+    assert (iceberg.vacuum_every, iceberg.vacuum_retain_last) == (5, 3)
+    delta, _ = _parse([*table, "--vacuum-every", "7", "--retention-hours", "24"])
+    assert (delta.vacuum_every, delta.vacuum_retention_hours, delta.vacuum_retain_last) == (7, 24.0, 1)
+    with pytest.raises(click.BadParameter, match="0 is not in the range x>=1"):
+        _parse([*table, "--retain-last", "0"])

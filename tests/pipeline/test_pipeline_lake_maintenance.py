@@ -5,6 +5,7 @@ vacuum afterwards deletes only the compacted-away files."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from pathlib import Path
@@ -107,4 +108,38 @@ def test_vacuum_every_deletes_what_the_jobs_compactions_removed_while_it_runs(la
     # every file a compaction removed is gone: storage holds exactly what the table references
     referenced = {Path(u).name for u in DeltaTable(str(table)).file_uris()}
     assert {p.name for p in table.rglob("*.parquet")} == referenced
+    assert verify_table(pipeline.sink, kafka_bootstrap_servers, [topic]) == (300, 0, 0)
+
+
+@pytest.mark.slow
+def test_expire_snapshots_every_keeps_the_last_snapshots_of_an_iceberg_table(lake_spark, kafka_bootstrap_servers,
+                                                                            tmp_path: Path) -> None:
+    """Iceberg's names for the same maintenance (`--expire-snapshots-every 2 --retain-last 3`,
+    with `--optimize-every 2` and a retention of 0 hours): while the pipeline runs, snapshots
+    beyond the 3 newest are expired, the files only they referenced are gone from storage, and
+    every record is in the table exactly once. Slow (`-m slow`)."""
+    from chandy.cli.pipeline import options_from_cli
+    from tests.fixtures.exactly_once import iceberg_table
+
+    topic = make_topic(kafka_bootstrap_servers, [f"v-{i}".encode() for i in range(300)])
+    warehouse, name = tmp_path / "wh", f"lake.t{uuid.uuid4().hex[:6]}"
+    command = main.commands["pipeline"].commands["run"]
+    params = dict(command.make_context("run", [
+        "--table", f"iceberg://local/{name}", "--topic", topic, "--until-drained", "--prefix", f"le{uuid.uuid4().hex[:6]}",
+        "--max-records-per-checkpoint", "25", "--optimize-every", "2", "--expire-snapshots-every", "2",
+        "--retain-last", "3", "--retention-hours", "0", "--catalog-property", f"warehouse={warehouse}"]).params)
+    for extra in ("bootstrap_servers", "data_dir", "verify", "schema_registry_url"):
+        params.pop(extra)
+    options = options_from_cli(params, kafka_bootstrap_servers)
+    assert (options.vacuum_every, options.vacuum_retain_last, options.vacuum_retention_hours) == (2, 3, 0.0)
+    pipeline = Pipeline(dataclasses.replace(options, restart_backoff_initial_ms=100), spark=lake_spark)
+    progress = pipeline.run()
+    assert progress.records_landed == 300
+    table = iceberg_table(warehouse, name)
+    # each completed checkpoint committed a snapshot, each compaction another: expiries ran, and
+    # every one of them kept the 3 newest
+    assert 3 <= len(table.snapshots()) < progress.checkpoints_completed, (len(table.snapshots()), progress)
+    referenced = {Path(f.file_path).name for s in table.snapshots()
+                  for f in (t.file for t in table.scan(snapshot_id=s.snapshot_id).plan_files())}
+    assert {p.name for p in warehouse.rglob("*.parquet")} == referenced
     assert verify_table(pipeline.sink, kafka_bootstrap_servers, [topic]) == (300, 0, 0)

@@ -277,7 +277,7 @@ class SimSink:
     def optimize(self, *, target_size: int | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def vacuum(self, *, retention_hours: float, dry_run: bool = False) -> list[str]:
+    def vacuum(self, *, retention_hours: float, dry_run: bool = False, retain_last: int = 1) -> list[str]:
         raise NotImplementedError
 
     def read_table(self) -> Any:

@@ -103,7 +103,8 @@ class LakeCommitter:
                  cluster_id: str | None = None, optimize_every: int | None = None,
                  optimize_target_size: int | None = None, open_table: Callable[[str], LakeSink] | None = None,
                  changes: bool = False, vacuum_every: int | None = None,
-                 vacuum_retention_hours: float = 168.0, log_id: str | None = None) -> None:
+                 vacuum_retention_hours: float = 168.0, vacuum_retain_last: int = 1,
+                 log_id: str | None = None) -> None:
         self.context = context
         self.log_id = log_id  # the data files of this job's coordinator log (coordinator_log_id): the only ones it deletes
         self.open_table = open_table
@@ -121,6 +122,7 @@ class LakeCommitter:
         self.optimize_every = optimize_every
         self.optimize_target_size = optimize_target_size
         self.vacuum_every, self.vacuum_retention_hours = vacuum_every, vacuum_retention_hours
+        self.vacuum_retain_last = vacuum_retain_last
         self.vacuumed: list[list[str]] = []  # the paths each vacuum of this run deleted
         self.committed_checkpoints: list[int] = []
         self.records_committed = 0
@@ -170,7 +172,8 @@ class LakeCommitter:
                     if compact:
                         self.optimizations.append(sink.optimize(target_size=target_size))
                     if vacuum:
-                        self.vacuumed.append(sink.vacuum(retention_hours=self.vacuum_retention_hours))
+                        self.vacuumed.append(sink.vacuum(retention_hours=self.vacuum_retention_hours,
+                                                         retain_last=self.vacuum_retain_last))
                 except Exception as exc:  # noqa: BLE001 - storage and delta-rs errors alike: the next one may succeed
                     log.warning("maintenance of %s after checkpoint %d failed (the pipeline goes on): %s",
                                 sink.table_uri, checkpoint_id, exc)
@@ -583,13 +586,15 @@ class LakeCommitterProvider:
     changes: bool = False
     vacuum_every: int | None = None
     vacuum_retention_hours: float = 168.0
+    vacuum_retain_last: int = 1
     log_id: str | None = None
 
     def create(self, context: Any) -> LakeCommitter:
         return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id,
                              optimize_every=self.optimize_every, optimize_target_size=self.optimize_target_size,
                              open_table=self.open_table, changes=self.changes, vacuum_every=self.vacuum_every,
-                             vacuum_retention_hours=self.vacuum_retention_hours, log_id=self.log_id)
+                             vacuum_retention_hours=self.vacuum_retention_hours,
+                             vacuum_retain_last=self.vacuum_retain_last, log_id=self.log_id)
 
 
 def _table_of(checkpoint_data: bytes | None) -> str | None:

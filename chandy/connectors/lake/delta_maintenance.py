@@ -86,10 +86,11 @@ class DeltaMaintenance:
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))
         return {}  # not reached
 
-    def vacuum(self, *, retention_hours: float, dry_run: bool = False) -> list[str]:
+    def vacuum(self, *, retention_hours: float, dry_run: bool = False, retain_last: int = 1) -> list[str]:
         """Delete files that the table removed (compacted away, or overwritten) more than
         ``retention_hours`` ago (delta-rs ``DeltaTable.vacuum``, lite mode: files no version
-        ever referenced are the pipeline's to delete, see :meth:`delete_unreferenced`). A
+        ever referenced are the pipeline's to delete, see :meth:`delete_unreferenced`);
+        ``retain_last`` is Iceberg's (Delta's log keeps every version: no snapshot to expire). A
         retention below the table's ``delta.deletedFileRetentionDuration`` (default 168 h) is
         allowed on purpose: a reader still on an older version then fails. Returns the paths
         (relative to the table root) deleted, or with ``dry_run`` those that would be.

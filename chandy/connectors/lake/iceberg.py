@@ -403,11 +403,8 @@ class IcebergSink(SchemaChecked):
 
     def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None,
                             log_id: str | None = None) -> list[str]:
-        """Delete this job's data files that no snapshot references (aborted or crashed
-        checkpoints), except those of checkpoints above ``keep_checkpoints_after`` and, with
-        ``log_id``, those another coordinator log of the job wrote; returns them
-        (relative to the table root). As Delta's: it lists ``data/`` first, then reads the table,
-        and every snapshot's files only for a file of a checkpoint the table holds."""
+        """As :meth:`DeltaLakeSink.delete_unreferenced <chandy.connectors.lake.delta.DeltaLakeSink.delete_unreferenced>`,
+        under ``data/``: every snapshot's files are read only for a file of a checkpoint the table holds."""
         listed = job_files(self.fs, self.root, job_id, data_dir=DATA_DIR, log_id=log_id,
                            keep_checkpoints_after=keep_checkpoints_after)
         table = self._load() if listed else None
@@ -503,15 +500,13 @@ class IcebergSink(SchemaChecked):
     def _open_file(self, url: str) -> Any:
         return self.fs.open(self._fs_path(url), "rb")
 
-    def vacuum(self, *, retention_hours: float, dry_run: bool = False) -> list[str]:
-        """Expire snapshots older than ``retention_hours`` (never the current one; pyiceberg's
-        ``expire_snapshots``) and delete the data files only they referenced. Files of
-        in-flight checkpoints are never referenced by any snapshot, so never touched. Returns the
-        deleted paths (relative to the table root), or with ``dry_run`` those that would be.
-
-        A commit of the pipeline between reading the snapshots and expiring them makes the
-        catalog's compare-and-swap fail: vacuum then reads the table again and retries, with
-        backoff, up to ``COMMIT_ATTEMPTS`` times, as the committer does.
+    def vacuum(self, *, retention_hours: float, dry_run: bool = False, retain_last: int = 1) -> list[str]:
+        """Expire snapshots older than ``retention_hours`` but the ``retain_last`` newest and the
+        current one (Iceberg's ``ExpireSnapshots.expireOlderThan`` with ``retainLast``; pyiceberg's
+        ``expire_snapshots``), delete the data files only they referenced (never an in-flight
+        checkpoint's: no snapshot has it). Returns those paths (relative to the table root; with
+        ``dry_run``: those it would delete). A pipeline commit meanwhile fails the catalog's
+        compare-and-swap: it reads the table again and retries, up to ``COMMIT_ATTEMPTS`` times.
 
         Raises:
             LakeCommitError: no table, a negative retention, or ``COMMIT_ATTEMPTS`` conflicts in a row.
@@ -522,10 +517,10 @@ class IcebergSink(SchemaChecked):
             table = self._load()
             if table is None:
                 raise LakeCommitError(f"no Iceberg table {self.table_uri}: nothing to vacuum")
-            cutoff_ms = int((time.time() - retention_hours * 3600) * 1000)
-            current = table.current_snapshot()
-            expired = [s.snapshot_id for s in table.snapshots()
-                       if s.timestamp_ms < cutoff_ms and (current is None or s.snapshot_id != current.snapshot_id)]
+            cutoff_ms, current = int((time.time() - retention_hours * 3600) * 1000), table.current_snapshot()
+            retained = {s.snapshot_id for s in sorted(table.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+                        [-max(1, retain_last):]} | ({current.snapshot_id} if current is not None else set())
+            expired = [s.snapshot_id for s in table.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id not in retained]
             if not expired:
                 return []
             before = self._all_referenced(table)

@@ -265,13 +265,17 @@ class PipelineOptions:
         "Compact the table's small files after every K-th checkpoint, while the pipeline runs."))
     optimize_target_size: int | None = _opt(None, "--optimize-target-size", minimum=1, metavar="BYTES",
                                             help="With --optimize-every: the compacted files' size (default: the table format's).")
-    vacuum_every: int | None = _opt(None, "--vacuum-every", minimum=1, metavar="K", help=(
+    vacuum_every: int | None = _opt(None, "--vacuum-every", "--expire-snapshots-every", minimum=1, metavar="K", help=(
         "After every K-th checkpoint, while the pipeline runs (after any compaction): delete what the table "
-        "removed more than --vacuum-retention-hours ago (Delta: lite VACUUM; Iceberg: expire snapshots), as "
-        "`chandy lake vacuum` does."))
-    vacuum_retention_hours: float = _opt(168.0, "--vacuum-retention-hours", metavar="HOURS", help=(
+        "removed more than --vacuum-retention-hours ago (Delta: lite VACUUM; Iceberg: expire snapshots, hence "
+        "its other name), as `chandy lake vacuum` does."))
+    vacuum_retention_hours: float = _opt(168.0, "--vacuum-retention-hours", "--retention-hours", metavar="HOURS", help=(
         "With --vacuum-every: how long removed files and old snapshots stay readable by time travel (Delta's "
         "delta.deletedFileRetentionDuration default, 7 days)."))
+    vacuum_retain_last: int = _opt(1, "--retain-last", minimum=1, metavar="M", help=(
+        "With --vacuum-every on an Iceberg table: keep the M newest snapshots whatever their age (Iceberg's "
+        "ExpireSnapshots.retainLast; the current one always). Delta keeps every version in its log: it has no "
+        "snapshots to expire."))
     catalog_properties: Mapping[str, str] = _opt({}, "--catalog-property", kind="settings", help=(
         "pyiceberg catalog property for iceberg:// tables (repeatable; default: a SQLite catalog and local warehouse)."))
     table_properties: Mapping[str, str] = _opt({}, "--table-property", kind="settings", help=(

@@ -159,6 +159,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                                                          open_table=self._routed_table if opts.routes else None,
                                                          changes=opts.cdc is not None, vacuum_every=opts.vacuum_every,
                                                          vacuum_retention_hours=opts.vacuum_retention_hours,
+                                                         vacuum_retain_last=opts.vacuum_retain_last,
                                                          log_id=coordinator_log_id(opts.prefix, self.job_id)),
                                    KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
             prefix=opts.prefix, producer_overrides=opts.driver_producer_overrides,

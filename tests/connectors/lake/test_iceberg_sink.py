@@ -130,6 +130,25 @@ def test_vacuum_racing_commits_retries_instead_of_failing(tmp_path: Path) -> Non
     assert sink.committed_checkpoint(JOB) == 25
 
 
+def test_vacuum_retains_the_last_snapshots_whatever_their_age(tmp_path: Path) -> None:
+    """``retain_last`` (``--retain-last``, Iceberg's ``ExpireSnapshots.retainLast``): with a
+    retention of 0 hours, the M newest snapshots stay, the older ones are expired, and the data
+    files only expired snapshots referenced (compacted away) are deleted; the rows stay."""
+    sink = make_sink(tmp_path)
+    for checkpoint in range(1, 5):
+        assert commit(sink, checkpoint, n=3)
+    sink.optimize()  # five snapshots: four appends, then the compaction that removes their files
+    catalog = load_catalog("local", type="sql", uri=f"sqlite:///{tmp_path}/wh/catalog.db",
+                           warehouse=f"file://{tmp_path}/wh")
+    assert len(catalog.load_table("lake.orders").snapshots()) == 5
+    assert sink.vacuum(retention_hours=0, retain_last=3) == []  # the 3rd and 4th append still hold every file
+    assert len(catalog.load_table("lake.orders").snapshots()) == 3
+    removed = sink.vacuum(retention_hours=0, retain_last=1)
+    assert len(removed) == 4 and not any((Path(sink.root) / path).exists() for path in removed)
+    assert len(catalog.load_table("lake.orders").snapshots()) == 1
+    assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(3, 15))
+
+
 def test_a_null_map_of_records_reads_back_null(tmp_path: Path) -> None:
     """The differential tests found it: pyiceberg 0.12's scan reads a NULL map<string, struct>
     as an empty map; the sink reads the snapshot's files with pyarrow and keeps the NULL."""
