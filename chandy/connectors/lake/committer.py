@@ -85,17 +85,13 @@ class LakeCommitter:
         vacuum_every: after every checkpoint whose ID is a multiple of this, on the same thread
             after any compaction, delete what the tables removed more than
             ``vacuum_retention_hours`` ago (``sink.vacuum``: Delta's lite VACUUM, Iceberg's
-            expire snapshots); None: never. A failed vacuum is logged, never fails the job.
+            expire snapshots, keeping the ``vacuum_retain_last`` newest); None: never. A failed
+            vacuum is logged, never fails the job.
         open_table: opens the sink of a table the job routes records to (``--route``), by its
-            normalised URI; None: every file belongs to ``sink``.
-        changes: the files are change files (``--cdc``): each table applies them as an upsert
-            (``LakeSink.commit_changes``) instead of appending them.
-
-    With routing, a checkpoint commits every table its files name under the same checkpoint ID,
-    each with the same idempotence check (the table's app transaction / property for the job),
-    in URI order, and ``sink`` (the job's own table) last: the job's table holding checkpoint N
-    means every table does. Each table records the job's cumulative offsets, so a replay of N
-    after a crash between two table commits skips the tables that hold it and commits the rest.
+            normalised URI; None: every file belongs to ``sink`` (routing: docs/design.md §7).
+        changes: the files are change files (``--cdc``), applied as upserts (``commit_changes``).
+        log_id: the job's coordinator log's ID (``coordinator_log_id``): cleanups delete only
+            files named with it (or with none).
     """
 
     def __init__(self, context: Any, sink: LakeSink, storage: CheckpointStorage, *,
@@ -502,11 +498,9 @@ class LakeCommitter:
 
     def reset_to_checkpoint(self, checkpoint_id: int, checkpoint_data: bytes | None) -> None:
         """Restore (a restart): read what the table holds, commit ``checkpoint_id`` if the table
-        lacks it (restoring implies completion); then, once this coordinator's start is in its
-        log (``context.when_logged``; never, when it is fenced first), delete on the I/O
-        executor the files of its log's runs (``log_id``) that no commit references, of
-        checkpoints up to ``checkpoint_id``, the table's newest or the newest the log handed out
-        (never a later checkpoint's files: another coordinator of the job may be writing them).
+        lacks it (restoring implies completion); once this coordinator's start is in its log
+        (``context.when_logged``), delete its log's unreferenced files (``log_id``) of checkpoints up
+        to ``checkpoint_id``, the table's newest or the log's newest (docs/design.md §7, "Cleanup").
 
         Raises:
             LakeCommitError: the restored checkpoint disagrees with the table (see step 3), or
@@ -541,12 +535,9 @@ class LakeCommitter:
                 self._announce(self.sink, checkpoint_id, None, None)
             finally:
                 self._restoring = False
-        # bounded: only files of checkpoints this coordinator's log has handed out (each completed
-        # or aborted by now), the restored one or the table's newest are the restore's to delete; a
-        # coordinator of the job started later takes higher IDs, and its in-flight files are never
-        # touched. Deleted only once this coordinator's epoch is in its log (when_logged): a
-        # coordinator fenced before that may have replayed a log the one that fenced it had
-        # already written to, and its bound would cover that one's checkpoints
+        # bounded by the IDs this log handed out (a later coordinator takes higher ones), and only
+        # once this coordinator's start is logged: a coordinator fenced before that may have replayed
+        # a log its successor wrote to, and its bound would cover the successor's checkpoints
         done = self.sink.committed_checkpoint(self.context.job_id)
         keep_after = max(checkpoint_id, done if done is not None else NO_CHECKPOINT, self.context.newest_checkpoint_id())
         sinks = (self.sink, *self._routed.values())
