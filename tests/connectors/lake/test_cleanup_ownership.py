@@ -67,13 +67,13 @@ def test_coordinator_log_ids_tell_prefixes_apart_and_name_files() -> None:
 def test_a_cleanup_deletes_its_own_logs_files_and_legacy_ones_never_another_logs(
         tmp_path: Path, make_sink: Callable[[Path], LakeSink]) -> None:
     sink = make_sink(tmp_path)
-    committed = write(sink, 1, OURS)
-    assert sink.commit(JOB, 1, [f for f in sink.write_files(rows(1), job_id=JOB, checkpoint_id=1, subtask=1,
-                                                            attempt=0, log_id=OURS)], offsets={TP: 4})
+    never_committed = write(sink, 1, OURS)  # subtask 0's file of checkpoint 1; subtask 1's is committed
+    assert sink.commit(JOB, 1, sink.write_files(rows(1), job_id=JOB, checkpoint_id=1, subtask=1, attempt=0,
+                                                log_id=OURS), offsets={TP: 4})
     ours, theirs, legacy = write(sink, 2, OURS), write(sink, 2, THEIRS), write(sink, 2, None)
     assert f"-log{OURS}-" in ours and f"-log{THEIRS}-" in theirs and "-log" not in legacy
     deleted = sink.delete_unreferenced(JOB, keep_checkpoints_after=2, log_id=OURS)
-    assert sorted(deleted) == sorted([committed, ours, legacy])  # checkpoint 1's other subtask never committed
+    assert sorted(deleted) == sorted([never_committed, ours, legacy])
     assert on_storage(sink, theirs) and not on_storage(sink, ours) and not on_storage(sink, legacy)
     # without a log ID (a caller that knows none, as before log IDs): every unreferenced file of the job
     assert sink.delete_unreferenced(JOB, keep_checkpoints_after=2) == [theirs]
