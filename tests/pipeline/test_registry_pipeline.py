@@ -203,6 +203,18 @@ def test_an_unreachable_registry_or_unknown_subject_fails_before_spark_starts(ka
 KILL_POINTS = ("task-written", "before-lake-commit", "before-lake-event", "before-offset-commit", "before-complete")
 
 
+def _killed_at_every_step_then_finished(args: list[str]) -> None:
+    """``chandy pipeline run ARGS`` SIGKILLed at each of :data:`KILL_POINTS` in turn, then run to
+    its end (exit 0)."""
+    from tests.fixtures import exactly_once
+
+    for i, point in enumerate(KILL_POINTS):
+        crashed = exactly_once.run_cli(args, crash_at=f"{point}@{2 + 2 * i}")
+        assert crashed.returncode == -9, f"{point}: {crashed.stderr[-3000:]}"
+    finished = exactly_once.run_cli(args)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+
+
 def test_a_writer_schema_that_adds_a_field_lands_every_value_once_through_a_kill_at_every_step(
         kafka_bootstrap_servers, schema_registry_url, tmp_path) -> None:
     """`chandy pipeline run --value-format avro --schema-registry-url URL` (no --value-schema) as
@@ -210,8 +222,6 @@ def test_a_writer_schema_that_adds_a_field_lands_every_value_once_through_a_kill
     V2 (a field added, one dropped) halfway: the run that finishes leaves every record in the
     table once, every value as confluent-kafka's deserializer reads it, the new column typed as
     V2 says, and the consumer group at the topic's end."""
-    from tests.fixtures import exactly_once
-
     registry = SchemaRegistryClient({"url": schema_registry_url})
     servers = kafka_bootstrap_servers
     topic = make_topic(servers, [])
@@ -222,11 +232,7 @@ def test_a_writer_schema_that_adds_a_field_lands_every_value_once_through_a_kill
     args = ["--table", str(table), "--topic", topic, "-b", servers, "--prefix", prefix, "--until-drained",
             "--max-records-per-checkpoint", "20", "--parallelism", "2", "--value-format", "avro",
             "--schema-registry-url", schema_registry_url]
-    for i, point in enumerate(KILL_POINTS):
-        crashed = exactly_once.run_cli(args, crash_at=f"{point}@{2 + 2 * i}")
-        assert crashed.returncode == -9, f"{point}: {crashed.stderr[-3000:]}"
-    finished = exactly_once.run_cli(args)
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    _killed_at_every_step_then_finished(args)
     source, landed = _source_values(servers, registry, topic), _landed(str(table))
     assert set(landed) == set(source) and len(landed) == 480
     for where, value in source.items():
@@ -588,7 +594,6 @@ def test_json_schema_and_protobuf_evolve_once_through_a_kill_at_every_step(
     consumer group at the end. Slow (five Spark runs killed and one finished per format; `-m slow`)."""
     from datetime import datetime
 
-    from tests.fixtures import exactly_once
     from tests.fixtures.protobuf_messages import expected_row
 
     registry = SchemaRegistryClient({"url": schema_registry_url})
@@ -599,11 +604,7 @@ def test_json_schema_and_protobuf_evolve_once_through_a_kill_at_every_step(
     args = ["--table", str(table), "--topic", topic, "-b", servers, "--prefix", prefix, "--until-drained",
             "--max-records-per-checkpoint", "10", "--parallelism", "2", "--value-format", value_format,
             "--schema-registry-url", schema_registry_url]
-    for i, point in enumerate(KILL_POINTS):
-        crashed = exactly_once.run_cli(args, crash_at=f"{point}@{2 + 2 * i}")
-        assert crashed.returncode == -9, f"{point}: {crashed.stderr[-3000:]}"
-    finished = exactly_once.run_cli(args)
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    _killed_at_every_step_then_finished(args)
     source, landed = _source_values(servers, registry, topic, deserializer), _landed(str(table))
     assert set(landed) == set(source) and len(landed) == 240
     for where, value in source.items():
