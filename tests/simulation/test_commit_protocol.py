@@ -140,8 +140,9 @@ def test_mutation_trust_memory_is_caught(quiet: None, monkeypatch: pytest.Monkey
 
     def trust_memory(patch: pytest.MonkeyPatch) -> None:
         patch.setattr(LakeCommitter, "_check_recorded", lambda self, sink, checkpoint_id, ranges: None)
-        patch.setattr(LakeCommitter, "_refresh_table_offsets",
-                      lambda self: self.sink.committed_checkpoint(self.context.job_id))
+        read_table = LakeCommitter._read_table
+        patch.setattr(LakeCommitter, "_read_table",
+                      lambda self, sink: self._views.get(sink.table_uri) or read_table(self, sink))
 
     found = caught(trust_memory, "two-logs", monkeypatch, seeds=100)
     assert found.violations[0][0] in {"duplicate", "lake-event", "lake-event-start"}, found.report()

@@ -68,6 +68,18 @@ log = logging.getLogger(__name__)
 OffsetRanges = Mapping[TP, tuple[int, int]]
 
 
+@dataclasses.dataclass
+class TableView:
+    """What one table holds for the job, as a :class:`LakeCommitter` last read it from the table
+    or wrote it there: the job's newest checkpoint in it (None: none), the job's cumulative end
+    offsets it recorded (per (topic, partition)), and the completeness watermark's per-partition
+    times (ms)."""
+
+    checkpoint: int | None
+    offsets: dict[TP, int]
+    event_times: dict[TP, int]
+
+
 class LakeCommitter:
     """The lake sink's operator coordinator (see the module docstring).
 
@@ -106,7 +118,8 @@ class LakeCommitter:
         self.open_table = open_table
         self.changes = changes
         self._routed: dict[str, LakeSink] = {}  # the routed tables this run met, by URI
-        self._routed_offsets: dict[str, dict[TP, int]] = {}  # what each routed table holds for the job
+        #: what each table (the job's and each routed one, by URI) holds for the job, as last read or written
+        self._views: dict[str, TableView] = {}
         self._cleaned: set[str] = set()  # routed tables whose unreferenced files this run deleted
         self._committed_through: int | None = None  # the newest checkpoint this run committed and announced
         self._restoring = False  # in reset_to_checkpoint, which cleans every table it meets itself
@@ -122,17 +135,12 @@ class LakeCommitter:
         self.vacuumed: list[list[str]] = []  # the paths each vacuum of this run deleted
         self.committed_checkpoints: list[int] = []
         self.records_committed = 0
-        self.table_offsets: dict[TP, int] = {}  # what the table holds for this job, per partition
-        self._table_checkpoint: int | None = None  # the job's checkpoint in the table that table_offsets reflect
         self.optimizations: list[dict[str, Any]] = []  # metrics of the compactions this run did
         self.last_commit_ms: float | None = None  # the latest notify_checkpoint_complete's lake commit, in ms
         self.last_commit_ended_ms: float | None = None  # when it ended, in ms since the epoch
         #: per subtask, FetchTime - EventTime (ms) of the newest record its latest committed
         #: checkpoint fetched (Flink's currentFetchEventTimeLag), from its "source-metrics" handle
         self.fetch_event_time_lag_ms: dict[int, int] = {}
-        #: the completeness watermark: per (topic, partition) the newest Kafka timestamp (ms) the
-        #: job's commits landed, read from the table at a restore and recorded with each commit
-        self.event_times: dict[TP, int] = {}
         #: what the checkpoints this run committed read, for the Kafka consumer's metrics: the
         #: record bytes (keys and values; bytes_consumed_rate), the Fetch requests and the records
         #: librdkafka received for them (records_per_request_avg)
@@ -196,12 +204,13 @@ class LakeCommitter:
             return []
         return data_files_from_handles(h for s in operator.subtask_states for h in s.state_handles)
 
-    def _note_source_metrics(self, metadata: CheckpointMetadata) -> tuple[dict[TP, int], dict[str, int]]:
+    def _note_source_metrics(self, metadata: CheckpointMetadata,
+                             landed: Mapping[TP, int]) -> tuple[dict[TP, int], dict[str, int]]:
         """Keep each subtask's fetch lag of this checkpoint (its ``source-metrics`` handle, if
         any), and return the completeness watermark's per-partition times once this checkpoint
-        lands (:attr:`event_times` raised by the newest timestamps its subtasks read) and the
-        record bytes, Fetch requests and records fetched its subtasks counted."""
-        event_times, counts = dict(self.event_times), {"bytes_read": 0, "fetch_requests": 0, "records_fetched": 0}
+        lands (``landed``, the job's table's, raised by the newest timestamps its subtasks read) and
+        the record bytes, Fetch requests and records fetched its subtasks counted."""
+        event_times, counts = dict(landed), {"bytes_read": 0, "fetch_requests": 0, "records_fetched": 0}
         operator = metadata.operator(self.context.operator_id)
         for subtask in operator.subtask_states if operator is not None else ():
             for handle in subtask.state_handles:
@@ -272,31 +281,48 @@ class LakeCommitter:
         return sink
 
     def _commit(self, checkpoint_id: int) -> None:
+        """The one guarded sequence every table a checkpoint touches goes through (the job's
+        table, each routed table, an append or a ``--cdc`` merge, on every format; docs/design.md
+        §7, "One guarded commit"):
+
+        1. *read* what each table holds for the job now (:meth:`_read_table`: its newest
+           checkpoint of the job, read again at every checkpoint, and its offsets, read again
+           whenever that moved), never what an earlier read remembered;
+        2. *check* every table's ranges against what it holds (:meth:`_check_table`) before any
+           table is committed, so a refusal leaves every table as it was;
+        3. *commit* each table (the routed ones in URI order, the job's own last) only while it
+           still holds what step 1 read (``checked_at``, :func:`~chandy.connectors.lake.sink.check_unchanged`);
+        4. *verify*: a table that answers "held already" must hold exactly these ranges.
+        """
         if self._committed_through is not None and checkpoint_id <= self._committed_through:
             return  # this run committed it already (a restore's commit, then its completion notice)
         crash_point("before-lake-commit", checkpoint_id)
         metadata = self._metadata(checkpoint_id)
         files = self.files_of(checkpoint_id, metadata)
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
-        own_done = self._refresh_table_offsets()
-        event_times, counts = self._note_source_metrics(metadata)  # over what the table holds, just refreshed
-        offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
         by_table: dict[str, list[DataFile]] = {}
         for f in files:
             by_table.setdefault(f.table_uri or self.sink.table_uri, []).append(f)
+        # the job's own table last: its commit says the checkpoint landed everywhere
+        sinks = [self._sink_of(uri) for uri in sorted(set(by_table) - {self.sink.table_uri})] + [self.sink]
+        views = {sink.table_uri: self._read_table(sink) for sink in sinks}  # 1. read
+        own = views[self.sink.table_uri]
+        event_times, counts = self._note_source_metrics(metadata, own.event_times)
+        offsets = {**own.offsets, **{tp: end for tp, (_, end) in ranges.items()}}
+        for sink in sinks:  # 2. check, every table before any commit
+            self._check_table(sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges, views[sink.table_uri])
         landed: list[tuple[LakeSink, LakeCommit | None, OffsetRanges | None]] = []
-        for table_uri in sorted(set(by_table) - {self.sink.table_uri}):  # the job's own table last
-            sink = self._sink_of(table_uri)
-            done = sink.committed_checkpoint(self.context.job_id)
-            landed.append((sink, self._commit_table(sink, checkpoint_id, by_table[table_uri], ranges, offsets, done,
-                                                    event_times), None))
-            crash_point("between-table-commits", checkpoint_id)
-        own = self._commit_table(self.sink, checkpoint_id, by_table.get(self.sink.table_uri, []), ranges, offsets,
-                                 own_done, event_times)
-        landed.append((self.sink, own, ranges))
-        if self._table_checkpoint is None or self._table_checkpoint <= checkpoint_id:
-            self.table_offsets, self._table_checkpoint = offsets, checkpoint_id  # else: the table's, already read
-            self.event_times = event_times
+        for sink in sinks:  # 3. commit, each only while unchanged since its read; 4. verify
+            table_files = by_table.get(sink.table_uri, [])
+            committed = self._commit_table(sink, checkpoint_id, table_files, ranges, offsets,
+                                           views[sink.table_uri].checkpoint, event_times)
+            self._remember(sink, checkpoint_id, offsets, event_times)
+            landed.append((sink, committed, ranges if sink is self.sink else None))
+            if sink is not self.sink:
+                crash_point("between-table-commits", checkpoint_id)
+                if sink.table_uri not in self._cleaned and not self._restoring:  # files of checkpoints that crashed
+                    self._cleaned.add(sink.table_uri)
+                    self._delete_unreferenced_async(sink, checkpoint_id)
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
             self.bytes_read += counts["bytes_read"]
@@ -311,21 +337,67 @@ class LakeCommitter:
         self._committed_through = checkpoint_id
         crash_point("before-offset-commit", checkpoint_id)
 
-    def _refresh_table_offsets(self) -> int | None:
-        """Read what the job's table holds again when it is not what this committer last wrote or
-        read (another coordinator of the job committed since: a run it did not fence, a zombie, one
-        job under two coordinator logs): the table decides, never this committer's memory."""
-        done = self.sink.committed_checkpoint(self.context.job_id)
-        if done is None or done == self._table_checkpoint:
-            return done
-        progress = self.sink.progress(self.context.job_id)
-        log.warning("job %s: table %s holds checkpoint %s, not %s as this coordinator last saw: reading its offsets "
-                    "again (another coordinator of the job committed to it)", self.context.job_id, self.sink.table_uri,
-                    progress.checkpoint_id, self._table_checkpoint)
-        self.table_offsets = dict(progress.offsets)
-        self._table_checkpoint = progress.checkpoint_id
-        self.event_times = dict(progress.event_times)
-        return progress.checkpoint_id
+    def _read_table(self, sink: LakeSink) -> TableView:
+        """Step 1 of :meth:`_commit`: what ``sink``'s table holds for the job now. Its newest
+        checkpoint of the job is read at every call; its offsets and watermark (a longer read of
+        the table's history or properties) again whenever that checkpoint is not the one this
+        committer last read or wrote (another coordinator of the job committed since: a run it
+        did not fence, a zombie, one job under two coordinator logs). The table decides, never
+        this committer's memory: the same rule for the job's table and every routed table."""
+        done = sink.committed_checkpoint(self.context.job_id)
+        view = self._views.get(sink.table_uri)
+        if view is not None and (done == view.checkpoint or done is None):  # None: the table holds none of the job's
+            return view
+        progress = sink.progress(self.context.job_id)
+        if view is not None and done is not None:
+            log.warning("job %s: table %s holds checkpoint %s, not %s as this coordinator last saw: reading its "
+                        "offsets again (another coordinator of the job committed to it)", self.context.job_id,
+                        sink.table_uri, progress.checkpoint_id, view.checkpoint)
+        view = self._views[sink.table_uri] = TableView(progress.checkpoint_id, dict(progress.offsets),
+                                                       dict(progress.event_times))
+        return view
+
+    def _remember(self, sink: LakeSink, checkpoint_id: int, offsets: Mapping[TP, int],
+                  event_times: Mapping[TP, int]) -> None:
+        """What ``sink``'s table holds after this committer's step 3 of ``checkpoint_id`` (unless the
+        table holds a later checkpoint of the job, read in step 1: then its own record stays)."""
+        view = self._views.get(sink.table_uri)
+        if view is None or view.checkpoint is None or view.checkpoint <= checkpoint_id:
+            self._views[sink.table_uri] = TableView(checkpoint_id, dict(offsets), dict(event_times))
+
+    def _check_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
+                     view: TableView) -> None:
+        """Step 2 of :meth:`_commit` for one table, as step 1 read it (``view``): a table that holds
+        the checkpoint must hold exactly these ranges (:meth:`_check_recorded`); the ranges must
+        start where the table's offsets end (:meth:`_check_ranges`); the files must all be there.
+
+        Raises:
+            LakeDivergenceError: naming the table, the partition and both sides.
+        """
+        done = view.checkpoint
+        if done is not None and done >= checkpoint_id:
+            self._check_recorded(sink, checkpoint_id, ranges)
+        self._check_ranges(sink, checkpoint_id, ranges, done, view.offsets, gaps=sink is self.sink)
+        missing = sink.missing_files(files) if done is None or done < checkpoint_id else []
+        if missing:
+            # never commit a file that is gone: the table would reference data it cannot read
+            raise LakeDivergenceError(
+                f"checkpoint {checkpoint_id} references {len(missing)} data file(s) no longer in table "
+                f"{sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
+                "intermediate savepoint's files are cleaned up once a later checkpoint lands the same ranges), "
+                "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
+
+    @property
+    def table_offsets(self) -> dict[TP, int]:
+        """What the job's table holds for the job, per partition, as this committer last read or wrote it."""
+        view = self._views.get(self.sink.table_uri)
+        return {} if view is None else view.offsets
+
+    @property
+    def event_times(self) -> dict[TP, int]:
+        """The completeness watermark's per-partition times (ms) of the job's table, as last read or written."""
+        view = self._views.get(self.sink.table_uri)
+        return {} if view is None else view.event_times
 
     def _check_recorded(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges) -> None:
         """The table holds ``checkpoint_id`` already: its commit of it must record exactly the ends
@@ -376,35 +448,17 @@ class LakeCommitter:
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
                       offsets: Mapping[TP, int], done: int | None,
                       event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
-        """Commit one table's files of ``checkpoint_id`` (append, or apply changes), recording the
-        job's cumulative ``offsets`` and the completeness watermark's ``event_times`` (the job's:
-        every table it writes holds every record read below it); None when the table holds it
-        already or there was nothing.
-        A table that holds it already must hold exactly these ranges (:meth:`_check_recorded`).
-        ``done``: the job's newest checkpoint in the table, just read."""
-        routed = sink is not self.sink
-        if routed and sink.table_uri not in self._routed_offsets:
-            self._routed_offsets[sink.table_uri] = dict(sink.progress(self.context.job_id).offsets)
-        held = self._routed_offsets[sink.table_uri] if routed else self.table_offsets
-        if done is not None and done >= checkpoint_id:
-            self._check_recorded(sink, checkpoint_id, ranges)
-        self._check_ranges(sink, checkpoint_id, ranges, done, held, gaps=not routed)
-        missing = sink.missing_files(files) if done is None or done < checkpoint_id else []
-        if missing:
-            # never commit a file that is gone: the table would reference data it cannot read
-            raise LakeDivergenceError(
-                f"checkpoint {checkpoint_id} references {len(missing)} data file(s) no longer in table "
-                f"{sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
-                "intermediate savepoint's files are cleaned up once a later checkpoint lands the same ranges), "
-                "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
+        """Steps 3 and 4 of :meth:`_commit` for one table, checked (step 2) against its job's
+        checkpoint ``done``: commit its files of ``checkpoint_id`` (an append, or with ``changes``
+        a merge), recording the job's cumulative ``offsets`` and the completeness watermark's
+        ``event_times`` (the job's: every table it writes holds every record read below it), only
+        while the table still holds ``done`` (``checked_at``); None when the table holds it already
+        (then it must hold exactly these ranges: :meth:`_check_recorded`) or there was nothing."""
         try:
             watermark = {"event_times": dict(event_times)} if event_times else {}  # sinks of older callers take none
-            if self.changes:
-                committed = sink.commit_changes(self.context.job_id, checkpoint_id, files,
-                                                offsets=dict(offsets) or None, cluster_id=self.cluster_id, **watermark)
-            else:  # only while the table still holds what the checks above read (check_unchanged)
-                committed = sink.commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
-                                        cluster_id=self.cluster_id, checked_at=done, **watermark)
+            commit = sink.commit_changes if self.changes else sink.commit
+            committed = commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
+                               cluster_id=self.cluster_id, checked_at=done, **watermark)
         except LakeSchemaError as exc:  # say which records did not fit
             where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
                               if end > start)
@@ -417,11 +471,6 @@ class LakeCommitter:
             self.records_committed += records
             log.info("checkpoint %d: %d file(s), %d record(s) committed to %s (version %s)", checkpoint_id,
                      len(files), records, sink.table_uri, committed.table_version)
-        if routed:
-            self._routed_offsets[sink.table_uri] = dict(offsets)
-            if sink.table_uri not in self._cleaned and not self._restoring:  # files of checkpoints that crashed
-                self._cleaned.add(sink.table_uri)
-                self._delete_unreferenced_async(sink, checkpoint_id)
         return committed
 
     def _delete_unreferenced_async(self, sink: LakeSink, keep_checkpoints_after: int | None) -> None:
@@ -506,9 +555,8 @@ class LakeCommitter:
             LakeCommitError: the restored checkpoint disagrees with the table (see step 3), or
                 its ``_metadata`` is unreadable while the table does not hold it.
         """
-        progress = self.sink.progress(self.context.job_id)
-        self.table_offsets, self._table_checkpoint = dict(progress.offsets), progress.checkpoint_id
-        self.event_times = dict(progress.event_times)
+        self._views.pop(self.sink.table_uri, None)
+        self._read_table(self.sink)
         source_table = _table_of(checkpoint_data)
         if checkpoint_id != NO_CHECKPOINT and source_table not in (None, self.sink.table_uri):
             # a savepoint of another table (Flink's `flink run -s` into a new sink): its files stay
@@ -516,8 +564,8 @@ class LakeCommitter:
             ranges = self.offsets_of(self._metadata(checkpoint_id)) if self.offsets_of is not None else {}
             offsets = {**self.table_offsets, **{tp: end for tp, (_, end) in ranges.items()}}
             self.sink.commit(self.context.job_id, checkpoint_id, [], offsets=offsets or None, cluster_id=self.cluster_id)
-            self.table_offsets = offsets  # the next commit records them (a new table gets no empty commit)
-            self._table_checkpoint = checkpoint_id
+            # the next commit records them (a new table gets no empty commit)
+            self._views[self.sink.table_uri] = TableView(checkpoint_id, offsets, dict(self.event_times))
             self._foreign_checkpoint = checkpoint_id  # its completion notice (restoring implies it) lands nothing
             log.warning("restored checkpoint %d of table %s: its records stay in that table; %s starts at its "
                         "offsets", checkpoint_id, source_table, self.sink.table_uri)

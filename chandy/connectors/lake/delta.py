@@ -389,7 +389,8 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
 
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
-                       event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
+                       event_times: Mapping[TP, int] | None = None,
+                       checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
         """Apply the change ``files`` (``--cdc``) in one Delta ``MERGE`` commit (delta-rs
         ``DeltaTable.merge``) carrying the app transaction (job id, checkpoint id) and the
         ``commitInfo`` :meth:`commit` records: per key (the files' ``id_columns``) the last change
@@ -398,11 +399,15 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         not exist is created first, empty, from the changes' schema and ``partition_by``.
 
         The idempotence check runs before the merge: a checkpoint the table holds is skipped
-        (None), so a replay changes nothing. The change files are deleted once merged.
+        (None), so a replay changes nothing. As :meth:`commit`, the merge goes on only while the
+        job's newest checkpoint in the table is ``checked_at`` (:func:`~chandy.connectors.lake.sink.check_unchanged`),
+        before it and after any conflict: a stale coordinator's merge would overwrite newer values,
+        undo deletes and move the recorded offsets back. The change files are deleted once merged.
 
         Raises:
             LakeSchemaError: the changes do not fit the table; LakeCommitError: delta-rs refused
-                the merge, or the files disagree on the key.
+                the merge, the files disagree on the key, or another coordinator of the job
+                committed since ``checked_at``.
         """
         from deltalake import DeltaTable
         from deltalake import Schema as DeltaSchema
@@ -423,8 +428,11 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
             log.info("checkpoint %d of job %s is already in %s (version %d): skipped", checkpoint_id, job_id,
                      self.table_uri, done)
             return None
+        check_unchanged(self.table_uri, job_id, checkpoint_id, done, checked_at)  # before any change to the table
+        read_done = done if checked_at is ... else checked_at
         if not files:
-            return self.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id, event_times=event_times)
+            return self.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id, event_times=event_times,
+                               checked_at=read_done)
         changes = latest_changes(read_change_files(self.fs, self.root, files), id_columns_of(files, self.table_uri))
         where = f"checkpoint {checkpoint_id}: "
         rows = changes.latest.drop_columns([OP_COLUMN])
@@ -467,6 +475,9 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
                 done = table.transaction_version(job_id)
                 if done is not None and done >= checkpoint_id:
                     return self._commit_in(table.history(50), {COMMIT_TOKEN: token}) if done == checkpoint_id else None
+                # merging again on a version another coordinator of the job committed would skip the
+                # committer's check of what it holds (and undo its changes)
+                check_unchanged(self.table_uri, job_id, checkpoint_id, done, read_done)
                 log.warning("checkpoint %d: concurrent commit to %s (%s): retrying the merge (attempt %d of %d)",
                             checkpoint_id, self.table_uri, exc, attempt + 1, COMMIT_ATTEMPTS)
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))

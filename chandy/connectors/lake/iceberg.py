@@ -368,14 +368,16 @@ class IcebergSink(SchemaChecked):
 
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
-                       event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
+                       event_times: Mapping[TP, int] | None = None,
+                       checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
         """Apply the change ``files`` (``--cdc``) in one Iceberg transaction (a row-level delete
         of every key the changes touch, then an append of the upserted rows; see
-        :func:`chandy.connectors.lake.iceberg_changes.apply_changes`, which documents it)."""
+        :func:`chandy.connectors.lake.iceberg_changes.apply_changes`, which documents it), only
+        while the job's newest checkpoint in the table is ``checked_at``."""
         from chandy.connectors.lake.iceberg_changes import apply_changes
 
         return apply_changes(self, job_id, checkpoint_id, files, offsets=offsets, cluster_id=cluster_id,
-                             event_times=event_times)
+                             event_times=event_times, checked_at=checked_at)
 
     def _landed_after(self, exc: Exception, token: str, action: str) -> Any | None:
         """The table when the commit carrying ``token`` landed despite ``exc``, else None; raises

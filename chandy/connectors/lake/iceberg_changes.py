@@ -8,6 +8,7 @@ import logging
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping
+from types import EllipsisType
 from typing import Any
 
 import pyarrow as pa
@@ -19,15 +20,22 @@ from chandy.connectors.lake.changes import (
     latest_changes,
     read_change_files,
 )
-from chandy.connectors.lake.iceberg_commits import PROPERTY_PREFIX, commit_in, commit_record, without_snapshot
-from chandy.connectors.lake.sink import COMMIT_ATTEMPTS, COMMIT_TOKEN, TP, DataFile, LakeCommit
+from chandy.connectors.lake.iceberg_commits import (
+    PROPERTY_PREFIX,
+    commit_failure,
+    commit_in,
+    commit_record,
+    without_snapshot,
+)
+from chandy.connectors.lake.sink import COMMIT_ATTEMPTS, COMMIT_TOKEN, TP, DataFile, LakeCommit, check_unchanged
 
 log = logging.getLogger(__name__)
 
 
 def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                   offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
-                  event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
+                  event_times: Mapping[TP, int] | None = None,
+                  checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
     """Apply the change ``files`` (``--cdc``) to ``sink``'s table (an
     :class:`~chandy.connectors.lake.iceberg.IcebergSink`) in one Iceberg transaction: a row-level
     delete of every key the changes touch (pyiceberg's copy-on-write ``Transaction.delete``: the
@@ -37,12 +45,16 @@ def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[Da
     no equality or position delete files (it cannot), so readers need no merge-on-read support.
 
     A checkpoint the table holds is skipped (None) before anything is read: a replay changes
-    nothing. A table that does not exist is created from the changes' schema. The change files
-    are deleted once applied.
+    nothing. The transaction is committed only while the job's newest checkpoint in the table is
+    ``checked_at`` (:func:`~chandy.connectors.lake.sink.check_unchanged`), at every attempt: after
+    a conflict the table is read again, and a commit of another coordinator of the job since the
+    check fails the checkpoint instead of applying the changes over it. A table that does not
+    exist is created from the changes' schema. The change files are deleted once applied.
 
     Raises:
         LakeSchemaError: the changes do not fit the table; LakeCommitError: the catalog refused
-            the commit, or the files disagree on the key.
+            the commit, the files disagree on the key, or another coordinator of the job
+            committed since ``checked_at``.
     """
     files = list(files)
     table = sink._load()
@@ -50,8 +62,12 @@ def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[Da
     if held is not None and held >= checkpoint_id:
         log.info("checkpoint %d of job %s is already in %s: skipped", checkpoint_id, job_id, sink.table_uri)
         return None
+    if checked_at is ...:
+        checked_at = held  # a conflict must find the job where this commit found it
+    check_unchanged(sink.table_uri, job_id, checkpoint_id, held, checked_at)
     if not files:
-        return sink.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id, event_times=event_times)
+        return sink.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id, event_times=event_times,
+                           checked_at=checked_at)
     changes = latest_changes(read_change_files(sink.fs, sink.root, files), id_columns_of(files, sink.table_uri))
     token = uuid.uuid4().hex
     key = f"{PROPERTY_PREFIX}{job_id}."
@@ -68,6 +84,7 @@ def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[Da
         if done is not None and done >= checkpoint_id:  # found done after a conflict
             ours = table.properties.get(key + "commit_token") == token
             return commit_in(table, {COMMIT_TOKEN: token}, checkpoint_id) if ours else None
+        check_unchanged(sink.table_uri, job_id, checkpoint_id, done, checked_at)
         fields = None if table is None else sink._fields_of(table)
         sink.check_schema(shape, fields, where=where)
         try:
@@ -92,7 +109,7 @@ def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[Da
             action = f"applying checkpoint {checkpoint_id}'s changes to {sink.table_uri}"
             reloaded = sink._landed_after(exc, token, action)  # an unknown outcome: did it land?
             if reloaded is None:
-                failure = sink._commit_failure(exc, attempt, action)
+                failure = commit_failure(exc, attempt, action)
                 if failure is not None:
                     raise failure from exc
                 continue

@@ -516,8 +516,8 @@ class LakeSink(Protocol):
 
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[tuple[str, int], int] | None = None,
-                       cluster_id: str | None = None, event_times: Mapping[TP, int] | None = None
-                       ) -> LakeCommit | None: ...
+                       cluster_id: str | None = None, event_times: Mapping[TP, int] | None = None,
+                       checked_at: int | None | EllipsisType = ...) -> LakeCommit | None: ...
 
     def commits_after(self, job_id: str, checkpoint_id: int) -> list[LakeCommit]: ...
 

@@ -1,0 +1,187 @@
+"""Issue 54: one guarded commit for every table a checkpoint touches. The job's table, each routed
+table and each ``--cdc`` merge go through the same read, check, commit-while-unchanged, verify
+sequence (``LakeCommitter._commit``), on real Delta (delta-rs) and Iceberg (pyiceberg's SQL
+catalog) tables, no Kafka. Each test is a finding of the issue that held on the code before it:
+D (routed tables trusted memory), E (``--cdc`` merged without the check-then-commit guard), G
+(Iceberg ``--cdc`` called a method that no longer existed on a refused commit) and A (a table's
+cleanup deleted a nested routed table's committed files)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from chandy.connectors.lake.changes import OP_COLUMN
+from chandy.connectors.lake.committer import LakeCommitter
+from chandy.connectors.lake.sink import DataFile, LakeCommitError, LakeSink
+from chandy.connectors.lake.sinks import open_sink
+from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
+from tests.fixtures.lake_committer import JOB, CommitterContext
+
+TP0 = ("t", 0)
+
+
+def rows(start: int, end: int) -> pa.Table:
+    n = end - start
+    return pa.table({"topic": ["t"] * n, "partition": pa.array([0] * n, pa.int32()),
+                     "offset": pa.array(range(start, end), pa.int64())})
+
+
+def changes(start: int, end: int, name: str, deleted: frozenset[int] = frozenset()) -> pa.Table:
+    """Offsets [start, end) as changes of keys ``offset % 4``: each sets its key's name to ``name``
+    (or deletes it, for an offset in ``deleted``)."""
+    offsets = list(range(start, end))
+    return pa.table({"id": pa.array([o % 4 for o in offsets], pa.int64()), "name": [name] * len(offsets),
+                     "topic": ["t"] * len(offsets), "partition": pa.array([0] * len(offsets), pa.int32()),
+                     "offset": pa.array(offsets, pa.int64()),
+                     OP_COLUMN: ["d" if o in deleted else "u" for o in offsets]})
+
+
+class Run:
+    """One coordinator of the job (its own checkpoint storage and ranges) over shared tables:
+    the job's ``table`` and, with ``routed``, a routed table every record goes to."""
+
+    def __init__(self, tmp_path: Path, name: str, table: str, catalog: dict[str, str], *, routed: str | None = None,
+                 cdc: bool = False) -> None:
+        self.sink = open_sink(table, catalog_properties=catalog)
+        self.routed = None if routed is None else open_sink(routed, catalog_properties=catalog)
+        self.cdc = cdc
+        self.storage = CheckpointStorage(f"file://{tmp_path}/{name}-chk", JOB)
+        self.ranges: dict[int, dict[tuple[str, int], tuple[int, int]]] = {}
+        self.context = CommitterContext()
+        self.committer = LakeCommitter(self.context, self.sink, self.storage, changes=cdc,
+                                       offsets_of=lambda m: self.ranges[m.checkpoint_id],
+                                       open_table=lambda uri: open_sink(uri, catalog_properties=catalog))
+
+    def write(self, checkpoint_id: int, data: pa.Table, route: bool) -> list[DataFile]:
+        sink = self.routed if route and self.routed is not None else self.sink
+        files = sink.write_files(data, job_id=JOB, checkpoint_id=checkpoint_id, subtask=0, attempt=0)
+        if sink is self.routed:
+            files = [dataclasses.replace(f, table_uri=self.routed.table_uri) for f in files]
+        if self.cdc:
+            files = [dataclasses.replace(f, id_columns=("id",)) for f in files]
+        return files
+
+    def complete(self, checkpoint_id: int, start: int, end: int, data: pa.Table | None = None, *,
+                 route: bool = True) -> None:
+        """Write checkpoint ``checkpoint_id``'s files of offsets [start, end) (into the routed
+        table, if any, unless not ``route``) and its _metadata, then notify the committer of its
+        completion."""
+        files = self.write(checkpoint_id, rows(start, end) if data is None else data, route)
+        self.storage.write_metadata(self.storage.initialize_location_for_checkpoint(checkpoint_id), CheckpointMetadata(
+            job_id=JOB, checkpoint_id=checkpoint_id, checkpoint_type="CHECKPOINT", trigger_timestamp=1,
+            completion_timestamp=2, operator_states=(OperatorState("lake", None, (SubtaskState(
+                0, 0, tuple(f.to_state_handle() for f in files)),)),)))
+        self.ranges[checkpoint_id] = {TP0: (start, end)}
+        self.committer.notify_checkpoint_complete(checkpoint_id)
+
+
+def offsets(sink: LakeSink) -> list[int]:
+    return sorted(sink.read_table().column("offset").to_pylist())
+
+
+def names(sink: LakeSink) -> dict[int, str]:
+    table = sink.read_table()
+    return dict(zip(table.column("id").to_pylist(), table.column("name").to_pylist(), strict=True))
+
+
+@pytest.fixture(params=["delta", "iceberg"])
+def tables(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str, dict[str, str]]:
+    """(the job's table, a routed table, catalog properties) of one format."""
+    if request.param == "delta":
+        return str(tmp_path / "t"), str(tmp_path / "routed"), {}
+    return "iceberg://local/lake.t", "iceberg://local/lake.routed", {"warehouse": str(tmp_path / "wh")}
+
+
+def test_d_a_routed_table_is_read_again_when_another_coordinator_committed_to_it(tmp_path, tables) -> None:
+    """Finding D: a routed table's offsets were read once per run and never again, and routed
+    tables were committed before ``--table``. With two coordinators of one job (two coordinator
+    logs), the one whose memory of the routed table is behind landed duplicates in it; ``--table``
+    refused, but after the routed table held them. Now each table is read again when its job's
+    checkpoint moved, and every table is checked before any is committed."""
+    uri, routed, catalog = tables
+    a = Run(tmp_path, "a", uri, catalog, routed=routed)
+    b = Run(tmp_path, "b", uri, catalog, routed=routed)
+    a.committer.reset_to_checkpoint(-1, None)
+    a.complete(1, 0, 5, route=False)  # into --table
+    b.committer.reset_to_checkpoint(1, None)
+    b.complete(2, 5, 8)  # b reads the routed table (none yet) and commits to it
+    a.complete(3, 8, 12)  # the other coordinator: the routed table now holds up to 12
+    assert b.routed is not None
+    published = len(b.context.published)
+    with pytest.raises(LakeCommitError, match=r"would land t-0 offsets \[8, 11\) but table \S*routed already holds "
+                                              r"that partition up to offset 12: refusing to duplicate"):
+        b.complete(4, 8, 11)  # b's memory of the routed table says 8
+    assert offsets(b.routed) == list(range(5, 12))  # every offset once: nothing landed in the routed table
+    assert len(b.context.published) == published  # and nothing was announced
+
+
+def test_e_a_merge_another_coordinator_races_between_the_check_and_the_merge_is_refused(
+        tmp_path, tables, monkeypatch) -> None:
+    """Finding E: ``commit_changes`` had no ``checked_at``: a coordinator that checked its ranges
+    against the table, then lost the race to another coordinator of the job, merged its (older)
+    changes over the newer ones and moved the recorded offsets back. Now the merge goes on only
+    while the table holds what the check read."""
+    uri, _, catalog = tables
+    a, b = Run(tmp_path, "a", uri, catalog, cdc=True), Run(tmp_path, "b", uri, catalog, cdc=True)
+    a.committer.reset_to_checkpoint(-1, None)
+    a.complete(1, 0, 4, changes(0, 4, "first"))
+    b.committer.reset_to_checkpoint(1, None)
+    merge = a.sink.commit_changes
+
+    def raced(*args, **kwargs):  # the other coordinator merges between this one's check and its merge
+        b.complete(2, 4, 10, changes(4, 10, "newer", deleted=frozenset({9})))
+        return merge(*args, **kwargs)
+
+    monkeypatch.setattr(a.sink, "commit_changes", raced)
+    with pytest.raises(LakeCommitError, match=r"another coordinator of job .* committed its checkpoint 2 since this "
+                                              r"commit's ranges were checked"):
+        a.complete(3, 4, 7, changes(4, 7, "stale"))
+    assert names(a.sink) == {0: "newer", 2: "newer", 3: "newer"}  # key 1 deleted at offset 9 stays deleted
+    assert a.sink.progress(JOB).offsets == {TP0: 10}  # not moved back to 7
+
+
+def test_e_a_stale_coordinators_merge_is_refused_by_the_fresh_read(tmp_path, tables) -> None:
+    """Finding E, without a race: a coordinator whose memory is behind the table (the other one
+    merged checkpoints 2 and 3) reads the table again and refuses its stale changes."""
+    uri, _, catalog = tables
+    a, b = Run(tmp_path, "a", uri, catalog, cdc=True), Run(tmp_path, "b", uri, catalog, cdc=True)
+    a.committer.reset_to_checkpoint(-1, None)
+    a.complete(1, 0, 4, changes(0, 4, "first"))
+    b.committer.reset_to_checkpoint(1, None)
+    b.complete(2, 4, 8, changes(4, 8, "second"))
+    b.complete(3, 8, 10, changes(8, 10, "third", deleted=frozenset({9})))
+    with pytest.raises(LakeCommitError, match=r"would land t-0 offsets \[4, 7\) but table .* already holds that "
+                                              r"partition up to offset 10"):
+        a.complete(4, 4, 7, changes(4, 7, "stale"))
+    assert names(a.sink) == {0: "third", 2: "second", 3: "second"}
+    assert a.sink.progress(JOB).offsets == {TP0: 10}
+
+
+def test_g_an_iceberg_merge_refused_by_the_catalog_is_retried(tmp_path, monkeypatch) -> None:
+    """Finding G: the Iceberg ``--cdc`` path called ``sink._commit_failure``, moved to a module
+    function: a commit the catalog refused (a lost race, for example with ``--optimize-every``)
+    raised AttributeError and restarted the job instead of retrying the commit."""
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table import Transaction
+
+    run = Run(tmp_path, "a", "iceberg://local/lake.t", {"warehouse": str(tmp_path / "wh")}, cdc=True)
+    run.committer.reset_to_checkpoint(-1, None)
+    run.complete(1, 0, 4, changes(0, 4, "first"))
+    commit_transaction = Transaction.commit_transaction
+    refused: list[int] = []
+
+    def refuse_once(self):
+        if not refused:
+            refused.append(1)
+            raise CommitFailedException("Requirement failed: branch main has changed")  # the catalog's compare-and-swap
+        return commit_transaction(self)
+
+    monkeypatch.setattr(Transaction, "commit_transaction", refuse_once)
+    run.complete(2, 4, 8, changes(4, 8, "second", deleted=frozenset({5})))
+    assert refused == [1]
+    assert names(run.sink) == {0: "second", 2: "second", 3: "second"}
+    assert run.sink.progress(JOB).offsets == {TP0: 8}
