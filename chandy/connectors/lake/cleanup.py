@@ -6,7 +6,12 @@ in the data directory (the table root for Delta, ``data/`` for Iceberg) or in it
 partition directories (``<column>=<value>/``, nested). :func:`job_files` walks exactly those
 directories, and never one whose name holds no ``=``: not ``_delta_log/`` (one file per table
 version: on an object store, listing it costs more than the data files once a pipeline has
-committed for a while), ``_chandy_checkpoints/`` or Iceberg's ``metadata/``. On a local disk it reads directories with ``os.scandir``
+committed for a while), ``_chandy_checkpoints/`` or Iceberg's ``metadata/``. Nor a directory that
+is the root of another table (it holds ``_delta_log/`` or ``metadata/``: :data:`TABLE_MARKERS`),
+however hive-like its name: a routed table at ``lake/events/region=eu`` beside ``--table
+lake/events`` holds files of the same job and log, which the outer table references nowhere, and
+its cleanup would delete them from under the routed table's commits (issue 54, finding A).
+On a local disk it reads directories with ``os.scandir``
 (fsspec's ``ls`` would ``stat`` each of a large table's files); elsewhere with the file system's
 ``ls`` (one listing request per directory and page of results).
 """
@@ -21,6 +26,9 @@ from typing import Any
 from chandy.connectors.lake.sink import DATA_FILE_NAME
 
 log = logging.getLogger(__name__)
+
+#: the directories that make a directory a table's root: Delta's log, Iceberg's metadata
+TABLE_MARKERS = frozenset({"_delta_log", "metadata"})
 
 
 def _entries(fs: Any, path: str) -> list[tuple[str, bool]]:
@@ -46,12 +54,17 @@ def job_files(fs: Any, root: str, job_id: str, *, data_dir: str = "", log_id: st
     coordinator log of the job wrote (named with another log ID: see
     :func:`~chandy.connectors.lake.sink.coordinator_log_id`; a file named without one, written
     before log IDs, is every log's), and so is anything outside the data directory and its
-    partition directories (see the module docstring)."""
+    partition directories, or inside another table's root (see the module docstring)."""
     found: dict[str, int] = {}
-    pending = [f"{data_dir.strip('/')}/" if data_dir.strip("/") else ""]
+    top = f"{data_dir.strip('/')}/" if data_dir.strip("/") else ""
+    pending = [top]
     while pending:
         directory = pending.pop()
-        for name, is_dir in _entries(fs, f"{root}/{directory}".rstrip("/")):
+        entries = _entries(fs, f"{root}/{directory}".rstrip("/"))
+        if directory != top and any(is_dir and name in TABLE_MARKERS for name, is_dir in entries):
+            log.debug("cleanup of %s: %s is another table's root, not listed", root, directory)
+            continue
+        for name, is_dir in entries:
             if is_dir:
                 if "=" in name:  # a partition directory, as both formats name them
                     pending.append(f"{directory}{name}/")

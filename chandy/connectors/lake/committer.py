@@ -46,12 +46,14 @@ from chandy.connectors.lake.sink import (
     LakeCommit,
     LakeCommitError,
     LakeDivergenceError,
+    LakeLayoutError,
     LakeSchemaError,
     LakeSink,
     data_files_from_handles,
     offsets_from_json,
     valid_through_ms,
 )
+from chandy.connectors.lake.uri import TableUriError, check_layouts
 from chandy.coordinator.faults import crash_point
 from chandy.coordinator.messages import OffsetRange, PartitionEventTime
 from chandy.coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
@@ -269,6 +271,7 @@ class LakeCommitter:
 
         Raises:
             LakeCommitError: files of another table while the job routes nothing.
+            LakeLayoutError: the table lies inside another table of the job's directory, or holds one.
         """
         if table_uri == self.sink.table_uri:
             return self.sink
@@ -277,6 +280,11 @@ class LakeCommitter:
             if self.open_table is None:
                 raise LakeCommitError(f"the checkpoint holds files of table {table_uri}, but job "
                                       f"{self.context.job_id} writes only {self.sink.table_uri} (no --route)")
+            try:  # every path opens a routed table here: none may nest in another of the job's tables
+                for other in (self.sink.table_uri, *self._routed):
+                    check_layouts(other, table_uri)
+            except TableUriError as exc:
+                raise LakeLayoutError(f"checkpoint files of job {self.context.job_id}: {exc}") from exc
             sink = self._routed[table_uri] = self.open_table(table_uri)
         return sink
 

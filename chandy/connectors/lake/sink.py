@@ -81,6 +81,11 @@ class LakeDivergenceError(LakeCommitError, SuppressRestartsError):
     or duplicate records, and a restart would meet the same disagreement."""
 
 
+class LakeLayoutError(LakeCommitError, SuppressRestartsError):
+    """Two tables of one job whose locations nest (one inside the other's directory): each one's
+    data files and cleanup would meet the other's."""
+
+
 TP = tuple[str, int]
 
 

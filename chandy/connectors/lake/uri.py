@@ -43,3 +43,54 @@ def normalize_table_uri(table_uri: str) -> str:
     path = posixpath.normpath("/" + parts.path.lstrip("/")) if parts.path.strip("/") else ""
     path = "" if path == "/" else path
     return f"{scheme}://{parts.netloc}{path}"
+
+
+def nested_in(inner: str, outer: str) -> bool:
+    """Whether table location ``inner`` lies inside table location ``outer`` (both as
+    :func:`normalize_table_uri` spells them; ``iceberg://`` catalog names never nest: their
+    locations are the catalog's). A table inside another's directory shares its data files'
+    layout: each table's cleanup would list the other's files as its own."""
+    if inner.startswith("iceberg://") or outer.startswith("iceberg://"):
+        return False
+    return inner != outer and inner.startswith(outer.rstrip("/") + "/")
+
+
+def check_layouts(table_uri: str, other: str) -> None:
+    """Refuse two tables of one job of which one lies inside the other's directory (issue 54,
+    finding A: a routed table at ``lake/events/region=eu`` beside ``--table lake/events``).
+
+    Raises:
+        TableUriError: naming both tables.
+    """
+    for inner, outer in ((other, table_uri), (table_uri, other)):
+        if nested_in(inner, outer):
+            raise TableUriError(
+                f"table {inner} lies inside the directory of table {outer}: one job's tables must not nest (each "
+                "table's data files and cleanup would meet the other's); give the routed table a location of its own, "
+                "beside --table, not under it")
+
+
+def check_route_layout(table_uri: str, template: str) -> None:
+    """Refuse at start a ``--route`` table template whose every table would lie inside
+    ``table_uri``'s directory (or be a directory holding it): the part of the template before its
+    first group (``$1``, ``${name}``) up to its last ``/`` is fixed, and a group's text never holds
+    ``/`` (``chandy.connectors.lake.routing``), so that fixed directory decides.
+
+    Raises:
+        TableUriError: naming the rule's table and ``table_uri`` (:func:`check_layouts`).
+    """
+    if template.startswith("iceberg://") or table_uri.startswith("iceberg://"):
+        return
+    dynamic = template.find("$")
+    if dynamic < 0:
+        check_layouts(normalize_table_uri(table_uri), normalize_table_uri(template))
+        return
+    directory = template[:dynamic].rpartition("/")[0]
+    if not directory or directory.endswith("://"):
+        return
+    fixed, table = normalize_table_uri(directory), normalize_table_uri(table_uri)
+    if fixed == table or nested_in(fixed, table):
+        raise TableUriError(
+            f"--route table {template} lies inside the directory of --table {table} for every record: one job's tables "
+            "must not nest (each table's data files and cleanup would meet the other's); give the routed tables a "
+            "location of their own, beside --table, not under it")

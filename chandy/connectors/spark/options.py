@@ -454,10 +454,13 @@ class PipelineOptions:
     def _check_routing_and_cdc(self) -> None:
         if self.routes:
             from chandy.connectors.lake.routing import RouteError, Router
+            from chandy.connectors.lake.uri import TableUriError, check_route_layout
 
             try:
-                Router.parse(self.routes, self.route_field, self.route_by)
-            except RouteError as exc:
+                router = Router.parse(self.routes, self.route_field, self.route_by)
+                for rule in router.rules:
+                    check_route_layout(self.table_uri, rule.table)
+            except (RouteError, TableUriError) as exc:
                 raise PipelineError(str(exc)) from exc
         if self.route_by == "record-name" and (self.route_field or not self.routes or self.cdc or self.transform or (
                 self.value_format not in ("avro", "protobuf", "json-schema")) or not self.schema_registry

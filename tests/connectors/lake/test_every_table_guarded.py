@@ -185,3 +185,41 @@ def test_g_an_iceberg_merge_refused_by_the_catalog_is_retried(tmp_path, monkeypa
     assert refused == [1]
     assert names(run.sink) == {0: "second", 2: "second", 3: "second"}
     assert run.sink.progress(JOB).offsets == {TP0: 8}
+
+
+def test_a_a_tables_cleanup_never_lists_a_table_nested_in_its_directory(tmp_path) -> None:
+    """Finding A: the cleanup descended into every directory whose name holds ``=``, so the job
+    table's cleanup (at every abort and restart) listed the files of a routed table at
+    ``lake/events/region=eu`` (same job, same log) as its own, found them unreferenced by the job's
+    table and deleted them: the routed table then referenced missing files. A directory holding
+    ``_delta_log/`` or ``metadata/`` is another table's root, and no cleanup lists it."""
+    outer, inner = open_sink(str(tmp_path / "events")), open_sink(str(tmp_path / "events" / "region=eu"))
+    assert outer.commit(JOB, 1, outer.write_files(rows(0, 3), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0),
+                        offsets={TP0: 3})
+    assert inner.commit(JOB, 1, inner.write_files(rows(3, 6), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0),
+                        offsets={TP0: 6})
+    orphan = outer.write_files(rows(6, 9), job_id=JOB, checkpoint_id=2, subtask=0, attempt=0)  # an aborted checkpoint's
+    deleted = outer.delete_unreferenced(JOB, keep_checkpoints_after=2)
+    assert deleted == [f.path for f in orphan]  # its own orphan, and nothing of the nested table
+    assert offsets(inner) == [3, 4, 5]  # the nested table still reads
+    assert offsets(outer) == [0, 1, 2]
+
+
+def test_a_a_routed_table_nested_in_another_tables_directory_is_refused(tmp_path) -> None:
+    """Finding A, at the source: a routed table nested in ``--table``'s directory is refused at
+    start when the rule's fixed part says so, and by the committer (every path opens a routed
+    table there) before anything of the checkpoint is committed."""
+    from chandy.connectors.lake.sink import LakeLayoutError
+    from chandy.connectors.spark.options import PipelineError, PipelineOptions
+
+    base = dict(bootstrap_servers="k:1", topics=("a",), value_format="json", route_field="region")
+    with pytest.raises(PipelineError, match=r"--route table .*events/\$1 lies inside the directory of --table "
+                                            r"file://\S*/events for every record"):
+        PipelineOptions(table_uri=str(tmp_path / "events"), routes=(f"([a-z]+)={tmp_path}/events/$1",), **base)
+    PipelineOptions(table_uri=str(tmp_path / "events"), routes=(f"([a-z]+)={tmp_path}/by_region/$1",), **base)  # beside
+    run = Run(tmp_path, "a", str(tmp_path / "events"), {}, routed=str(tmp_path / "events" / "eu"))
+    run.committer.reset_to_checkpoint(-1, None)
+    with pytest.raises(LakeLayoutError, match=r"table file://\S*/events/eu lies inside the directory of table "
+                                              r"file://\S*/events: one job's tables must not nest"):
+        run.complete(1, 0, 5)
+    assert run.routed is not None and not run.routed.exists() and not run.sink.exists()  # nothing committed
