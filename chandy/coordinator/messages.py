@@ -182,6 +182,15 @@ class PartitionEventTime:
 
 
 @dataclasses.dataclass(frozen=True)
+class IdlePartition:
+    """A topic partition that received no record for the job's source idle timeout (Flink's
+    ``WatermarkStrategy.withIdleness``), so it does not hold the completeness watermark back."""
+
+    topic: str
+    partition: int
+
+
+@dataclasses.dataclass(frozen=True)
 class OperatorParallelism:
     """An operator of a job (Flink's job vertex) and its number of subtasks."""
 
@@ -198,7 +207,8 @@ class CheckpointEvent(_Message):
     visible in ``table_uri`` at ``table_version``, Delta's version or Iceberg's snapshot ID; the
     commit added ``records_added`` records in ``files_added`` files, read from ``offset_ranges``; the
     table holds every record read with a Kafka timestamp up to ``valid_through_ms``, the minimum of
-    the per-partition ``event_times``, the completeness watermark),
+    the per-partition ``event_times`` over every assigned partition but the ``idle_partitions``,
+    the completeness watermark; None while an assigned partition that is not idle is unread),
     A ``TRIGGERED`` event also carries ``job_name``, the checkpointing configuration
     ``checkpoint_config`` (ms and counts) and the job's ``operators``.
 
@@ -236,6 +246,7 @@ class CheckpointEvent(_Message):
     operators: tuple[OperatorParallelism, ...] | None = None
     valid_through_ms: int | None = None
     event_times: tuple[PartitionEventTime, ...] | None = None
+    idle_partitions: tuple[IdlePartition, ...] | None = None
 
 
 #: Avro schema name -> message class, for decoding.

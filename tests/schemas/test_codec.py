@@ -154,15 +154,17 @@ def test_records_of_every_earlier_version_decode_with_the_default_repository(old
                          ids=lambda s: s.fingerprint.hex())
 def test_an_earlier_reader_reads_a_lake_commit_event_as_unknown_and_keeps_the_fields_it_knows(old: Schema) -> None:
     """A reader from before lake commits reads LAKE_COMMITTED as UNKNOWN; one from before the
-    completeness watermark (issue 47) reads the event without valid_through_ms and event_times."""
-    from chandy.coordinator.messages import CheckpointEvent, OffsetRange, PartitionEventTime
+    completeness watermark (issue 47) reads the event without valid_through_ms and event_times;
+    one from before idle partitions (issue 54) without idle_partitions."""
+    from chandy.coordinator.messages import CheckpointEvent, IdlePartition, OffsetRange, PartitionEventTime
 
     event = CheckpointEvent("job", 7, "LAKE_COMMITTED", "CHECKPOINT", 2, 1000, 900, table_uri="delta:/t",
                             table_format="delta", table_version=12, previous_table_version=11, records_added=5,
                             files_added=1, offset_ranges=(OffsetRange("t", 0, 10, 15),), job_name="orders",
                             valid_through_ms=1_790_000_000_000,
                             event_times=(PartitionEventTime("t", 0, 1_790_000_000_000),
-                                         PartitionEventTime("t", 1, 1_790_000_500_000)))
+                                         PartitionEventTime("t", 1, 1_790_000_500_000)),
+                            idle_partitions=(IdlePartition("t", 2),))
     data = SingleObjectCodec().encode(event.SCHEMA, event.to_avro())
     reader = SingleObjectCodec(SchemaRepository([old]))
     reader.repository.register(SCHEMAS[old.name])  # the old reader is given the new writer schema
@@ -171,7 +173,11 @@ def test_an_earlier_reader_reads_a_lake_commit_event_as_unknown_and_keeps_the_fi
     assert decoded["event_type"] == ("LAKE_COMMITTED" if knows_lake_commits else "UNKNOWN")
     assert (decoded["job_id"], decoded["checkpoint_id"], decoded["epoch"]) == ("job", 7, 2)
     assert ("table_version" in decoded) is knows_lake_commits
-    assert "valid_through_ms" not in decoded and "event_times" not in decoded
+    knows_watermark = any(f["name"] == "valid_through_ms" for f in old.definition["fields"])
+    assert ("valid_through_ms" in decoded) is knows_watermark and ("event_times" in decoded) is knows_watermark
+    if knows_watermark:
+        assert decoded["valid_through_ms"] == 1_790_000_000_000
+    assert "idle_partitions" not in decoded
     assert CheckpointEvent.from_avro(SingleObjectCodec().decode(data, WHERE).value) == event
 
 

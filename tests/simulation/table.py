@@ -172,7 +172,7 @@ class SimSink:
     # -- commits ------------------------------------------------------------------------------------
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
-               checked_at: Any = ...) -> LakeCommit | None:
+               checked_at: Any = ..., event_times: Any = None, valid_through_ms: Any = ...) -> LakeCommit | None:
         """As ``DeltaLakeSink.commit`` (see the module docstring)."""
         files = list(files)
         table = self.table

@@ -55,7 +55,7 @@ from chandy.connectors.lake.sink import (
 )
 from chandy.connectors.lake.uri import TableUriError, check_layouts
 from chandy.coordinator.faults import crash_point
-from chandy.coordinator.messages import OffsetRange, PartitionEventTime
+from chandy.coordinator.messages import IdlePartition, OffsetRange, PartitionEventTime
 from chandy.coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
 from chandy.coordinator.storage import (
     CheckpointMetadata,
@@ -82,6 +82,18 @@ class TableView:
     event_times: dict[TP, int]
 
 
+@dataclasses.dataclass(frozen=True)
+class Watermark:
+    """The completeness watermark of one checkpoint's commit: per (topic, partition) the newest
+    Kafka record timestamp the job landed (ms), the watermark over them
+    (:func:`~chandy.connectors.lake.sink.valid_through_ms`: None while a partition that is not
+    idle is unread), and the ``idle`` partitions it leaves out (``--source-idle-timeout``)."""
+
+    event_times: Mapping[TP, int]
+    valid_through_ms: int | None
+    idle: tuple[TP, ...] = ()
+
+
 class LakeCommitter:
     """The lake sink's operator coordinator (see the module docstring).
 
@@ -106,6 +118,10 @@ class LakeCommitter:
         changes: the files are change files (``--cdc``), applied as upserts (``commit_changes``).
         log_id: the job's coordinator log's ID (``coordinator_log_id``): cleanups delete only
             files named with it (or with none).
+        source_idle_timeout_ms: a partition that got no record for this long (ms; since this run
+            first met it, for one never read) stops holding the completeness watermark back and is
+            named in ``LAKE_COMMITTED``'s ``idle_partitions`` (Flink's ``WatermarkStrategy.withIdleness``);
+            None: every assigned partition holds it back until read, and at its newest record.
     """
 
     def __init__(self, context: Any, sink: LakeSink, storage: CheckpointStorage, *,
@@ -114,8 +130,10 @@ class LakeCommitter:
                  optimize_target_size: int | None = None, open_table: Callable[[str], LakeSink] | None = None,
                  changes: bool = False, vacuum_every: int | None = None,
                  vacuum_retention_hours: float = 168.0, vacuum_retain_last: int = 1,
-                 log_id: str | None = None) -> None:
+                 log_id: str | None = None, source_idle_timeout_ms: int | None = None) -> None:
         self.context = context
+        self.source_idle_timeout_ms = source_idle_timeout_ms
+        self._active_at: dict[TP, float] = {}  # per partition, when (monotonic ms) it last had records, or was first met
         self.log_id = log_id  # the data files of this job's coordinator log (coordinator_log_id): the only ones it deletes
         self.open_table = open_table
         self.changes = changes
@@ -316,6 +334,7 @@ class LakeCommitter:
         views = {sink.table_uri: self._read_table(sink) for sink in sinks}  # 1. read
         own = views[self.sink.table_uri]
         event_times, counts = self._note_source_metrics(metadata, own.event_times)
+        watermark = self._watermark(event_times, ranges)
         offsets = {**own.offsets, **{tp: end for tp, (_, end) in ranges.items()}}
         for sink in sinks:  # 2. check, every table before any commit
             self._check_table(sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges, views[sink.table_uri])
@@ -323,7 +342,7 @@ class LakeCommitter:
         for sink in sinks:  # 3. commit, each only while unchanged since its read; 4. verify
             table_files = by_table.get(sink.table_uri, [])
             committed = self._commit_table(sink, checkpoint_id, table_files, ranges, offsets,
-                                           views[sink.table_uri].checkpoint, event_times)
+                                           views[sink.table_uri].checkpoint, watermark)
             self._remember(sink, checkpoint_id, offsets, event_times)
             landed.append((sink, committed, ranges if sink is self.sink else None))
             if sink is not self.sink:
@@ -341,9 +360,24 @@ class LakeCommitter:
             self._maybe_optimize(checkpoint_id, committed_to)
         crash_point("before-lake-event", checkpoint_id)
         for sink, committed, table_ranges in landed:
-            self._announce(sink, checkpoint_id, committed, table_ranges)
+            self._announce(sink, checkpoint_id, committed, table_ranges, watermark)
         self._committed_through = checkpoint_id
         crash_point("before-offset-commit", checkpoint_id)
+
+    def _watermark(self, event_times: Mapping[TP, int], ranges: OffsetRanges) -> Watermark:
+        """The completeness watermark once a checkpoint of ``ranges`` lands (``event_times``: the
+        newest timestamps landed, per partition): every partition of ``ranges`` (the job's
+        assigned partitions: the source fixes a range, empty or not, for each) holds it back until
+        read (:func:`~chandy.connectors.lake.sink.valid_through_ms`), as a Flink watermark
+        without idleness does, unless ``source_idle_timeout_ms`` passed since its last records
+        (since this run first met it, for one never read): Flink's ``withIdleness``."""
+        now = time.monotonic() * 1000
+        for tp, (start, end) in ranges.items():
+            if end > start or tp not in self._active_at:
+                self._active_at[tp] = now
+        timeout = self.source_idle_timeout_ms
+        idle = () if timeout is None else tuple(sorted(tp for tp in ranges if now - self._active_at[tp] >= timeout))
+        return Watermark(dict(event_times), valid_through_ms(event_times, ranges, idle), idle)
 
     def _read_table(self, sink: LakeSink) -> TableView:
         """Step 1 of :meth:`_commit`: what ``sink``'s table holds for the job now. Its newest
@@ -454,19 +488,18 @@ class LakeCommitter:
             window *= 16
 
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
-                      offsets: Mapping[TP, int], done: int | None,
-                      event_times: Mapping[TP, int] | None = None) -> LakeCommit | None:
+                      offsets: Mapping[TP, int], done: int | None, watermark: Watermark) -> LakeCommit | None:
         """Steps 3 and 4 of :meth:`_commit` for one table, checked (step 2) against its job's
         checkpoint ``done``: commit its files of ``checkpoint_id`` (an append, or with ``changes``
-        a merge), recording the job's cumulative ``offsets`` and the completeness watermark's
-        ``event_times`` (the job's: every table it writes holds every record read below it), only
-        while the table still holds ``done`` (``checked_at``); None when the table holds it already
-        (then it must hold exactly these ranges: :meth:`_check_recorded`) or there was nothing."""
+        a merge), recording the job's cumulative ``offsets`` and completeness ``watermark`` (the
+        job's: every table it writes holds every record read below it), only while the table still
+        holds ``done`` (``checked_at``); None when the table holds it already (then it must hold
+        exactly these ranges: :meth:`_check_recorded`) or there was nothing."""
         try:
-            watermark = {"event_times": dict(event_times)} if event_times else {}  # sinks of older callers take none
             commit = sink.commit_changes if self.changes else sink.commit
             committed = commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
-                               cluster_id=self.cluster_id, checked_at=done, **watermark)
+                               cluster_id=self.cluster_id, checked_at=done, event_times=dict(watermark.event_times),
+                               valid_through_ms=watermark.valid_through_ms)
         except LakeSchemaError as exc:  # say which records did not fit
             where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
                               if end > start)
@@ -497,13 +530,15 @@ class LakeCommitter:
         return None if record is None else int(record.checkpoint_id)
 
     def _announce(self, sink: LakeSink, checkpoint_id: int, committed: LakeCommit | None,
-                  ranges: OffsetRanges | None) -> None:
+                  ranges: OffsetRanges | None, watermark: Watermark | None = None) -> None:
         """Publish ``LAKE_COMMITTED`` of ``sink``'s table for ``checkpoint_id`` (and for any earlier
         checkpoint the table holds but the log has not announced, read from the table's history),
         unless the log says it was published. ``committed``: the commit this committer just made
         (None when the table held the checkpoint already, or it had nothing to record). A routed
         table, which gets commits only for the checkpoints that route records to it, is read back
-        only when ``committed`` is None."""
+        only when ``committed`` is None. ``watermark``: the completeness watermark of
+        ``checkpoint_id``'s commit, as this committer computed it (its idle partitions included);
+        an earlier checkpoint's event carries what the table recorded."""
         announced = self._announced(sink)
         if announced is not None and announced >= checkpoint_id:
             return
@@ -517,24 +552,30 @@ class LakeCommitter:
         if committed is not None:
             landed[committed.checkpoint_id] = committed
         for landed_id in sorted(landed):
-            self._publish(sink, landed[landed_id], ranges if landed_id == checkpoint_id else None)
+            current = landed_id == checkpoint_id
+            self._publish(sink, landed[landed_id], ranges if current else None, watermark if current else None)
 
-    def _publish(self, sink: LakeSink, commit: LakeCommit, ranges: OffsetRanges | None) -> None:
+    def _publish(self, sink: LakeSink, commit: LakeCommit, ranges: OffsetRanges | None,
+                 watermark: Watermark | None = None) -> None:
         offset_ranges = None if ranges is None else tuple(
             OffsetRange(topic, partition, start, end) for (topic, partition), (start, end) in sorted(ranges.items())
             if end > start)
         record = LakeCommitRecord(self.context.job_id, sink.table_uri, commit.checkpoint_id, commit.table_version,
                                   int(time.time() * 1000))
-        watermark: dict[str, Any] = {}
-        if commit.event_times:  # the completeness watermark the commit recorded
-            watermark = {"valid_through_ms": valid_through_ms(commit.event_times), "event_times": tuple(
+        fields: dict[str, Any] = {}
+        if watermark is not None and self.source_idle_timeout_ms is not None:  # this committer's: it knows them
+            fields["idle_partitions"] = tuple(IdlePartition(topic, partition) for topic, partition in watermark.idle)
+        if watermark is None and commit.event_times:  # the completeness watermark the commit recorded
+            watermark = Watermark(commit.event_times, commit.valid_through_ms)
+        if watermark is not None and watermark.event_times:
+            fields.update(valid_through_ms=watermark.valid_through_ms, event_times=tuple(
                 PartitionEventTime(topic, partition, millis)
-                for (topic, partition), millis in sorted(commit.event_times.items()))}
+                for (topic, partition), millis in sorted(watermark.event_times.items())))
         self.context.publish_event(
             commit.checkpoint_id, "LAKE_COMMITTED", records=[record], table_uri=sink.table_uri,
             table_format=sink.FORMAT, table_version=commit.table_version,
             previous_table_version=commit.previous_table_version, records_added=commit.records,
-            files_added=commit.files, offset_ranges=offset_ranges, **watermark)
+            files_added=commit.files, offset_ranges=offset_ranges, **fields)
         log.info("checkpoint %d: LAKE_COMMITTED published (%s version %s)", commit.checkpoint_id, sink.table_uri,
                  commit.table_version)
 
@@ -635,13 +676,15 @@ class LakeCommitterProvider:
     vacuum_retention_hours: float = 168.0
     vacuum_retain_last: int = 1
     log_id: str | None = None
+    source_idle_timeout_ms: int | None = None
 
     def create(self, context: Any) -> LakeCommitter:
         return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id,
                              optimize_every=self.optimize_every, optimize_target_size=self.optimize_target_size,
                              open_table=self.open_table, changes=self.changes, vacuum_every=self.vacuum_every,
                              vacuum_retention_hours=self.vacuum_retention_hours,
-                             vacuum_retain_last=self.vacuum_retain_last, log_id=self.log_id)
+                             vacuum_retain_last=self.vacuum_retain_last, log_id=self.log_id,
+                             source_idle_timeout_ms=self.source_idle_timeout_ms)
 
 
 def _table_of(checkpoint_data: bytes | None) -> str | None:

@@ -57,6 +57,7 @@ from chandy.connectors.lake.sink import (
     merge_schemas,
     offsets_from_json,
     offsets_to_json,
+    recorded_valid_through,
     schema_from_b64,
     schema_to_b64,
     watermark_metadata,
@@ -250,7 +251,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         return LakeCommit(int(entry["chandy.checkpoint_id"]), version, version - 1 if version > 0 else None,
                           None if records is None else int(records), None if files is None else int(files),
                           int(entry.get("timestamp") or 0), None if offsets is None else offsets_from_json(offsets),
-                          None if event_times is None else offsets_from_json(event_times))
+                          None if event_times is None else offsets_from_json(event_times), recorded_valid_through(entry))
 
     @classmethod
     def _commit_in(cls, history: Iterable[Mapping[str, Any]], match: Mapping[str, str]) -> LakeCommit | None:
@@ -298,11 +299,12 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
                event_times: Mapping[TP, int] | None = None,
-               checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
+               checked_at: int | None | EllipsisType = ...,
+               valid_through_ms: int | None | EllipsisType = ...) -> LakeCommit | None:
         """Add ``files`` to the table in one commit with app transaction (job id, checkpoint id)
         and ``commitInfo`` recording the job, the checkpoint, the records and files added and the
         ``offsets`` (end offset per (topic, partition), cumulative) it covers, and the
-        completeness watermark of ``event_times`` (:func:`~chandy.connectors.lake.sink.watermark_metadata`).
+        completeness watermark of ``event_times`` and ``valid_through_ms`` (:func:`~chandy.connectors.lake.sink.watermark_metadata`).
 
         Returns the :class:`LakeCommit` made (its version), or None (committing nothing) when the
         table already holds this checkpoint or a later one of the job, or when there are neither
@@ -339,7 +341,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
             metadata["chandy.offsets"] = offsets_to_json(offsets)
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
-        metadata.update(watermark_metadata(event_times))
+        metadata.update(watermark_metadata(event_times, valid_through=valid_through_ms))
         properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
         fields = None if table is None else self._fields_of(table)
         schemas = [schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
@@ -390,7 +392,8 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
                        event_times: Mapping[TP, int] | None = None,
-                       checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
+                       checked_at: int | None | EllipsisType = ...,
+                       valid_through_ms: int | None | EllipsisType = ...) -> LakeCommit | None:
         """Apply the change ``files`` (``--cdc``) in one Delta ``MERGE`` commit (delta-rs
         ``DeltaTable.merge``) carrying the app transaction (job id, checkpoint id) and the
         ``commitInfo`` :meth:`commit` records: per key (the files' ``id_columns``) the last change
@@ -432,7 +435,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         read_done = done if checked_at is ... else checked_at
         if not files:
             return self.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id, event_times=event_times,
-                               checked_at=read_done)
+                               checked_at=read_done, valid_through_ms=valid_through_ms)
         changes = latest_changes(read_change_files(self.fs, self.root, files), id_columns_of(files, self.table_uri))
         where = f"checkpoint {checkpoint_id}: "
         rows = changes.latest.drop_columns([OP_COLUMN])
@@ -454,7 +457,7 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
             metadata["chandy.offsets"] = offsets_to_json(offsets)
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
-        metadata.update(watermark_metadata(event_times))
+        metadata.update(watermark_metadata(event_times, valid_through=valid_through_ms))
         properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
         on = " AND ".join(f"t.`{c}` = s.`{c}`" for c in changes.id_columns)
         is_delete = f"s.`{OP_COLUMN}` = 'd'"

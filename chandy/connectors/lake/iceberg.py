@@ -290,7 +290,8 @@ class IcebergSink(SchemaChecked):
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
                event_times: Mapping[TP, int] | None = None,
-               checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
+               checked_at: int | None | EllipsisType = ...,
+               valid_through_ms: int | None | EllipsisType = ...) -> LakeCommit | None:
         """Add ``files`` in one Iceberg commit recording (job id, checkpoint id, offsets, records and
         files added) in the snapshot summary and the table properties. Returns the
         :class:`LakeCommit` made (its snapshot), or None (committing nothing) when the table already
@@ -334,7 +335,7 @@ class IcebergSink(SchemaChecked):
                                    widen=self.add_columns) if schemas else None
             summary, properties = commit_record(job_id, checkpoint_id, token, records=sum(f.records for f in files),
                                                 files=len(files), offsets=offsets, cluster_id=cluster_id,
-                                                event_times=event_times)
+                                                event_times=event_times, valid_through_ms=valid_through_ms)
             try:
                 if table is None:
                     assert merged is not None
@@ -369,7 +370,8 @@ class IcebergSink(SchemaChecked):
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
                        event_times: Mapping[TP, int] | None = None,
-                       checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
+                       checked_at: int | None | EllipsisType = ...,
+                       valid_through_ms: int | None | EllipsisType = ...) -> LakeCommit | None:
         """Apply the change ``files`` (``--cdc``) in one Iceberg transaction (a row-level delete
         of every key the changes touch, then an append of the upserted rows; see
         :func:`chandy.connectors.lake.iceberg_changes.apply_changes`, which documents it), only
@@ -377,7 +379,7 @@ class IcebergSink(SchemaChecked):
         from chandy.connectors.lake.iceberg_changes import apply_changes
 
         return apply_changes(self, job_id, checkpoint_id, files, offsets=offsets, cluster_id=cluster_id,
-                             event_times=event_times, checked_at=checked_at)
+                             event_times=event_times, checked_at=checked_at, valid_through_ms=valid_through_ms)
 
     def _landed_after(self, exc: Exception, token: str, action: str) -> Any | None:
         """The table when the commit carrying ``token`` landed despite ``exc``, else None; raises

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                   offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
                   event_times: Mapping[TP, int] | None = None,
-                  checked_at: int | None | EllipsisType = ...) -> LakeCommit | None:
+                  checked_at: int | None | EllipsisType = ...,
+                  valid_through_ms: int | None | EllipsisType = ...) -> LakeCommit | None:
     """Apply the change ``files`` (``--cdc``) to ``sink``'s table (an
     :class:`~chandy.connectors.lake.iceberg.IcebergSink`) in one Iceberg transaction: a row-level
     delete of every key the changes touch (pyiceberg's copy-on-write ``Transaction.delete``: the
@@ -67,12 +68,13 @@ def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[Da
     check_unchanged(sink.table_uri, job_id, checkpoint_id, held, checked_at)
     if not files:
         return sink.commit(job_id, checkpoint_id, [], offsets=offsets, cluster_id=cluster_id, event_times=event_times,
-                           checked_at=checked_at)
+                           checked_at=checked_at, valid_through_ms=valid_through_ms)
     changes = latest_changes(read_change_files(sink.fs, sink.root, files), id_columns_of(files, sink.table_uri))
     token = uuid.uuid4().hex
     key = f"{PROPERTY_PREFIX}{job_id}."
     summary, properties = commit_record(job_id, checkpoint_id, token, records=changes.latest.num_rows, files=0,
-                                        offsets=offsets, cluster_id=cluster_id, event_times=event_times)
+                                        offsets=offsets, cluster_id=cluster_id, event_times=event_times,
+                                        valid_through_ms=valid_through_ms)
     summary.update({"chandy.changes": str(changes.changes), "chandy.upserts": str(changes.upserts.num_rows),
                     "chandy.deletes": str(changes.deletes.num_rows)})
     where = f"checkpoint {checkpoint_id}: "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from types import EllipsisType
 from typing import Any
 
 from chandy.connectors.lake.sink import (
@@ -24,6 +25,7 @@ from chandy.connectors.lake.sink import (
     LakeCommitError,
     offsets_from_json,
     offsets_to_json,
+    recorded_valid_through,
     watermark_metadata,
 )
 
@@ -35,10 +37,11 @@ PROPERTY_PREFIX = "chandy.job."
 
 def commit_record(job_id: str, checkpoint_id: int, token: str, *, records: int, files: int,
                   offsets: Mapping[TP, int] | None, cluster_id: str | None,
-                  event_times: Mapping[TP, int] | None) -> tuple[dict[str, str], dict[str, str]]:
+                  event_times: Mapping[TP, int] | None,
+                  valid_through_ms: int | None | EllipsisType = ...) -> tuple[dict[str, str], dict[str, str]]:
     """(snapshot summary, table properties) of one Chandy commit: the job, the checkpoint, the
     token, the records and files added, the job's cumulative ``offsets``, the Kafka cluster and
-    the completeness watermark of ``event_times``
+    the completeness watermark of ``event_times`` and ``valid_through_ms``
     (:func:`~chandy.connectors.lake.sink.watermark_metadata`, in the summary, and the per-partition
     times as the job's ``event_time_ms`` property, which a restart reads back)."""
     key = f"{PROPERTY_PREFIX}{job_id}."
@@ -49,7 +52,7 @@ def commit_record(job_id: str, checkpoint_id: int, token: str, *, records: int, 
         summary["chandy.offsets"] = properties[key + "offsets"] = offsets_to_json(offsets)
     if cluster_id:
         summary["chandy.kafka_cluster_id"] = properties[key + "kafka_cluster_id"] = cluster_id
-    watermark = watermark_metadata(event_times, iceberg=True)
+    watermark = watermark_metadata(event_times, iceberg=True, valid_through=valid_through_ms)
     if watermark:
         summary.update(watermark)
         properties[key + "event_time_ms"] = watermark[EVENT_TIMES_KEY]
@@ -72,7 +75,7 @@ def snapshot_commit(snapshot: Any, checkpoint_id: int) -> LakeCommit:
     return LakeCommit(checkpoint_id, snapshot.snapshot_id, snapshot.parent_snapshot_id,
                       None if records is None else int(records), None if files is None else int(files),
                       snapshot.timestamp_ms, None if offsets is None else offsets_from_json(offsets),
-                      None if event_times is None else offsets_from_json(event_times))
+                      None if event_times is None else offsets_from_json(event_times), recorded_valid_through(summary))
 
 
 def commit_in(table: Any, match: Mapping[str, str], checkpoint_id: int) -> LakeCommit | None:

@@ -162,7 +162,8 @@ class LakeCommit:
     made the commit without recording them); ``timestamp`` in ms since the epoch; ``offsets`` the
     job's cumulative end offsets the commit recorded (``chandy.offsets``; None when it recorded
     none, or the table keeps them elsewhere); ``event_times`` the completeness watermark's
-    per-partition times it recorded (:data:`EVENT_TIMES_KEY`; None when none).
+    per-partition times it recorded (:data:`EVENT_TIMES_KEY`; None when none); ``valid_through_ms``
+    the completeness watermark it recorded (:data:`VALID_THROUGH_KEY`; None when none).
     """
 
     checkpoint_id: int
@@ -173,6 +174,16 @@ class LakeCommit:
     timestamp: int
     offsets: Mapping[TP, int] | None = None
     event_times: Mapping[TP, int] | None = None
+    valid_through_ms: int | None = None
+
+
+def recorded_valid_through(metadata: Mapping[str, Any]) -> int | None:
+    """The completeness watermark (ms) a commit's ``commitInfo`` or snapshot summary records
+    (:data:`VALID_THROUGH_KEY`), None when it records none or an unreadable one."""
+    try:
+        return int(metadata[VALID_THROUGH_KEY])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def offsets_to_json(offsets: Mapping[TP, int]) -> str:
@@ -192,24 +203,44 @@ def offsets_from_json(text: str | None) -> dict[TP, int]:
         raise LakeCommitError(f"the table's chandy.offsets commit metadata is not readable: {text[:200]!r}: {exc}") from exc
 
 
-def valid_through_ms(event_times: Mapping[TP, int] | None) -> int | None:
-    """The completeness watermark of per-partition ``event_times``: their minimum (ms), None
-    when there are none. Within a partition whose timestamps grow with its offsets (Kafka's
-    LogAppendTime, or producers that stamp records in order), every record stamped before it has
-    landed."""
-    return min(event_times.values()) if event_times else None
+def valid_through_ms(event_times: Mapping[TP, int] | None, partitions: Iterable[TP] | None = None,
+                     idle: Iterable[TP] = ()) -> int | None:
+    """The completeness watermark (ms) of per-partition ``event_times`` (the newest Kafka record
+    timestamp landed of each partition read), over the job's assigned ``partitions`` (default, or
+    when empty: those of ``event_times``), as a Flink watermark combines its inputs': the minimum
+    over every partition that is not ``idle`` (Flink's ``WatermarkStrategy.withIdleness``), and
+    None while one of them has not been read yet (a Flink split that emitted nothing holds its
+    output at ``Long.MIN_VALUE``). When every partition is idle, the minimum over those read (a
+    Flink output whose inputs are all idle emits no new watermark). Within a partition whose
+    timestamps grow with its offsets (Kafka's LogAppendTime, or producers that stamp records in
+    order), every record stamped before it has landed."""
+    times = event_times or {}
+    assigned = set(partitions or ()) or set(times)
+    active = assigned - set(idle)
+    if not active:
+        known = [times[tp] for tp in assigned if tp in times]
+        return min(known) if known else None
+    if any(tp not in times for tp in active):
+        return None
+    return min(times[tp] for tp in active)
 
 
-def watermark_metadata(event_times: Mapping[TP, int] | None, *, iceberg: bool = False) -> dict[str, str]:
-    """The commit metadata that records ``event_times`` (:data:`EVENT_TIMES_KEY`,
-    :data:`VALID_THROUGH_KEY`, with ``iceberg`` also :data:`ICEBERG_VALID_THROUGH_KEY` as Kafka
-    Connect's Iceberg sink writes it); empty when there are none."""
-    valid_through = valid_through_ms(event_times)
-    if valid_through is None or not event_times:
+def watermark_metadata(event_times: Mapping[TP, int] | None, *, iceberg: bool = False,
+                       valid_through: int | None | EllipsisType = ...) -> dict[str, str]:
+    """The commit metadata that records ``event_times`` (:data:`EVENT_TIMES_KEY`) and the
+    completeness watermark ``valid_through`` (:data:`VALID_THROUGH_KEY`, with ``iceberg`` also
+    :data:`ICEBERG_VALID_THROUGH_KEY` as Kafka Connect's Iceberg sink writes it; ``...``: their
+    minimum, :func:`valid_through_ms`; None: not recorded, an assigned partition is unread); empty
+    when there are no times."""
+    if not event_times:
         return {}
-    metadata = {EVENT_TIMES_KEY: offsets_to_json(event_times), VALID_THROUGH_KEY: str(valid_through)}
+    valid = valid_through_ms(event_times) if valid_through is ... else valid_through
+    metadata = {EVENT_TIMES_KEY: offsets_to_json(event_times)}
+    if valid is None:
+        return metadata
+    metadata[VALID_THROUGH_KEY] = str(valid)
     if iceberg:
-        instant = datetime.datetime.fromtimestamp(valid_through / 1000, datetime.UTC)
+        instant = datetime.datetime.fromtimestamp(valid / 1000, datetime.UTC)
         metadata[ICEBERG_VALID_THROUGH_KEY] = instant.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return metadata
 
@@ -517,12 +548,14 @@ class LakeSink(Protocol):
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[tuple[str, int], int] | None = None,
                cluster_id: str | None = None, event_times: Mapping[TP, int] | None = None,
-               checked_at: int | None | EllipsisType = ...) -> LakeCommit | None: ...
+               checked_at: int | None | EllipsisType = ...,
+               valid_through_ms: int | None | EllipsisType = ...) -> LakeCommit | None: ...
 
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[tuple[str, int], int] | None = None,
                        cluster_id: str | None = None, event_times: Mapping[TP, int] | None = None,
-                       checked_at: int | None | EllipsisType = ...) -> LakeCommit | None: ...
+                       checked_at: int | None | EllipsisType = ...,
+                       valid_through_ms: int | None | EllipsisType = ...) -> LakeCommit | None: ...
 
     def commits_after(self, job_id: str, checkpoint_id: int) -> list[LakeCommit]: ...
 

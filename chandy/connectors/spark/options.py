@@ -183,6 +183,10 @@ class PipelineOptions:
     max_trigger_delay_ms: int = _opt(900_000, "--max-trigger-delay", minimum=0, help=(
         "Spark's maxTriggerDelay, in ms: how long --min-records-per-checkpoint may hold back a checkpoint "
         "while some records wait."))
+    source_idle_timeout_ms: int | None = _opt(None, "--source-idle-timeout", minimum=1, metavar="MS", help=(
+        "Flink's WatermarkStrategy.withIdleness, in ms: a partition that got no record for this long stops holding "
+        "the completeness watermark (valid_through_ms) back, and LAKE_COMMITTED names it in idle_partitions. "
+        "Default: every assigned partition holds it back until read, and at its newest record."))
     checkpoint_interval_ms: int = _opt(0, "--checkpoint-interval", minimum=0, help=(
         "Minimum ms between checkpoint triggers (0: back to back while there is lag)."))
     checkpoint_timeout_ms: int = _opt(300_000, "--checkpoint-timeout", minimum=1,

@@ -9,6 +9,7 @@ cleanup deleted a nested routed table's committed files)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,8 +17,9 @@ import pytest
 
 from chandy.connectors.lake.changes import OP_COLUMN
 from chandy.connectors.lake.committer import LakeCommitter
-from chandy.connectors.lake.sink import DataFile, LakeCommitError, LakeSink
+from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeCommitError, LakeSink, offsets_to_json
 from chandy.connectors.lake.sinks import open_sink
+from chandy.coordinator.messages import IdlePartition, PartitionEventTime, StateHandle
 from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
 from tests.fixtures.lake_committer import JOB, CommitterContext
 
@@ -223,3 +225,63 @@ def test_a_a_routed_table_nested_in_another_tables_directory_is_refused(tmp_path
                                               r"file://\S*/events: one job's tables must not nest"):
         run.complete(1, 0, 5)
     assert run.routed is not None and not run.routed.exists() and not run.sink.exists()  # nothing committed
+
+
+def metrics_handle(times: dict[tuple[str, int], int]) -> StateHandle:
+    """A task's ``source-metrics`` handle naming the newest timestamp it read per partition."""
+    return StateHandle(SOURCE_METRICS_KIND, None, None, 0, {
+        "event_time_ms": str(max(times.values())), "fetch_time_ms": str(max(times.values()) + 5),
+        "partition_event_time_ms": offsets_to_json(times)})
+
+
+def complete_two_partitions(run: Run, checkpoint_id: int, ranges: dict[tuple[str, int], tuple[int, int]],
+                            times: dict[tuple[str, int], int]) -> dict:
+    """Checkpoint ``checkpoint_id`` of a job assigned t-0 and t-1 (``ranges``: one each, empty or
+    not), whose task read ``times``; returns its LAKE_COMMITTED event's fields."""
+    start, end = ranges[TP0]
+    files = run.write(checkpoint_id, rows(start, end), False)
+    run.storage.write_metadata(run.storage.initialize_location_for_checkpoint(checkpoint_id), CheckpointMetadata(
+        job_id=JOB, checkpoint_id=checkpoint_id, checkpoint_type="CHECKPOINT", trigger_timestamp=1,
+        completion_timestamp=2, operator_states=(OperatorState("lake", None, (SubtaskState(
+            0, 0, (*(f.to_state_handle() for f in files), metrics_handle(times))),)),)))
+    run.ranges[checkpoint_id] = ranges
+    run.committer.notify_checkpoint_complete(checkpoint_id)
+    (_, event, fields), = [p for p in run.context.published if p[0] == checkpoint_id]
+    assert event == "LAKE_COMMITTED"
+    return fields
+
+
+def test_f_a_partition_never_read_holds_the_watermark_back_until_idle(tmp_path, tables) -> None:
+    """Finding F: ``valid_through_ms`` was the minimum over the partitions some task had read, so a
+    partition idle since the start (or skipped by ``--starting-offsets latest``, or added later)
+    held nothing back and a downstream job closed an hour its records still belong to. Every
+    assigned partition now holds it back until read, as a Flink watermark without idleness does;
+    ``--source-idle-timeout`` (Flink's ``withIdleness``) lets an idle one stop holding it back, and
+    the event names it."""
+    uri, _, catalog = tables
+    t1 = ("t", 1)
+    run = Run(tmp_path, "a", uri, catalog)
+    run.committer.reset_to_checkpoint(-1, None)
+    fields = complete_two_partitions(run, 1, {TP0: (0, 4), t1: (0, 0)}, {TP0: 1_000})
+    assert fields["valid_through_ms"] is None  # t-1 is assigned and unread: no watermark yet
+    assert fields["event_times"] == (PartitionEventTime("t", 0, 1_000),)
+    assert "idle_partitions" not in fields
+    assert run.sink.commits_after(JOB, 0)[-1].valid_through_ms is None  # nor in the table
+    fields = complete_two_partitions(run, 2, {TP0: (4, 8), t1: (0, 3)}, {TP0: 2_000, t1: 1_500})
+    assert fields["valid_through_ms"] == 1_500  # both read: their minimum
+    assert run.sink.commits_after(JOB, 1)[-1].valid_through_ms == 1_500
+
+    idle = Run(tmp_path, "b", "iceberg://local/lake.u" if uri.startswith("iceberg://") else f"{uri}-u", catalog)
+    idle.committer = LakeCommitter(idle.context, idle.sink, idle.storage, offsets_of=lambda m: idle.ranges[m.checkpoint_id],
+                                   source_idle_timeout_ms=50)
+    idle.committer.reset_to_checkpoint(-1, None)
+    fields = complete_two_partitions(idle, 1, {TP0: (0, 4), t1: (0, 0)}, {TP0: 1_000})
+    assert fields["valid_through_ms"] is None and fields["idle_partitions"] == ()  # not idle for 50 ms yet
+    time.sleep(0.1)
+    fields = complete_two_partitions(idle, 2, {TP0: (4, 8), t1: (0, 0)}, {TP0: 2_000})
+    assert fields["valid_through_ms"] == 2_000 and fields["idle_partitions"] == (IdlePartition("t", 1),)
+    assert idle.sink.commits_after(JOB, 1)[-1].valid_through_ms == 2_000
+    time.sleep(0.1)  # both idle now: the minimum over those read, t-0's
+    fields = complete_two_partitions(idle, 3, {TP0: (8, 8), t1: (0, 0)}, {TP0: 2_000})
+    assert fields["valid_through_ms"] == 2_000
+    assert fields["idle_partitions"] == (IdlePartition("t", 0), IdlePartition("t", 1))
