@@ -135,7 +135,7 @@ class SimSink:
     def check_schema(self, data: Any, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
         pass
 
-    def progress(self, job_id: str) -> TableProgress:
+    def progress(self, job_id: str, partitions: Iterable[TP] = ()) -> TableProgress:
         def read() -> TableProgress:
             offsets: dict[TP, int] | None = None
             cluster_id = None

@@ -35,7 +35,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from chandy.connectors.lake.log_records import LAKE_COMMITS_KIND, LakeCommitRecord
@@ -80,6 +80,9 @@ class TableView:
     checkpoint: int | None
     offsets: dict[TP, int]
     event_times: dict[TP, int]
+    #: the partitions the read asked for (a Delta table whose job's commits left its log has
+    #: their offsets in app transactions, read by partition): a read for others reads again
+    partitions: frozenset[TP] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,7 +334,7 @@ class LakeCommitter:
             by_table.setdefault(f.table_uri or self.sink.table_uri, []).append(f)
         # the job's own table last: its commit says the checkpoint landed everywhere
         sinks = [self._sink_of(uri) for uri in sorted(set(by_table) - {self.sink.table_uri})] + [self.sink]
-        views = {sink.table_uri: self._read_table(sink) for sink in sinks}  # 1. read
+        views = {sink.table_uri: self._read_table(sink, ranges) for sink in sinks}  # 1. read
         own = views[self.sink.table_uri]
         event_times, counts = self._note_source_metrics(metadata, own.event_times)
         watermark = self._watermark(event_times, ranges)
@@ -379,24 +382,28 @@ class LakeCommitter:
         idle = () if timeout is None else tuple(sorted(tp for tp in ranges if now - self._active_at[tp] >= timeout))
         return Watermark(dict(event_times), valid_through_ms(event_times, ranges, idle), idle)
 
-    def _read_table(self, sink: LakeSink) -> TableView:
+    def _read_table(self, sink: LakeSink, partitions: Iterable[TP] = ()) -> TableView:
         """Step 1 of :meth:`_commit`: what ``sink``'s table holds for the job now. Its newest
         checkpoint of the job is read at every call; its offsets and watermark (a longer read of
         the table's history or properties) again whenever that checkpoint is not the one this
         committer last read or wrote (another coordinator of the job committed since: a run it
         did not fence, a zombie, one job under two coordinator logs). The table decides, never
-        this committer's memory: the same rule for the job's table and every routed table."""
+        this committer's memory: the same rule for the job's table and every routed table.
+        ``partitions``: the job's assigned partitions, whose offsets a Delta table whose job's
+        commits all left its log keeps in app transactions only."""
         done = sink.committed_checkpoint(self.context.job_id)
         view = self._views.get(sink.table_uri)
-        if view is not None and (done == view.checkpoint or done is None):  # None: the table holds none of the job's
-            return view
-        progress = sink.progress(self.context.job_id)
+        wanted = frozenset(partitions)
+        if view is not None and (done == view.checkpoint or done is None) and wanted <= view.partitions | view.offsets.keys():
+            return view  # done None: the table holds none of the job's commits
+        wanted |= view.partitions if view is not None else frozenset()
+        progress = sink.progress(self.context.job_id, wanted)
         if view is not None and done is not None:
             log.warning("job %s: table %s holds checkpoint %s, not %s as this coordinator last saw: reading its "
                         "offsets again (another coordinator of the job committed to it)", self.context.job_id,
                         sink.table_uri, progress.checkpoint_id, view.checkpoint)
         view = self._views[sink.table_uri] = TableView(progress.checkpoint_id, dict(progress.offsets),
-                                                       dict(progress.event_times))
+                                                       dict(progress.event_times), wanted)
         return view
 
     def _remember(self, sink: LakeSink, checkpoint_id: int, offsets: Mapping[TP, int],
@@ -405,7 +412,8 @@ class LakeCommitter:
         table holds a later checkpoint of the job, read in step 1: then its own record stays)."""
         view = self._views.get(sink.table_uri)
         if view is None or view.checkpoint is None or view.checkpoint <= checkpoint_id:
-            self._views[sink.table_uri] = TableView(checkpoint_id, dict(offsets), dict(event_times))
+            self._views[sink.table_uri] = TableView(checkpoint_id, dict(offsets), dict(event_times),
+                                                    view.partitions if view is not None else frozenset())
 
     def _check_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
                      view: TableView) -> None:

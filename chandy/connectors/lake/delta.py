@@ -105,6 +105,42 @@ def check_delta_properties(table_properties: Mapping[str, str] | None) -> None:
                              "e.g. delta.appendOnly, delta.logRetentionDuration)") from exc
 
 
+#: the app IDs of the app transactions that keep a job's progress where Delta keeps state across
+#: its checkpoints and log cleanup (:func:`progress_transactions`): ``chandy/<job id>/offset/<topic>/<partition>``
+#: (version: the end offset landed) and ``chandy/<job id>/event-time/<topic>/<partition>`` (version:
+#: the completeness watermark's newest timestamp landed, ms); a Kafka topic name holds no ``/``
+PROGRESS_APP_ID = "chandy/{job_id}/{kind}/{topic}/{partition}"
+
+
+def progress_app_id(job_id: str, kind: str, tp: TP) -> str:
+    """The app ID of ``job_id``'s ``kind`` (``offset`` or ``event-time``) of partition ``tp`` (:data:`PROGRESS_APP_ID`)."""
+    return PROGRESS_APP_ID.format(job_id=job_id, kind=kind, topic=tp[0], partition=tp[1])
+
+
+def progress_transactions(table: Any, job_id: str, offsets: Mapping[TP, int] | None,
+                          event_times: Mapping[TP, int] | None) -> list[Any]:
+    """The app transactions (``deltalake.transaction.Transaction``) that record ``offsets`` and
+    ``event_times`` per partition beside a commit's ``commitInfo``, for the partitions whose value
+    the table (``table``, None: a new one) does not hold already.
+
+    Why: ``commitInfo`` lives only in its commit's JSON file, which Delta's log cleanup
+    (``delta.logRetentionDuration``, 30 days, once a checkpoint covers it) deletes, while the
+    latest ``txn`` action of every app ID is part of the table's state and so of every Delta
+    checkpoint (the protocol's "Transaction Identifiers"; only ``delta.setTransactionRetentionDuration``,
+    unset by default, expires them). A job whose last commit left the log (a routed table that
+    gets a record a month, a job idle for a month) is then still read exactly by
+    :meth:`DeltaLakeSink.progress`."""
+    from deltalake.transaction import Transaction
+
+    found = []
+    for kind, values in (("offset", offsets), ("event-time", event_times)):
+        for tp, value in sorted((values or {}).items()):
+            app_id = progress_app_id(job_id, kind, tp)
+            if table is None or table.transaction_version(app_id) != value:
+                found.append(Transaction(app_id, int(value)))
+    return found
+
+
 class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
     """A Delta table at any fsspec/object-store URL (see the module docstring).
 
@@ -213,9 +249,12 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         table = self._open()
         return None if table is None else self._fields_of(table)
 
-    def progress(self, job_id: str) -> TableProgress:
+    def progress(self, job_id: str, partitions: Iterable[TP] = ()) -> TableProgress:
         """What the table holds for ``job_id`` (and which partitions other jobs landed), read from
-        its app transactions and the ``commitInfo`` of its commits (newest first)."""
+        its app transactions and the ``commitInfo`` of its commits (newest first). When the job's
+        commits have all left the log (Delta's log cleanup), its offsets and watermark times of
+        ``partitions`` are read from the app transactions each commit also records
+        (:func:`progress_transactions`), which Delta's checkpoints keep."""
         table = self._open()
         if table is None:
             return TableProgress(None, {}, None, {})
@@ -235,6 +274,18 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
                     event_times = offsets_from_json(commit.get(EVENT_TIMES_KEY))
             elif owner not in others:
                 others[owner] = offsets_from_json(commit["chandy.offsets"])
+        if offsets is None and done is not None:  # the job's commits left the log: its app transactions
+            offsets, event_times = {}, {}
+            for tp in partitions:
+                offset, millis = (table.transaction_version(progress_app_id(job_id, kind, tp))
+                                  for kind in ("offset", "event-time"))
+                if offset is not None:
+                    offsets[tp] = offset
+                if millis is not None:
+                    event_times[tp] = millis
+            if offsets:
+                log.info("job %s: its commits to %s left the Delta log; its offsets read from the table's app "
+                         "transactions", job_id, self.table_uri)
         return TableProgress(done, offsets or {}, cluster_id, others, event_times)
 
     def missing_files(self, files: Iterable[DataFile]) -> list[str]:
@@ -342,7 +393,9 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
         metadata.update(watermark_metadata(event_times, valid_through=valid_through_ms))
-        properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
+        properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id),
+                                                        *progress_transactions(table, job_id, offsets, event_times)],
+                                      custom_metadata=metadata)
         fields = None if table is None else self._fields_of(table)
         schemas = [schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
         for schema in schemas:
@@ -458,7 +511,9 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
         metadata.update(watermark_metadata(event_times, valid_through=valid_through_ms))
-        properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id)], custom_metadata=metadata)
+        properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id),
+                                                        *progress_transactions(table, job_id, offsets, event_times)],
+                                      custom_metadata=metadata)
         on = " AND ".join(f"t.`{c}` = s.`{c}`" for c in changes.id_columns)
         is_delete = f"s.`{OP_COLUMN}` = 'd'"
         for attempt in range(1, COMMIT_ATTEMPTS + 1):

@@ -259,8 +259,9 @@ class IcebergSink(SchemaChecked):
         table = self._load()
         return None if table is None else self._record_of(table, job_id)[0]
 
-    def progress(self, job_id: str) -> TableProgress:
-        """What the table holds for ``job_id`` and which partitions other jobs landed, from its properties."""
+    def progress(self, job_id: str, partitions: Iterable[TP] = ()) -> TableProgress:
+        """What the table holds for ``job_id`` and which partitions other jobs landed, from its
+        properties (which no snapshot expiration removes: ``partitions`` is not needed)."""
         table = self._load()
         if table is None:
             return TableProgress(None, {}, None, {})

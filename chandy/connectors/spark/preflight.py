@@ -200,7 +200,7 @@ class PipelinePreflight(PipelineCore):
         from chandy.coordinator.kafka.log import load_state
 
         opts = self.options
-        progress = self.sink.progress(self.job_id)
+        progress = self.sink.progress(self.job_id, self.partitions)
         self.table_progress = progress
         mine = set(self.partitions)
         for other, offsets in sorted(progress.other_jobs.items()):

@@ -285,3 +285,42 @@ def test_f_a_partition_never_read_holds_the_watermark_back_until_idle(tmp_path, 
     fields = complete_two_partitions(idle, 3, {TP0: (8, 8), t1: (0, 0)}, {TP0: 2_000})
     assert fields["valid_through_ms"] == 2_000
     assert fields["idle_partitions"] == (IdlePartition("t", 0), IdlePartition("t", 1))
+
+
+def test_c_the_jobs_offsets_outlive_deltas_log_cleanup(tmp_path) -> None:
+    """Finding C: the offsets lived only in ``commitInfo``, which Delta's checkpoints do not keep.
+    Once the log cleanup (``delta.logRetentionDuration``) removed the job's last commit,
+    ``progress()`` returned the checkpoint without offsets, and a restart raised
+    LakeDivergenceError ("holds t-0 only up to offset None"), which suppresses restarts: the job
+    was FAILED for good. Each commit now also records its offsets (and watermark times) as app
+    transactions, which every Delta checkpoint keeps; a restart after the job's commit left the
+    log restores exactly. Read back through delta-rs, a reader Chandy does not write with."""
+    from deltalake import DeltaTable
+
+    uri = str(tmp_path / "t")
+    first = Run(tmp_path, "a", uri, {})
+    first.sink = first.committer.sink = open_sink(uri, table_properties={"delta.logRetentionDuration": "interval 0 seconds"})
+    first.committer.reset_to_checkpoint(-1, None)
+    first.complete(1, 0, 5)
+    other = open_sink(uri)  # another job's commits, then Delta's checkpoint and log cleanup
+    for checkpoint in (1, 2):
+        files = other.write_files(rows(0, 2).set_column(0, "topic", pa.array(["u"] * 2)), job_id="f" * 32,
+                                  checkpoint_id=checkpoint, subtask=0, attempt=0)
+        assert other.commit("f" * 32, checkpoint, files, offsets={("u", 0): 2 * checkpoint})
+    table = DeltaTable(uri)
+    table.create_checkpoint()
+    time.sleep(0.05)
+    table.cleanup_metadata()
+    assert all(entry.get("chandy.job_id") != JOB for entry in DeltaTable(uri).history())  # the job's commit is gone
+    assert DeltaTable(uri).transaction_version(f"chandy/{JOB}/offset/t/0") == 5  # Delta's own reader sees the txn
+    assert open_sink(uri).progress(JOB, [TP0]).offsets == {TP0: 5}
+    restart = Run(tmp_path, "a", uri, {})
+    restart.ranges = first.ranges
+    restart.committer.reset_to_checkpoint(1, None)  # the table holds 1: skipped, its ranges checked
+    restart.complete(2, 5, 9)
+    landed = restart.sink.read_table()
+    assert sorted(o for t, o in zip(landed.column("topic").to_pylist(), landed.column("offset").to_pylist(), strict=True)
+                  if t == "t") == list(range(9))  # every offset of t-0 once
+    with pytest.raises(LakeCommitError, match=r"would land t-0 offsets \[7, 9\) but table .* already holds that "
+                                              r"partition up to offset 9"):
+        restart.complete(3, 7, 9)  # and a range it holds is still refused
