@@ -16,7 +16,14 @@ simulation"). Each violation is (invariant, what was seen):
   checkpoint: the job's commit of that checkpoint at that version, its records and files, and
   (when the event carries them) offset ranges equal to what the commit's files hold;
   (``lake-event-start``: the ranges differ only in where they start);
-- ``lake-event-twice``: no checkpoint is announced twice on one events topic.
+- ``lake-event-twice``: no checkpoint of one table is announced twice on one events topic.
+
+With routed tables (``Config.routed``) the table is their union: a partition's records land in
+one of them, every table's commits and files count, an event is checked against its own table's
+commits, and the offset ranges of ``--table``'s event (the whole checkpoint's) against the files
+of that checkpoint's commits in every table. The job's recorded offsets are checked against
+``--table``'s newest commit only: it is committed last, so a routed table's commit of N records
+offsets of ``--table``'s partitions that land a moment later.
 """
 
 from __future__ import annotations
@@ -47,18 +54,18 @@ class Checker:
         self.ignore = ignore
         self.group_monotonic = group_monotonic
         self._cluster_violations = 0
-        self._versions: tuple[int, int] = (-1, -1)
+        self._versions: tuple[int, ...] = ()
         self._events_seen: dict[str, int] = collections.defaultdict(int)
-        self._announced: dict[str, dict[int, int]] = collections.defaultdict(dict)
-        self._commits_checked = 0
+        self._announced: dict[tuple[str, str], dict[int, int]] = collections.defaultdict(dict)
+        self._commits_checked: dict[str, int] = collections.defaultdict(int)
 
     def check(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
-        cluster, table = self.sim.cluster, self.sim.table
+        cluster = self.sim.cluster
         new = cluster.violations[self._cluster_violations:]
         self._cluster_violations = len(cluster.violations)
         found += [v for v in new if self.group_monotonic or v[0] != "group-moved-back"]
-        versions = (cluster.version, table.version)
+        versions = (cluster.version, *(table.version for table in self.sim.tables))
         if versions != self._versions:
             self._versions = versions
             found += self._check_table()
@@ -67,29 +74,30 @@ class Checker:
 
     # -- the table and the group ----------------------------------------------------------------------------
     def coverage(self) -> dict[TP, list[tuple[int, int]]]:
-        table = self.sim.table
         ranges: dict[TP, list[tuple[int, int]]] = collections.defaultdict(list)
-        for commit in table.commits:
-            for path in commit.files:
-                info = table.storage.get(path) or table.written.get(path)
-                if info is None:
-                    continue
-                for topic, partition, start, end in info.ranges:
-                    ranges[(topic, partition)].append((start, end))
+        for table in self.sim.tables:
+            for commit in table.commits:
+                for path in commit.files:
+                    info = table.storage.get(path) or table.written.get(path)
+                    if info is None:
+                        continue
+                    for topic, partition, start, end in info.ranges:
+                        ranges[(topic, partition)].append((start, end))
         return ranges
 
     def _check_table(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
         table, cluster = self.sim.table, self.sim.cluster
-        for commit in table.commits:
-            for path in commit.files:
-                if path not in table.storage:
-                    found.append(("missing-file", f"table version {commit.version} (checkpoint {commit.checkpoint_id}) "
-                                                  f"references {path}, which is gone"))
+        for each in self.sim.tables:
+            for commit in each.commits:
+                for path in commit.files:
+                    if path not in each.storage:
+                        found.append(("missing-file", f"{each.table_uri} version {commit.version} (checkpoint "
+                                                      f"{commit.checkpoint_id}) references {path}, which is gone"))
         coverage = self.coverage()
         earliest = self.sim.config.starting_offsets == "earliest"
         recorded: dict[TP, list[int]] = collections.defaultdict(list)
-        for commit in table.commits:
+        for commit in (c for each in self.sim.tables for c in each.commits):
             for tp, offset in (commit.offsets or {}).items():
                 recorded[tp].append(offset)
         ends: dict[TP, int] = {}
@@ -119,21 +127,28 @@ class Checker:
                 if held is not None and offset > held:
                     found.append(("group-ahead", f"group {group_id} committed {tp[0]}-{tp[1]} at {offset}, but the table "
                                                  f"holds it only up to {held}"))
-        for commit in table.commits[self._commits_checked:]:
-            if (commit.author_prefix, commit.checkpoint_id) not in cluster.durable_completed:
-                found.append(("commit-without-completion",
-                              f"{commit.author} committed checkpoint {commit.checkpoint_id} to the table (version "
-                              f"{commit.version}), but its log ({commit.author_prefix}) holds no completion of it"))
-        self._commits_checked = len(table.commits)
+        for each in self.sim.tables:
+            for commit in each.commits[self._commits_checked[each.table_uri]:]:
+                if (commit.author_prefix, commit.checkpoint_id) not in cluster.durable_completed:
+                    found.append(("commit-without-completion",
+                                  f"{commit.author} committed checkpoint {commit.checkpoint_id} to {each.table_uri} "
+                                  f"(version {commit.version}), but its log ({commit.author_prefix}) holds no completion "
+                                  "of it"))
+            self._commits_checked[each.table_uri] = len(each.commits)
         return found
 
     # -- LAKE_COMMITTED -----------------------------------------------------------------------------------------
     def _check_events(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
-        table = self.sim.table
+        tables = {table.table_uri: table for table in self.sim.tables}
         for prefix, events in self.sim.cluster.events.items():
             for event, owner in events[self._events_seen[prefix]:]:
                 if event.event_type != "LAKE_COMMITTED":
+                    continue
+                table = tables.get(event.table_uri)
+                if table is None:
+                    found.append(("lake-event", f"LAKE_COMMITTED of checkpoint {event.checkpoint_id} by {owner} names "
+                                                f"table {event.table_uri}, which the job does not write"))
                     continue
                 found += self._check_event(prefix, event, owner, table.commits)
             self._events_seen[prefix] = len(events)
@@ -141,9 +156,9 @@ class Checker:
 
     def _check_event(self, prefix: str, event: Any, owner: str, commits: list[TableCommit]) -> list[tuple[str, str]]:
         n, version = event.checkpoint_id, event.table_version
-        where = f"LAKE_COMMITTED of checkpoint {n} by {owner} on {prefix}'s events (table version {version})"
-        previous = self._announced[prefix].get(n)
-        self._announced[prefix][n] = version
+        where = f"LAKE_COMMITTED of checkpoint {n} by {owner} on {prefix}'s events ({event.table_uri} version {version})"
+        previous = self._announced[(prefix, event.table_uri)].get(n)
+        self._announced[(prefix, event.table_uri)][n] = version
         if previous is not None:
             return [("lake-event-twice", f"{where}: checkpoint {n} was announced before (version {previous})")]
         if version is None or not 0 <= version < len(commits):
@@ -166,6 +181,8 @@ class Checker:
             info = self.sim.table.written.get(path)
             for topic, partition, start, end in info.ranges if info is not None else ():
                 held[(topic, partition)].append((start, end))
+        if len(self.sim.tables) > 1:
+            return self._check_routed_event(where, announced, held)
         a = {tp: merged(v) for tp, v in announced.items()}
         h = {tp: merged(v) for tp, v in held.items()}
         if a != h:
@@ -173,4 +190,25 @@ class Checker:
             same_ends = a.keys() == h.keys() and all(a[tp][-1][1] == h[tp][-1][1] for tp in a)
             return [("lake-event-start" if same_ends else "lake-event",
                      f"{where}: it names ranges {sorted(a.items())}, the commit holds {sorted(h.items())}")]
+        return []
+
+    def _check_routed_event(self, where: str, announced: dict[TP, list[tuple[int, int]]],
+                            held: dict[TP, list[tuple[int, int]]]) -> list[tuple[str, str]]:
+        """``--table``'s event of a routed job names the whole checkpoint's ranges, which its
+        own commit holds only in part: the rest went to routed tables, which commit N only when N
+        routes records to them and skip N when they hold its ranges already (under another
+        checkpoint ID, of another coordinator log of the job). So: every range ``--table``'s commit
+        holds is named, and every range named is in the lake (some table holds it)."""
+        coverage = {tp: merged(v) for tp, v in self.coverage().items()}
+        named = {tp: merged(v) for tp, v in announced.items()}
+        for tp, ranges in sorted(held.items()):
+            for start, end in merged(ranges):
+                if not any(s <= start and end <= e for s, e in named.get(tp, ())):
+                    return [("lake-event", f"{where}: the commit holds {tp[0]}-{tp[1]} [{start}, {end}), which it does "
+                                           f"not name ({sorted(named.items())})")]
+        for tp, ranges in sorted(named.items()):
+            for start, end in ranges:
+                if not any(s <= start and end <= e for s, e in coverage.get(tp, ())):
+                    return [("lake-event", f"{where}: it names {tp[0]}-{tp[1]} [{start}, {end}), which no table holds "
+                                           f"whole ({sorted(coverage.get(tp, ()))})")]
         return []

@@ -221,6 +221,8 @@ class Process:
         self.lanes = (self.mailbox, self.io, self.writer_lane, self.driver, self.tasks)
         self.env = SimEnvironment(self)
         self.sink = SimSink(self.table, name, prefix)
+        #: the sinks of every table the job writes (the job's own and the routed ones), by URI
+        self.sinks = {t.table_uri: SimSink(t, name, prefix) if t is not self.table else self.sink for t in sim.tables}
         self.storage = CheckpointStorage(sim.checkpoint_dir, JOB_ID, savepoint_dir=f"{sim.checkpoint_dir}/savepoints")
         self.writer: SimLogWriter | None = None
         self.cc: CheckpointCoordinator | None = None
@@ -417,7 +419,8 @@ class Process:
             JOB_ID, options, self.env, self.storage, {SINK_OPERATOR: self.parallelism},
             coordinator_providers=[
                 LakeCommitterProvider(SINK_OPERATOR, self.sink, self.storage, offsets_of=offsets_of,  # type: ignore[arg-type]
-                                      cluster_id=CLUSTER_ID, log_id=coordinator_log_id(self.prefix, JOB_ID)),
+                                      cluster_id=CLUSTER_ID, log_id=coordinator_log_id(self.prefix, JOB_ID),
+                                      open_table=self.sinks.__getitem__ if len(self.sinks) > 1 else None),
                 KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
             state=state, transactional_id=self.transactional_id, on_job_status=self._on_job_status,
             coordinator_id=self.name)
@@ -505,7 +508,12 @@ class Process:
         """``write_and_acknowledge`` for each attempt Spark gives the task."""
         for attempt in range(self.task_attempts):
             try:
-                files = self.sink.write_ranges(JOB_ID, checkpoint_id, subtask, attempt, ranges)
+                files = []
+                for table in self.sim.tables:  # the routed tables' files carry their table (DataFile.table_uri)
+                    mine = tuple(r for r in ranges if self.sim.table_of(r[1]) is table)
+                    routed = None if table is self.table else table.table_uri
+                    files += self.sinks[table.table_uri].write_ranges(JOB_ID, checkpoint_id, subtask, attempt, mine,
+                                                                      table_uri=routed)
                 ack = AcknowledgeCheckpoint(JOB_ID, epoch, checkpoint_id, SINK_OPERATOR, subtask, attempt,
                                             tuple(f.to_state_handle() for f in files))
                 self.world.call("ack.send", lambda ack=ack: self.sim.deliver(self.prefix, ack),

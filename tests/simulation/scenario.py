@@ -60,6 +60,7 @@ class Config:
     thinks_it_leads: bool = True  # a fenced coordinator's view of the election says it still leads
     stuck_writers: float = 0.0  # how often send_offsets_to_transaction hangs (librdkafka 5456, 5511), besides faults
     slow_cleanups: float = 0.0  # how often a cleanup's listing of the table is slow, besides faults (with racy_cleanup)
+    routed: int = 0  # routed tables (--route by topic partition): partition p lands in routed table p % (routed + 1) - 1
 
     @classmethod
     def draw(cls, seed: int, **fixed: Any) -> Config:
@@ -119,7 +120,10 @@ class Simulation:
         self.rng = self.world.rng
         self.cluster = SimCluster(self.world, TOPIC, config.partitions, stuck_timeouts=config.stuck_timeouts)
         self.table = SimTable(self.world, "memory://lake/orders")
-        self.table.racy_cleanup = config.racy_cleanup
+        #: the job's table first, then the routed ones (``routed``: a partition's records land in one table)
+        self.tables = [self.table] + [SimTable(self.world, f"memory://lake/routed-{i}") for i in range(config.routed)]
+        for table in self.tables:
+            table.racy_cleanup = config.racy_cleanup
         self.checkpoint_dir = f"memory://sim-{config.seed}-{uuid.uuid4().hex[:8]}/chk"
         self.processes: list[Process] = []
         self.started = 0
@@ -130,6 +134,11 @@ class Simulation:
         self.checker = Checker(self, ignore=checker_ignores, group_monotonic=not config.two_prefixes)
 
     # -- what processes ask of the world --------------------------------------------------------------
+    def table_of(self, partition: int) -> SimTable:
+        """The table the job routes ``partition``'s records to (the job's own without ``routed``)."""
+        index = partition % (self.config.routed + 1)
+        return self.tables[0 if index == 0 else index]
+
     def live(self, prefix: str | None = None) -> list[Process]:
         return [p for p in self.processes if not p.exited and (prefix is None or p.prefix == prefix)]
 
@@ -258,9 +267,9 @@ class Simulation:
         return {
             "processes": self.started,
             "checkpoints_completed": sum(p.completed for p in self.processes),
-            "lake_commits": len(self.table.commits),
-            "records_landed": sum(i.records for c in self.table.commits for i in
-                                  (self.table.written[path] for path in c.files)),
+            "lake_commits": sum(len(t.commits) for t in self.tables),
+            "records_landed": sum(i.records for t in self.tables for c in t.commits for i in
+                                  (t.written[path] for path in c.files)),
             "log_transactions": self.cluster.transactions,
             "lost_logs": self.lost_logs,
             "compactions": self.compactions,
@@ -325,12 +334,30 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # a restore's cleanup that is slow between reading what the table references and deleting
     # (issue 44, item 6)
     "racy-cleanup": {"racy_cleanup": True, "slow_cleanups": 0.5, "stuck_timeouts": False, "overlaps": 3},
+    # --route: three partitions, two of them routed to tables of their own, committed one after
+    # another (routed tables first, --table last) with every fault, kills and lost logs between (issue 54)
+    # (--starting-offsets earliest: a routed job whose --table does not exist yet has no table to
+    # seed a run without a log from, docs/design.md §9)
+    "routed": {"routed": 2, "partitions": 3, "starting_offsets": "earliest", "stuck_timeouts": False, "overlaps": 3},
+    # routed tables under two coordinator logs of one job: each routed table must be read again,
+    # not remembered (issue 54, finding D)
+    "routed-two-logs": {"routed": 2, "partitions": 3, "starting_offsets": "earliest", "two_prefixes": True,
+                        "fault_level": 0.0, "stuck_timeouts": False, "overlaps": 3},
+    # both, with slow and failing calls: a run killed or failing between its routed tables' commits
+    # and --table's leaves the other log's run with a memory of a routed table that is behind it
+    "routed-two-logs-faults": {"routed": 2, "partitions": 3, "starting_offsets": "earliest", "two_prefixes": True,
+                               "fault_level": 0.04, "stuck_timeouts": False, "overlaps": 3},
 }
 
 
+#: the default campaign's families, by seed modulo their number
+CAMPAIGN_FAMILIES = ("one-log", "one-log", "routed", "two-logs", "one-log", "routed-two-logs-faults", "one-log", "two-logs")
+
+
 def family_of(seed: int) -> str:
-    """The family of a seed of the default campaign: one in four runs two coordinator logs."""
-    return "two-logs" if seed % 4 == 3 else "one-log"
+    """The family of a seed of the default campaign: half run one coordinator log, one in four
+    two coordinator logs, one in four routed tables (one log with faults, or two logs with faults)."""
+    return CAMPAIGN_FAMILIES[seed % len(CAMPAIGN_FAMILIES)]
 
 
 def run_schedule(seed: int, family: str = "campaign", *, checker_ignores: frozenset[str] = frozenset(),

@@ -225,8 +225,9 @@ class SimSink:
 
     # -- files ----------------------------------------------------------------------------------------
     def write_ranges(self, job_id: str, checkpoint_id: int, subtask: int, attempt: int,
-                     ranges: tuple[Range, ...]) -> list[DataFile]:
-        """A Spark task's files of ``ranges`` (one file), written into the table's location."""
+                     ranges: tuple[Range, ...], *, table_uri: str | None = None) -> list[DataFile]:
+        """A Spark task's files of ``ranges`` (one file), written into the table's location
+        (``table_uri``: the routed table's URI its state handle names, None for the job's own)."""
         if not ranges:
             return []
         path = self.table.new_name(job_id, checkpoint_id, subtask, attempt, coordinator_log_id(self.prefix, job_id))
@@ -239,7 +240,7 @@ class SimSink:
             self.table.version += 1
 
         self.world.call("table.write", write, lambda: LakeCommitError(f"writing {path} failed (simulated)"))
-        return [DataFile(path, 100 * records, records, {}, self.world.now_ms(), "")]
+        return [DataFile(path, 100 * records, records, {}, self.world.now_ms(), "", table_uri)]
 
     def delete_unreferenced(self, job_id: str, *, keep_checkpoints_after: int | None = None,
                             log_id: str | None = None) -> list[str]:

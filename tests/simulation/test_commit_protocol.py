@@ -47,7 +47,8 @@ def quiet() -> Iterator[None]:
 
 
 #: the families of the long campaign, by seed (the default campaign's are ``family_of``)
-LONG_FAMILIES = ("one-log", "two-logs", "lost-log-latest", "racy-cleanup")
+LONG_FAMILIES = ("one-log", "two-logs", "lost-log-latest", "racy-cleanup", "routed", "routed-two-logs",
+                 "routed-two-logs-faults")
 
 
 def campaign(seeds: range, family: Callable[[int], str] = lambda seed: "campaign"
@@ -310,3 +311,54 @@ def test_restore_cleanup_of_a_fenced_coordinator_keeps_the_protocol(quiet: None)
         assert not result.violations, result.report()
     failed = first_failure("racy-cleanup", 200)
     assert failed is None, failed.report()
+
+
+# -- issue 54: every table a checkpoint touches, one guarded commit -----------------------------------------
+def test_routed_families_keep_the_protocol(quiet: None) -> None:
+    """Routed tables (three partitions, two routed to tables of their own, committed before
+    ``--table``) with kills and faults between the tables' commits, under one and two coordinator
+    logs: 200 schedules of each family, every invariant over the union of the tables."""
+    for family in ("routed", "routed-two-logs", "routed-two-logs-faults"):
+        failed, totals, landed = campaign(range(200), lambda seed, family=family: family)
+        if failed is not None:
+            pytest.fail(failed.report())
+        assert landed >= 150 and totals["lake_commits"] > 3 * totals["checkpoints_completed"] / 2, (family, totals)
+
+
+def test_a_later_checkpoint_landing_between_check_and_commit_keeps_the_protocol(quiet: None) -> None:
+    """Found by this simulation as a bug (issue 54), on every path, then fixed: another log's
+    checkpoint 7 landed between this run's check and commit of 6, whose ranges reach past 7's;
+    the commit found the table past 6 and skipped, the verification looked only for a commit of 6,
+    and 6's ends reached the consumer group ahead of the table (family routed-two-logs-faults,
+    seed 956). ``LakeCommitter._verify`` checks the ranges against the table as it is."""
+    result = run_schedule(956, "routed-two-logs-faults")
+    assert not result.violations, result.report()
+
+
+def _verify_by_id_only(self: LakeCommitter, sink: object, checkpoint_id: int, ranges: object) -> None:
+    """``LakeCommitter._verify`` before the fix above: only a commit of the checkpoint itself is compared."""
+    after = sink.committed_checkpoint(self.context.job_id)  # type: ignore[attr-defined]
+    if after is not None and after >= checkpoint_id:
+        self._check_recorded(sink, checkpoint_id, ranges)  # type: ignore[arg-type]
+
+
+def test_mutation_verify_by_checkpoint_id_only_is_caught(quiet: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verification before the fix above lets a skipped checkpoint's ends reach the group."""
+    monkeypatch.setattr(LakeCommitter, "_verify", _verify_by_id_only)
+    found = run_schedule(956, "routed-two-logs-faults")
+    assert found.violations and found.violations[0][0] == "group-ahead", found.report()
+
+
+def test_mutation_routed_tables_trusting_memory_is_caught(quiet: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding D of issue 54 before its fix: a routed table read once per run, never again. A run
+    whose other log's run committed to a routed table since (then failed before ``--table``) lands
+    records in it twice."""
+    read_table = LakeCommitter._read_table
+
+    def trust_routed(self: LakeCommitter, sink: object, *args: object) -> object:
+        view = self._views.get(sink.table_uri)  # type: ignore[attr-defined]
+        return view if view is not None and sink is not self.sink else read_table(self, sink, *args)  # type: ignore[arg-type]
+
+    found = caught(lambda p: p.setattr(LakeCommitter, "_read_table", trust_routed), "routed-two-logs-faults",
+                   monkeypatch, seeds=100)
+    assert found.violations[0][0] in {"duplicate", "gap", "group-ahead"}, found.report()

@@ -512,15 +512,33 @@ class LakeCommitter:
             where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
                               if end > start)
             raise LakeSchemaError(f"{exc} (records: {where or 'none'})") from exc
-        if committed is None and ranges and (after := sink.committed_checkpoint(self.context.job_id)) is not None \
-                and after >= checkpoint_id:
-            self._check_recorded(sink, checkpoint_id, ranges)  # another coordinator committed it meanwhile
+        if committed is None and ranges:
+            self._verify(sink, checkpoint_id, ranges)
         if committed:
             records = sum(f.records for f in files)
             self.records_committed += records
             log.info("checkpoint %d: %d file(s), %d record(s) committed to %s (version %s)", checkpoint_id,
                      len(files), records, sink.table_uri, committed.table_version)
         return committed
+
+    def _verify(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges) -> None:
+        """Step 4 of :meth:`_commit`: ``sink``'s commit of ``checkpoint_id`` committed nothing.
+        When the table holds it or a later checkpoint of the job now, committed by another
+        coordinator since step 1 (a zombie, another coordinator log), it must hold the
+        checkpoint's ranges, as step 2 checks a table that held them at step 1: its commit of N
+        records exactly them (:meth:`_check_recorded`), and its offsets reach their ends
+        (:meth:`_check_ranges`). Found by the commit-protocol simulation (family
+        routed-two-logs-faults, seed 956): another log's checkpoint 7 landed between this one's
+        check and commit of 6, whose ranges reach past 7's; 6 counted as landed and its ends
+        reached the consumer group.
+
+        Raises:
+            LakeDivergenceError: naming the table, the partition and both sides.
+        """
+        now = self._read_table(sink, ranges)
+        if now.checkpoint is not None and now.checkpoint >= checkpoint_id:
+            self._check_recorded(sink, checkpoint_id, ranges)
+            self._check_ranges(sink, checkpoint_id, ranges, now.checkpoint, now.offsets, gaps=sink is self.sink)
 
     def _delete_unreferenced_async(self, sink: LakeSink, keep_checkpoints_after: int | None) -> None:
         job_id = self.context.job_id

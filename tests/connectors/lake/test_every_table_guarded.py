@@ -324,3 +324,31 @@ def test_c_the_jobs_offsets_outlive_deltas_log_cleanup(tmp_path) -> None:
     with pytest.raises(LakeCommitError, match=r"would land t-0 offsets \[7, 9\) but table .* already holds that "
                                               r"partition up to offset 9"):
         restart.complete(3, 7, 9)  # and a range it holds is still refused
+
+
+def test_a_later_checkpoint_that_lands_between_the_check_and_the_commit_must_hold_the_ranges(
+        tmp_path, tables, monkeypatch) -> None:
+    """Found by the commit-protocol simulation (family routed-two-logs-faults, seed 956), on every
+    path: another coordinator log's checkpoint 3 landed between this coordinator's check and its
+    commit of 2; the commit then found the table past 2 and skipped, and the verification looked
+    only for a commit of 2 (there is none), so 2 counted as landed and its ends ([5, 12), past the
+    table's 10) reached the consumer group. The verification now checks the ranges against the
+    table as it is (step 2 again): 2 is refused, and nothing is announced."""
+    uri, _, catalog = tables
+    a, b = Run(tmp_path, "a", uri, catalog), Run(tmp_path, "b", uri, catalog)
+    a.committer.reset_to_checkpoint(-1, None)
+    a.complete(1, 0, 5)
+    b.committer.reset_to_checkpoint(1, None)
+    commit = a.sink.commit
+
+    def raced(*args, **kwargs):
+        b.complete(3, 5, 10)  # the other log's IDs run ahead of this one's
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(a.sink, "commit", raced)
+    published = len(a.context.published)
+    with pytest.raises(LakeCommitError, match=r"holds checkpoint 3 of job .*, so checkpoint 2 would be skipped, but "
+                                              r"the table holds t-0 only up to offset 10 and checkpoint 2 reads up to 12"):
+        a.complete(2, 5, 12)
+    assert len(a.context.published) == published
+    assert offsets(a.sink) == list(range(10))
