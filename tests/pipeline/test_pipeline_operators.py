@@ -429,6 +429,45 @@ def test_each_commit_says_up_to_which_event_time_the_table_is_complete(spark, ka
     assert commit["chandy.valid_through_ms"] == str(newest[1])
 
 
+def test_a_partition_never_read_holds_the_completeness_watermark_back_until_idle(spark, kafka_bootstrap_servers,
+                                                                                tmp_path) -> None:
+    """Issue 54, finding F, end to end: a topic of three partitions whose partition 2 never gets a
+    record. Every assigned partition holds ``valid_through_ms`` back until read (a Flink watermark
+    without idleness): the table's commits and the LAKE_COMMITTED events (read back with deltalake
+    and fastavro) carry no watermark, though partitions 0 and 1 are read. With
+    ``--source-idle-timeout`` (Flink's ``withIdleness``) partition 2 stops holding it back once
+    idle, and the event names it in ``idle_partitions``."""
+    from tests.fixtures import exactly_once
+
+    topic = make_topic(kafka_bootstrap_servers, [], partitions=3)
+    base = (int(time.time()) - 600) * 1000
+    producer = kafka_config.producer(kafka_bootstrap_servers)
+    for i in range(20):  # partitions 0 and 1 only
+        producer.produce(topic, f"v{i}".encode(), partition=i % 2, timestamp=base + i * 1000)
+    producer.flush(30)
+    table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
+    first = Pipeline(options(kafka_bootstrap_servers, topic, table, prefix), spark=spark).run()
+    events = [e for e in exactly_once.read_events(kafka_bootstrap_servers, prefix, first.job_id)
+              if e["event_type"] == "LAKE_COMMITTED"]
+    assert events and all(e["valid_through_ms"] is None for e in events)
+    assert {(t["partition"], t["event_time_ms"]) for t in events[-1]["event_times"]} == {(0, base + 18_000),
+                                                                                       (1, base + 19_000)}
+    assert "chandy.valid_through_ms" not in DeltaTable(table).history(1)[0]
+    assert json.loads(DeltaTable(table).history(1)[0]["chandy.event_time_ms"]) == {
+        topic: {"0": base + 18_000, "1": base + 19_000}}
+    idle_table, idle_prefix = str(tmp_path / "idle"), f"op{uuid.uuid4().hex[:6]}"
+    idle_opts = options(kafka_bootstrap_servers, topic, idle_table, idle_prefix, max_records_per_checkpoint=4,
+                        checkpoint_interval_ms=300, source_idle_timeout_ms=200)
+    second = Pipeline(idle_opts, spark=spark).run()
+    events = [e for e in exactly_once.read_events(kafka_bootstrap_servers, idle_prefix, second.job_id)
+              if e["event_type"] == "LAKE_COMMITTED"]
+    assert len(events) >= 3
+    last = events[-1]
+    assert last["valid_through_ms"] == base + 18_000  # partitions 0 and 1 read, partition 2 idle
+    assert {(p["topic"], p["partition"]) for p in last["idle_partitions"]} >= {(topic, 2)}
+    assert DeltaTable(idle_table).history(1)[0]["chandy.valid_through_ms"] == str(base + 18_000)
+
+
 def test_a_table_partitioned_by_the_day_and_a_bucket_of_the_kafka_record(spark, kafka_bootstrap_servers,
                                                                          tmp_path) -> None:
     """Issue 47 (partition transforms): --partition-by day(timestamp) --partition-by bucket(4,
