@@ -420,7 +420,8 @@ class Process:
             coordinator_providers=[
                 LakeCommitterProvider(SINK_OPERATOR, self.sink, self.storage, offsets_of=offsets_of,  # type: ignore[arg-type]
                                       cluster_id=CLUSTER_ID, log_id=coordinator_log_id(self.prefix, JOB_ID),
-                                      open_table=self.sinks.__getitem__ if len(self.sinks) > 1 else None),
+                                      open_table=self.sinks.__getitem__ if len(self.sinks) > 1 else None,
+                                      changes=self.sim.config.cdc),
                 KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=self.parallelism)],
             state=state, transactional_id=self.transactional_id, on_job_status=self._on_job_status,
             coordinator_id=self.name)

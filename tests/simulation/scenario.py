@@ -61,6 +61,7 @@ class Config:
     stuck_writers: float = 0.0  # how often send_offsets_to_transaction hangs (librdkafka 5456, 5511), besides faults
     slow_cleanups: float = 0.0  # how often a cleanup's listing of the table is slow, besides faults (with racy_cleanup)
     routed: int = 0  # routed tables (--route by topic partition): partition p lands in routed table p % (routed + 1) - 1
+    cdc: bool = False  # --cdc: the committer applies change files (LakeSink.commit_changes) instead of appending
 
     @classmethod
     def draw(cls, seed: int, **fixed: Any) -> Config:
@@ -347,6 +348,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # and --table's leaves the other log's run with a memory of a routed table that is behind it
     "routed-two-logs-faults": {"routed": 2, "partitions": 3, "starting_offsets": "earliest", "two_prefixes": True,
                                "fault_level": 0.04, "stuck_timeouts": False, "overlaps": 3},
+    # --cdc: every checkpoint's commit is a merge (commit_changes), through the same guarded sequence,
+    # under two coordinator logs with slow and failing calls (issue 54, finding E)
+    "cdc-two-logs-faults": {"cdc": True, "two_prefixes": True, "fault_level": 0.04, "stuck_timeouts": False,
+                            "overlaps": 3},
 }
 
 

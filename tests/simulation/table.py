@@ -220,8 +220,11 @@ class SimSink:
                 self.world.sleep(min(2000, 50 * 2 ** attempt))
         return None  # not reached
 
-    def commit_changes(self, *args: Any, **kwargs: Any) -> LakeCommit | None:
-        raise NotImplementedError("the simulation lands appends only")
+    def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], **kwargs: Any) -> LakeCommit | None:
+        """As ``DeltaLakeSink.commit_changes``: the same idempotence check and ``checked_at`` guard,
+        before the merge and after a conflict, as :meth:`commit`; the merge itself is modelled as
+        the append of the files' ranges (what the checker counts is which offsets landed, once)."""
+        return self.commit(job_id, checkpoint_id, files, **kwargs)
 
     # -- files ----------------------------------------------------------------------------------------
     def write_ranges(self, job_id: str, checkpoint_id: int, subtask: int, attempt: int,

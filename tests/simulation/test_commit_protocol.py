@@ -48,7 +48,7 @@ def quiet() -> Iterator[None]:
 
 #: the families of the long campaign, by seed (the default campaign's are ``family_of``)
 LONG_FAMILIES = ("one-log", "two-logs", "lost-log-latest", "racy-cleanup", "routed", "routed-two-logs",
-                 "routed-two-logs-faults")
+                 "routed-two-logs-faults", "cdc-two-logs-faults")
 
 
 def campaign(seeds: range, family: Callable[[int], str] = lambda seed: "campaign"
@@ -323,6 +323,42 @@ def test_routed_families_keep_the_protocol(quiet: None) -> None:
         if failed is not None:
             pytest.fail(failed.report())
         assert landed >= 150 and totals["lake_commits"] > 3 * totals["checkpoints_completed"] / 2, (family, totals)
+
+
+def test_cdc_merges_keep_the_protocol(quiet: None) -> None:
+    """``--cdc``: every commit a merge (``commit_changes``), through the same guarded sequence as an
+    append, under two coordinator logs with slow and failing calls: 200 schedules."""
+    failed, totals, landed = campaign(range(200), lambda seed: "cdc-two-logs-faults")
+    if failed is not None:
+        pytest.fail(failed.report())
+    assert landed >= 150, totals
+
+
+class _Unguarded:
+    """A sink whose ``commit_changes`` drops the committer's ``checked_at`` (issue 54, finding E)."""
+
+    def __init__(self, sink: object) -> None:
+        self._sink = sink
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sink, name)
+
+    def commit_changes(self, *args: object, checked_at: object = ..., **kwargs: object) -> object:
+        return self._sink.commit_changes(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+def test_mutation_merges_without_the_check_then_commit_guard_are_caught(quiet: None,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding E of issue 54 before its fix: a merge committed without ``checked_at``. Another
+    log's commit between the check and the merge makes records land twice."""
+    commit_table = LakeCommitter._commit_table
+
+    def unguarded(self: LakeCommitter, sink: object, *args: object) -> object:
+        return commit_table(self, _Unguarded(sink), *args)  # type: ignore[arg-type]
+
+    found = caught(lambda p: p.setattr(LakeCommitter, "_commit_table", unguarded), "cdc-two-logs-faults", monkeypatch,
+                   seeds=300)  # seed 248
+    assert found.violations[0][0] in {"duplicate", "gap", "group-ahead"}, found.report()
 
 
 def test_a_later_checkpoint_landing_between_check_and_commit_keeps_the_protocol(quiet: None) -> None:
