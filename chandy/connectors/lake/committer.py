@@ -419,7 +419,8 @@ class LakeCommitter:
                      view: TableView) -> None:
         """Step 2 of :meth:`_commit` for one table, as step 1 read it (``view``): a table that holds
         the checkpoint must hold exactly these ranges (:meth:`_check_recorded`); the ranges must
-        start where the table's offsets end (:meth:`_check_ranges`); the files must all be there.
+        start where the table's offsets end (:meth:`_check_ranges`). (That the files are all there is
+        checked right before each table's commit, :meth:`_commit_table`: the later the better.)
 
         Raises:
             LakeDivergenceError: naming the table, the partition and both sides.
@@ -428,14 +429,6 @@ class LakeCommitter:
         if done is not None and done >= checkpoint_id:
             self._check_recorded(sink, checkpoint_id, ranges)
         self._check_ranges(sink, checkpoint_id, ranges, done, view.offsets, gaps=sink is self.sink)
-        missing = sink.missing_files(files) if done is None or done < checkpoint_id else []
-        if missing:
-            # never commit a file that is gone: the table would reference data it cannot read
-            raise LakeDivergenceError(
-                f"checkpoint {checkpoint_id} references {len(missing)} data file(s) no longer in table "
-                f"{sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
-                "intermediate savepoint's files are cleaned up once a later checkpoint lands the same ranges), "
-                "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
 
     @property
     def table_offsets(self) -> dict[TP, int]:
@@ -498,11 +491,19 @@ class LakeCommitter:
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
                       offsets: Mapping[TP, int], done: int | None, watermark: Watermark) -> LakeCommit | None:
         """Steps 3 and 4 of :meth:`_commit` for one table, checked (step 2) against its job's
-        checkpoint ``done``: commit its files of ``checkpoint_id`` (an append, or with ``changes``
+        checkpoint ``done``: refuse files that are gone (LakeDivergenceError), then commit its files of ``checkpoint_id`` (an append, or with ``changes``
         a merge), recording the job's cumulative ``offsets`` and completeness ``watermark`` (the
         job's: every table it writes holds every record read below it), only while the table still
         holds ``done`` (``checked_at``); None when the table holds it already (then it must hold
         exactly these ranges: :meth:`_check_recorded`) or there was nothing."""
+        missing = sink.missing_files(files) if done is None or done < checkpoint_id else []
+        if missing:  # checked right before the commit: a cleanup of another run may race it (design.md §7)
+            # never commit a file that is gone: the table would reference data it cannot read
+            raise LakeDivergenceError(
+                f"checkpoint {checkpoint_id} references {len(missing)} data file(s) no longer in table "
+                f"{sink.table_uri} (first: {missing[0]}); they were deleted after it was taken (an "
+                "intermediate savepoint's files are cleaned up once a later checkpoint lands the same ranges), "
+                "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
         try:
             commit = sink.commit_changes if self.changes else sink.commit
             committed = commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
