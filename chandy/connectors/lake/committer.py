@@ -491,11 +491,12 @@ class LakeCommitter:
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
                       offsets: Mapping[TP, int], done: int | None, watermark: Watermark) -> LakeCommit | None:
         """Steps 3 and 4 of :meth:`_commit` for one table, checked (step 2) against its job's
-        checkpoint ``done``: refuse files that are gone (LakeDivergenceError), then commit its files of ``checkpoint_id`` (an append, or with ``changes``
-        a merge), recording the job's cumulative ``offsets`` and completeness ``watermark`` (the
-        job's: every table it writes holds every record read below it), only while the table still
-        holds ``done`` (``checked_at``); None when the table holds it already (then it must hold
-        exactly these ranges: :meth:`_check_recorded`) or there was nothing."""
+        checkpoint ``done``: refuse files that are gone (LakeDivergenceError), then commit its
+        files of ``checkpoint_id`` (an append, or with ``changes`` a merge), recording the job's
+        cumulative ``offsets`` and completeness ``watermark`` (the job's: every table it writes
+        holds every record read below it), only while the table still holds ``done``
+        (``checked_at``); None when the table holds it already (then it must hold exactly these
+        ranges: :meth:`_verify`) or there was nothing."""
         missing = sink.missing_files(files) if done is None or done < checkpoint_id else []
         if missing:  # checked right before the commit: a cleanup of another run may race it (design.md §7)
             # never commit a file that is gone: the table would reference data it cannot read
