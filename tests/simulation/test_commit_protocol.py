@@ -384,6 +384,18 @@ def test_bug_lost_log_reuses_a_live_zombies_checkpoint_id(quiet: None) -> None:
     to the tables when a run on the recreated log resumes from the table (which does not hold N
     yet), takes checkpoint ID N for itself, aborts it and deletes the job's unreferenced files of
     N of its log, which are the zombie's: the zombie's commit then references files that are
-    gone. The same log ID (the prefix's) and the same checkpoint ID name both runs' files."""
+    gone. The same log ID (the prefix's) and the same checkpoint ID name both runs' files. The
+    long campaign of ``routed-two-logs-faults`` finds it too (seeds 1006010, 1007765)."""
     result = run_schedule(1002510, "routed")
+    assert not result.violations, result.report()
+
+
+@pytest.mark.xfail(strict=True, reason="open: a lost log forgets which LAKE_COMMITTED events were published")
+def test_bug_lost_log_announces_a_checkpoint_twice(quiet: None) -> None:
+    """Found by this simulation (issue 54, family routed-two-logs-faults, seed 1006375), not fixed:
+    a run that reconciled with the table before another run's first commit started on the
+    recreated log with ID 1 and the same ranges as the other run's checkpoint 1; a later run
+    restored it, found the tables holding it, and published its LAKE_COMMITTED again (the log's
+    record of the first publication went with the log). Records land once; one event twice."""
+    result = run_schedule(1006375, "routed-two-logs-faults")
     assert not result.violations, result.report()
