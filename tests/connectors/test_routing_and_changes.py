@@ -45,6 +45,32 @@ def test_a_bad_rule_says_what_is_wrong(text: str, error: str) -> None:
         RouteRule.parse(text)
 
 
+def test_a_hive_style_table_path_splits_where_the_pattern_ends() -> None:
+    """Issue 54, finding J: the split at the last ``=`` made ``([a-z]+)=lake/events/region=$1`` the
+    pattern ``([a-z]+)=lake/events/region`` and the table ``$1``: the pattern never matched and
+    every record landed in ``--table`` without a word. Every ``=`` is tried; the reading whose
+    pattern is a route key (no ``/``) wins, and two readings are refused, naming both."""
+    rule = RouteRule.parse("([a-z]+)=lake/events/region=$1")
+    assert (rule.pattern, rule.table) == ("([a-z]+)", "lake/events/region=$1")
+    assert rule.table_for("eu") == "lake/events/region=eu"
+    assert RouteRule.parse("eu=s3://b/lake/events/region=eu/").table_for("eu") == "s3://b/lake/events/region=eu/"
+    assert RouteRule.parse(r"a\=b=lake/x").table_for("a=b") == "lake/x"  # a literal '=' of the pattern, escaped
+    with pytest.raises(RouteError, match=r"splits at more than one '=': pattern 'a' to table 'b=lake/x'; or pattern "
+                                         r"'a=b' to table 'lake/x'; write a literal '=' of the pattern as '\\='"):
+        RouteRule.parse("a=b=lake/x")
+    router = Router.parse(["([a-z]+)=lake/events/region=$1"], field="region")
+    assert [uri for uri, _ in router.split(pa.table({"region": ["eu", "us", "eu"]}))] == [
+        Router.parse(["x=lake/events/region=eu"]).destination("x"), Router.parse(["x=lake/events/region=us"]).destination("x")]
+
+
+def test_a_topic_rule_that_could_never_match_is_refused() -> None:
+    """A rule routing by topic whose pattern needs '/' or '=' (no Kafka topic name holds either)
+    would leave every record unrouted, in silence: refused at start."""
+    with pytest.raises(RouteError, match=r"needs a '/' or '=', which no Kafka topic name holds"):
+        Router.parse(["orders/eu=lake/eu"])
+    assert Router.parse(["orders/eu=lake/eu"], field="path").table_for("orders/eu") == "lake/eu"  # a field's text may
+
+
 def test_split_groups_rows_by_table_with_unrouted_rows_apart() -> None:
     router = Router.parse([r"t\.(a|b)=/lake/$1"])
     table = pa.table({"topic": ["t.a", "t.b", "t.c", "t.a", None], "n": [1, 2, 3, 4, 5]})

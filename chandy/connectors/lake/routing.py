@@ -3,7 +3,10 @@ them (``iceberg.tables.route-field`` with per-table ``route-regex``, ``iceberg.t
 
 A rule is ``PATTERN=TABLE``: ``PATTERN`` is a regular expression that must match the whole *route
 key*, ``TABLE`` a table URI (Delta or ``iceberg://``) that may name the match's groups as ``$1``,
-``${1}`` or ``${name}`` (``$0``: the whole key). The route key is the record's topic, or, with
+``${1}`` or ``${name}`` (``$0``: the whole key). A hive-style table path may hold ``=``
+(``([a-z]+)=lake/events/region=$1``): the rule splits at the ``=`` that leaves a pattern without
+``/``, and a rule that splits two ways is refused, naming both (:meth:`RouteRule.parse`; a
+literal ``=`` of a pattern is ``\\=``). The route key is the record's topic, or, with
 ``--route-field FIELD``, the text of that column's value in the decoded row. Rules are tried in
 the order given; the first that matches wins.
 
@@ -52,32 +55,43 @@ class RouteRule:
 
     @classmethod
     def parse(cls, text: str) -> RouteRule:
-        """A rule from ``PATTERN=TABLE``, split at the last ``=`` that is followed by a table
-        (a regex may hold ``=``; a table URI seldom does).
+        """A rule from ``PATTERN=TABLE``. A table path may hold ``=`` (hive-style,
+        ``lake/events/region=$1``) and so may a regex, so every unescaped ``=`` is tried as the
+        split: a *reading* is one whose pattern compiles and whose table names only groups the
+        pattern has. One reading: it. Several: the one whose pattern holds no ``/`` (a route key
+        is a topic, a record name or a field's text, not a path), when exactly one does; else the
+        rule is refused, naming every reading (a literal ``=`` of the pattern is written ``\\=``).
 
         Raises:
-            RouteError: no ``=``, an empty side, a pattern that is no regex, or a table naming a
-                group the pattern does not have.
+            RouteError: no ``=``, an empty side, no reading (a pattern that is no regex, a table
+                naming a group the pattern lacks), or several readings.
         """
-        pattern, sep, table = text.rpartition("=")
-        if not sep or not pattern or not table.strip():
+        splits = [i for i, c in enumerate(text) if c == "=" and (i == 0 or text[i - 1] != "\\")]
+        if not splits:
             raise RouteError(f"--route takes PATTERN=TABLE (e.g. 'cdc\\.sales\\.(.*)=lake/sales/$1'), got {text!r}")
-        table = table.strip()
-        if table.startswith(DELTA_PREFIX):
-            table = table[len(DELTA_PREFIX):]
-        rule = cls(pattern, table)
-        try:
-            compiled = re.compile(pattern)
-        except re.error as exc:
-            raise RouteError(f"--route {text!r}: {pattern!r} is not a regular expression: {exc}") from exc
-        for number, name in _GROUP.findall(table):
-            if number and int(number) > compiled.groups:
-                raise RouteError(f"--route {text!r}: the table names ${number} but the pattern has "
-                                 f"{compiled.groups} group(s)")
-            if name and not name.isdigit() and name not in compiled.groupindex:
-                raise RouteError(f"--route {text!r}: the table names ${{{name}}} but the pattern has no group "
-                                 f"of that name")
-        return rule
+        readings: list[RouteRule] = []
+        problems: list[str] = []
+        for i in splits:
+            pattern, table = text[:i], text[i + 1:].strip()
+            if table.startswith(DELTA_PREFIX):
+                table = table[len(DELTA_PREFIX):]
+            if not pattern or not table:
+                continue
+            problem = _reading_problem(pattern, table)
+            if problem is None:
+                readings.append(cls(pattern, table))
+            else:
+                problems.append(problem)
+        if not readings:
+            if not problems:
+                raise RouteError(f"--route takes PATTERN=TABLE (e.g. 'cdc\\.sales\\.(.*)=lake/sales/$1'), got {text!r}")
+            raise RouteError(f"--route {text!r}: {problems[-1]}")
+        names = [r for r in readings if "/" not in r.pattern]
+        if len(readings) == 1 or len(names) == 1:
+            return readings[0] if len(readings) == 1 else names[0]
+        told = "; or ".join(f"pattern {r.pattern!r} to table {r.table!r}" for r in readings)
+        raise RouteError(f"--route {text!r} splits at more than one '=': {told}; write a literal '=' of the pattern "
+                         "as '\\=' so that one reading is left")
 
     def table_for(self, key: str) -> str | None:
         """The table URI for route key ``key``, or None when the rule does not match it (or a
@@ -118,9 +132,18 @@ class Router:
         """The router of ``--route`` texts, ``--route-field`` and ``--route-by``.
 
         Raises:
-            RouteError: a rule that cannot be used (see :meth:`RouteRule.parse`).
+            RouteError: a rule that cannot be used (see :meth:`RouteRule.parse`), or one routing by
+                topic whose pattern needs a ``/`` or ``=``, which no Kafka topic name holds (it
+                could never match: every record would silently land unrouted).
         """
-        return cls(tuple(RouteRule.parse(r) for r in rules), field, by)
+        parsed = tuple(RouteRule.parse(r) for r in rules)
+        if field is None and by == "topic":
+            for text, rule in zip(rules, parsed, strict=True):
+                literal = re.sub(r"\\.|\[[^\]]*\]", "", rule.pattern)  # escapes and classes may stand for any character
+                if "/" in literal or "=" in literal:
+                    raise RouteError(f"--route {text!r}: its pattern {rule.pattern!r} needs a '/' or '=', which no Kafka "
+                                     "topic name holds, so it could never match (route by a field with --route-field)")
+        return cls(parsed, field, by)
 
     def table_for(self, key: str | None) -> str | None:
         """The table URI of the first rule matching ``key`` (as written in the rule: not yet
@@ -179,6 +202,23 @@ class Router:
             positions = pa.array([i for i, d in enumerate(destination) if d == uri], pa.int32())
             parts.append((uri, table.filter(pc.is_in(index, value_set=positions))))
         return parts
+
+
+def _reading_problem(pattern: str, table: str) -> str | None:
+    """Why ``pattern`` to ``table`` is no reading of a ``--route`` rule (None: it is one): the
+    pattern is no regular expression, or the table names a group the pattern lacks."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        return f"{pattern!r} is not a regular expression: {exc}"
+    for number, name in _GROUP.findall(table):
+        if number and int(number) > compiled.groups:
+            return f"the table names ${number} but the pattern has {compiled.groups} group(s)"
+        if name and not name.isdigit() and name not in compiled.groupindex:
+            return f"the table names ${{{name}}} but the pattern has no group of that name"
+        if name and name.isdigit() and int(name) > compiled.groups:
+            return f"the table names ${{{name}}} but the pattern has {compiled.groups} group(s)"
+    return None
 
 
 def _normalized(table_uri: str) -> str | None:
