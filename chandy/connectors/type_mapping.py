@@ -214,6 +214,11 @@ _NON_FINITE = {"NaN": math.nan, "+NaN": math.nan, "-NaN": math.nan, "Infinity": 
                "-Infinity": -math.inf, "-Inf": -math.inf, "-INF": -math.inf}
 #: the largest finite FLOAT (float32), as a double
 FLOAT32_MAX = 3.4028234663852886e38
+#: the smallest magnitude that rounds to infinity in a float32 under IEEE 754 round-to-nearest-even,
+#: (2 - 2**-24) * 2**127, exact as a double: a number below it lands as the nearest float (at
+#: most FLOAT32_MAX), as Java's ``Float.parseFloat`` and Spark's JSON reader read
+#: ``3.4028235e38`` (the shortest decimal of Float.MAX_VALUE) as Float.MAX_VALUE
+FLOAT32_OVERFLOW = 3.4028235677973366e38
 
 
 def _shown(value: Any) -> str:
@@ -237,6 +242,45 @@ def _integer(bits: int) -> Callable[[Any], Any]:
     return convert
 
 
+def _float32_overflows(value: int | decimal.Decimal | float, result: float) -> bool:
+    """Whether ``value`` (``result``: it as the nearest double) rounds to infinity as a float32:
+    compared exactly with :data:`FLOAT32_OVERFLOW` for an integer or a decimal (rounding it to a
+    double first could cross the boundary), as the double otherwise."""
+    if isinstance(value, int | decimal.Decimal):
+        return decimal.Decimal(value).copy_abs() >= decimal.Decimal(FLOAT32_OVERFLOW)  # exact: abs() rounds to 28 digits
+    return abs(result) >= FLOAT32_OVERFLOW
+
+
+def _nearest_float32(value: int | decimal.Decimal | float, result: float) -> float:
+    """The float32 nearest ``value`` (ties to even), as a double: ``result`` (the double nearest
+    ``value``) rounded to float32 is that, except where ``result`` lies exactly halfway between two
+    floats and ``value`` does not (rounding twice would then go the wrong way: the integer
+    2^128 - 2^103 - 1 would become infinity), as Java's ``Float.parseFloat`` rounds once."""
+    import numpy as np
+
+    if not isinstance(value, int | decimal.Decimal) or not math.isfinite(result):
+        return result
+    exact, halfway = decimal.Decimal(value), decimal.Decimal(result)
+    if exact == halfway:
+        return result
+    with np.errstate(over="ignore"):
+        near = np.float32(result)
+        if float(near) == result:
+            return result  # a float32 itself: no tie to break
+        other = np.nextafter(near, np.float32(-np.inf if float(near) > result else np.inf))
+    low, high = sorted((float(near), float(other)))
+
+    def exactly(x: float) -> decimal.Decimal:  # a float32 neighbour; infinity stands for 2^128
+        return decimal.Decimal(2**128 if x > 0 else -(2**128)) if math.isinf(x) else decimal.Decimal(x)
+
+    with decimal.localcontext() as context:
+        context.prec = 400  # exact: a float32 has at most 150 significant decimal digits (its subnormals)
+        tie = exactly(low) + exactly(high) == 2 * halfway
+    if not tie:
+        return float(near)
+    return high if exact > halfway else low
+
+
 def _floating(single: bool) -> Callable[[Any], Any]:
     def convert(value: Any) -> Any:
         if value is None:
@@ -254,9 +298,9 @@ def _floating(single: bool) -> Callable[[Any], Any]:
                 result = math.inf
             if math.isinf(result) and not (isinstance(value, float) and math.isinf(value)):
                 raise Unfit("", f"{_shown(value)} is out of the range of a double")
-            if single and math.isfinite(result) and abs(result) > FLOAT32_MAX:
+            if single and math.isfinite(result) and _float32_overflows(value, result):
                 raise Unfit("", f"{_shown(value)} is out of the range of a float")
-            return result
+            return _nearest_float32(value, result) if single else result
         raise Unfit("", f"{_shown(value)} is {type(value).__name__}, not a number")
 
     return convert

@@ -166,6 +166,28 @@ def test_json_numbers_convert_as_from_json_does() -> None:
     assert math.copysign(1, rows[2]["d"]) == -1 and rows[2]["t"] == datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=datetime.UTC)
 
 
+def test_a_decimal_that_rounds_to_a_finite_float_lands_as_that_float() -> None:
+    """Issue 54, finding I: ``3.4028235e38`` (Java's shortest text of Float.MAX_VALUE, as Jackson
+    writes it) into a FLOAT was refused as out of range; Java's ``Float.parseFloat`` and Spark's
+    JSON reader round it to Float.MAX_VALUE. Only a number that rounds to infinity is out of range
+    (from (2 - 2^-24) * 2^127 on), in the batch and the record-by-record paths alike."""
+    import numpy as np
+
+    largest = float(np.finfo(np.float32).max)
+    texts = ['{"f": 3.4028235e38}', '{"f": -3.4028235e38}', '{"f": 340282356779733661637539395458142568447}',
+             '{"f": 3.4028234663852886e38}']
+    decoded, bad = _json_column("f FLOAT", texts)
+    assert bad is None
+    assert decoded.column("f").to_pylist() == [largest, -largest, largest, largest]
+    decoded, bad = _json_column("f FLOAT", [*texts, "{not json"])  # a bad record: the batch goes value by value
+    assert decoded.column("f").to_pylist() == [largest, -largest, largest, largest]
+    for text, shown in (('{"f": 3.5e38}', "3.5E+38"), ('{"f": 340282356779733661637539395458142568448}',
+                                                       "340282356779733661637539395458142568448")):
+        decoded, bad = _json_column("f FLOAT", [text, '{"f": 1.5}'])
+        assert decoded.column("f").to_pylist() == [1.5]
+        assert bad is not None and f"field f: {shown} is out of the range of a float" in bad.column("error_message")[0].as_py()
+
+
 def test_zoned_timestamps_become_utc_at_every_depth() -> None:
     """Regression: a transform's nested timestamps in Spark's session zone ("Etc/UTC") failed the Delta commit."""
     zone = pa.timestamp("us", tz="Etc/UTC")

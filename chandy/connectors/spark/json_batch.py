@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from chandy.connectors.type_mapping import FLOAT32_MAX, Unfit, json_converter
+from chandy.connectors.type_mapping import FLOAT32_OVERFLOW, Unfit, json_converter
 
 #: Column types Arrow's reader converts exactly as the type mapping does, at any depth.
 _NESTABLE = (pa.types.is_boolean, pa.types.is_integer, pa.types.is_float64, pa.types.is_decimal,
@@ -214,7 +214,8 @@ def _converted(columns: pa.Schema, converters: Sequence[Callable[[Any], Any] | N
                 array = pa.array([converter(v) for v in array.to_pylist()], field.type)
             elif pa.types.is_float32(field.type):
                 finite = pc.is_finite(array)
-                if pc.any(pc.and_(finite, pc.greater(pc.abs(array), FLOAT32_MAX))).as_py():
+                # a double that rounds to infinity as a float goes record by record (a bad record there)
+                if pc.any(pc.and_(finite, pc.greater_equal(pc.abs(array), FLOAT32_OVERFLOW))).as_py():
                     return None
                 array = array.cast(pa.float32(), safe=False)  # a double rounded to the nearest float
         except (Unfit, pa.ArrowException, TypeError, ValueError, OverflowError):
