@@ -317,6 +317,13 @@ def test_a_backfill_of_a_time_window_lands_exactly_its_records_then_stops(spark,
     assert first.records_landed + rest.records_landed == 100
     with pytest.raises(PipelineError, match=r"--ending-offsets: 'earliest' is not one of latest"):
         PipelineOptions(**{**opts.__dict__, "ending_offsets": "earliest"})
+    # issue 54, finding H: a JSON map naming partition 0 only ended partition 1 at earliest, and the
+    # run exited 0 "reached --ending-offsets" having landed nothing of it; refused, as Spark does
+    version = DeltaTable(table).version()
+    with pytest.raises(PipelineError, match=rf"--ending-offsets names no offset for {topic}-1: JSON offsets must name "
+                                            "every partition"):
+        Pipeline(PipelineOptions(**{**opts.__dict__, "ending_offsets": json.dumps({topic: {"0": 250}})}), spark=spark).run()
+    assert DeltaTable(table).version() == version
 
 
 def test_records_gone_from_kafka_end_the_job_then_are_skipped_only_when_asked(spark, kafka_bootstrap_servers,

@@ -74,8 +74,9 @@ class PipelineMicroBatch(PipelineCore):
 
         Raises:
             PipelineKafkaError: the offsets cannot be read.
+            PipelineError: JSON offsets that do not name exactly the job's partitions (Spark's rule).
         """
-        from chandy.connectors.kafka.source.offsets import ConsumerOffsetsRetriever, parse_offsets_spec
+        from chandy.connectors.kafka.source.offsets import ConsumerOffsetsRetriever, OffsetsSpecError, parse_offsets_spec
 
         spec = self.options.ending_offsets
         if spec is None or self.ending_offsets is not None:
@@ -85,6 +86,8 @@ class PipelineMicroBatch(PipelineCore):
             ends = initializer.get_partition_offsets(self.partitions, ConsumerOffsetsRetriever(self._lag_client()))
         except KafkaException as exc:
             raise PipelineKafkaError(f"reading --ending-offsets {spec} failed: {exc.args[0]}") from exc
+        except OffsetsSpecError as exc:
+            raise PipelineError(str(exc)) from exc
         self.ending_offsets = dict(ends)
         where = ", ".join(f"{t}-{p}@{o}" for (t, p), o in sorted(ends.items())[:6])
         more = "" if len(ends) <= 6 else f" and {len(ends) - 6} more"

@@ -588,7 +588,14 @@ def test_offsets_specs_in_sparks_and_flinks_forms() -> None:
         == 1_795_773_600_000
     assert get('{"a": {"0": 23, "1": -2}, "b": {"0": -1}}') == {("a", 0): 23, ("a", 1): 5, ("b", 0): 50}
     assert get('{"a": {"0": 7}}') == {("a", 0): 7, ("a", 1): 5, ("b", 0): 5}  # not named: earliest (Flink)
-    assert get('{"a": {"0": 7, "1": -1}}', ending=True)[("a", 1)] == 50
+    assert get('{"a": {"0": 7, "1": -1}, "b": {"0": 9}}', ending=True) == {("a", 0): 7, ("a", 1): 50, ("b", 0): 9}
+    # issue 54, finding H: an ending map that leaves partitions out ended them at earliest (nothing
+    # landed, exit 0); Spark's endingOffsets must name every partition, and names no other
+    with pytest.raises(OffsetsSpecError, match=r"--ending-offsets names no offset for a-1, b-0: JSON offsets must "
+                                               r"name every partition of the topics the job reads \(-1 for latest\)"):
+        get('{"a": {"0": 7}}', ending=True)
+    with pytest.raises(OffsetsSpecError, match=r"names a-2, which the job does not read"):
+        get('{"a": {"0": 7, "1": 8, "2": 9}, "b": {"0": 9}}', ending=True)
     for spec, ending, error in [("earliest", True, "is not one of latest"), ("soon", False, "is not one of earliest"),
                                 ('{"a": {"0": -2}}', True, r"a-0: -2 is not an offset"),
                                 ('{"a": [1]}', False, "must map partitions to offsets"),

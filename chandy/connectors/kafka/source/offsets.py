@@ -170,19 +170,42 @@ EARLIEST_MARKER, LATEST_MARKER = -2, -1
 @dataclasses.dataclass(frozen=True)
 class _SpecificWithMarkers:
     """Spark's JSON offsets: per partition an offset, or -2 (earliest) / -1 (latest); partitions
-    the map does not name use ``reset_strategy`` (Flink's ``OffsetsInitializer.offsets``)."""
+    the map does not name use ``reset_strategy`` (Flink's ``OffsetsInitializer.offsets``), unless
+    ``every_partition`` (``what`` names the option): then the map must name exactly the job's
+    partitions, as Spark requires of ``endingOffsets`` (``KafkaOffsetReader.fetchSpecificOffsets``:
+    "you must specify all TopicPartitions"), else :class:`OffsetsSpecError`."""
 
     offsets: Mapping[TP, int]
     reset_strategy: str = "earliest"
+    every_partition: bool = False
+    what: str = "--ending-offsets"
 
     def get_partition_offsets(self, partitions, retriever):
         partitions = list(partitions)
+        if self.every_partition:
+            self._check_names_every_partition(partitions)
         given = {tp: self.offsets[tp] for tp in partitions if tp in self.offsets}
         earliest_of = [tp for tp, o in given.items() if o == EARLIEST_MARKER]
         latest_of = [tp for tp, o in given.items() if o == LATEST_MARKER]
         resolved = {**retriever.earliest(earliest_of), **retriever.latest(latest_of)} if earliest_of or latest_of else {}
         fallback = _fallback(self.reset_strategy, [tp for tp in partitions if tp not in given], retriever)
         return {tp: resolved.get(tp, given[tp]) if tp in given else fallback[tp] for tp in partitions}
+
+    def _check_names_every_partition(self, partitions: list[TP]) -> None:
+        missing = sorted(set(partitions) - set(self.offsets))
+        extra = sorted(set(self.offsets) - set(partitions))
+        if not missing and not extra:
+            return
+        problems = []
+        if missing:
+            shown = ", ".join(f"{t}-{p}" for t, p in missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            problems.append(f"names no offset for {shown}")
+        if extra:
+            shown = ", ".join(f"{t}-{p}" for t, p in extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10 else "")
+            problems.append(f"names {shown}, which the job does not read")
+        raise OffsetsSpecError(
+            f"{self.what} {' and '.join(problems)}: JSON offsets must name every partition of the topics the job reads "
+            "(-1 for latest), as Spark's endingOffsets must; a partition left out would end at once and land nothing")
 
 
 def parse_timestamp_ms(text: str, what: str) -> int:
@@ -235,16 +258,20 @@ def parse_offsets_json(text: str, what: str, *, ending: bool) -> dict[TP, int]:
     return result
 
 
-def parse_offsets_spec(text: str, what: str = "--starting-offsets", *, ending: bool = False) -> OffsetsInitializer:
+def parse_offsets_spec(text: str, what: str | None = None, *, ending: bool = False) -> OffsetsInitializer:
     """The offsets initializer a ``--starting-offsets`` (or, with ``ending``, ``--ending-offsets``)
     value names, in Spark's and Flink's forms: ``earliest``, ``latest``, ``committed`` (starting only:
     the group's offsets, else earliest), ``timestamp:<ms or ISO-8601>`` (the first record whose
     timestamp is at or after it; as an end, exclusive: records before it are read) or Spark's JSON
     offsets (``{"topic": {"0": 23}}``).
 
+    ``what`` names the option in messages (default: ``--ending-offsets`` with ``ending``, else
+    ``--starting-offsets``).
+
     Raises:
         OffsetsSpecError: none of these, naming the value.
     """
+    what = what or ("--ending-offsets" if ending else "--starting-offsets")
     text = text.strip()
     if text == "latest":
         return latest()
@@ -255,7 +282,7 @@ def parse_offsets_spec(text: str, what: str = "--starting-offsets", *, ending: b
     if text.startswith("timestamp:"):
         return timestamp(parse_timestamp_ms(text[len("timestamp:"):], what))
     if text.startswith("{"):
-        return _SpecificWithMarkers(parse_offsets_json(text, what, ending=ending))
+        return _SpecificWithMarkers(parse_offsets_json(text, what, ending=ending), every_partition=ending, what=what)
     forms = "latest, timestamp:<ms or ISO-8601> or JSON offsets" if ending else \
         "earliest, latest, committed, timestamp:<ms or ISO-8601> or JSON offsets"
     raise OffsetsSpecError(f"{what}: {text!r} is not one of {forms} (e.g. {{\"orders\": {{\"0\": 23}}}})")
