@@ -326,6 +326,41 @@ def test_a_backfill_of_a_time_window_lands_exactly_its_records_then_stops(spark,
     assert DeltaTable(table).version() == version
 
 
+def test_a_topic_recreated_below_the_jobs_position_ends_the_job_naming_it(spark, kafka_bootstrap_servers,
+                                                                          tmp_path) -> None:
+    """Issue 54, finding B: when a partition's log ends below the job's position (the topic deleted
+    and created again), the job saw no lag, read nothing, said nothing, and once the new log grew
+    past its old position skipped every record below it for good. As Spark's failOnDataLoss
+    ("offset was changed from X to Y"), the run now ends in one line naming the partition and both
+    offsets; --no-fail-on-data-loss goes on from the job's position with a notice and counts the
+    offsets lost."""
+    from confluent_kafka.admin import NewTopic
+
+    topic = make_topic(kafka_bootstrap_servers, [f"v{i}".encode() for i in range(10)], partitions=1)
+    table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
+    opts = options(kafka_bootstrap_servers, topic, table, prefix)
+    assert Pipeline(opts, spark=spark).run().records_landed == 10
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:  # the broker finishes the deletion in the background
+        try:
+            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+            break
+        except Exception:  # noqa: BLE001 - TOPIC_ALREADY_EXISTS while the deletion is under way
+            assert time.monotonic() < deadline, "the topic could not be created again"
+            time.sleep(0.5)
+    produce(kafka_bootstrap_servers, topic, [f"new{i}".encode() for i in range(3)], 1)
+    with pytest.raises(PipelineError, match=rf"KafkaDataLossError: {topic}-0: the log ends at offset 3, below the job's "
+                                            r"position 10 \(offset was changed from 10 to 3\): the topic was deleted and "
+                                            r"created again, or an unclean leader election truncated the log"):
+        Pipeline(opts, spark=spark).run()
+    going_on = Pipeline(PipelineOptions(**{**opts.__dict__, "fail_on_data_loss": False}), spark=spark).run()
+    assert going_on.records_landed == 0 and going_on.offsets_lost == 7
+    assert any("data loss" in notice and f"{topic}-0" in notice for notice in going_on.notices)
+    assert len(landed(table)) == 10
+
+
 def test_records_gone_from_kafka_end_the_job_then_are_skipped_only_when_asked(spark, kafka_bootstrap_servers,
                                                                                 tmp_path) -> None:
     """Spark's failOnDataLoss: offsets of a checkpoint's range deleted before they were read (as

@@ -79,6 +79,10 @@ class PipelineCore:
         self.bad_records = 0
         self.dead_lettered = 0
         self.tombstones_skipped = 0
+        #: --no-fail-on-data-loss: the offsets partitions' logs moved back below the job's position by
+        #: (topics recreated, logs truncated), counted once per episode: at least that many records skipped
+        self.offsets_lost = 0
+        self._moved_below: dict[TP, int] = {}  # partitions whose log ends below the job's position now
         self._checkpoint_id_floor: int | None = None
         self._preflight_done = False
         self._static_checked = False

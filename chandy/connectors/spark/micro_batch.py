@@ -63,10 +63,45 @@ class PipelineMicroBatch(PipelineCore):
                         raise PipelineKafkaError(f"reading the source's offsets failed: {exc}{waited}") from exc
                     log.warning("job %s: %s; reading with a new client", self.job_id, exc)
                     self.close_lag_client()
+            if high < start:
+                self._log_moved_below_position(tp, start, high)
+            else:
+                self._moved_below.pop(tp, None)
             if self.ending_offsets is not None:  # a bounded run: nothing past its end is lag
                 high = min(high, self.ending_offsets.get(tp, high))
             lag[tp] = max(0, high - start)
         return lag
+
+    def _log_moved_below_position(self, tp: tuple[str, int], position: int, end: int) -> None:
+        """A partition whose log ends at ``end``, below the job's position ``position`` (the next
+        offset it reads; the table holds the records below it): the topic was deleted and created
+        again, or an unclean leader election truncated the log. Without a word, the job would see
+        no lag and, once the new log grows past ``position``, skip the new log's records below it
+        for good. Spark's Kafka source reports this case ("offset was changed from X to Y") and
+        fails the query unless ``failOnDataLoss`` is false; so does Chandy (``--fail-on-data-loss``,
+        the default). With ``--no-fail-on-data-loss`` the job goes on from ``position`` (the table's
+        offsets, which the committer's checks hold it to), warns once per episode, and counts the
+        offsets the log moved back by in :attr:`offsets_lost` (at least that many records of the new
+        log are never read).
+
+        Raises:
+            PipelineError: ``--fail-on-data-loss``, in one line naming the partition, both offsets
+                and the likely causes.
+        """
+        topic, partition = tp
+        what = (f"{topic}-{partition}: the log ends at offset {end}, below the job's position {position} (offset was "
+                f"changed from {position} to {end}): the topic was deleted and created again, or an unclean leader "
+                "election truncated the log")
+        if self.options.fail_on_data_loss:
+            raise PipelineError(f"KafkaDataLossError: {what}; the new log's records below offset {position} would "
+                                "never be read. To go on from the job's position, skipping them, run with "
+                                "--no-fail-on-data-loss (Spark's failOnDataLoss=false)")
+        if self._moved_below.get(tp) is None:
+            self.offsets_lost += position - end
+            log.warning("job %s: %s; going on from offset %d (--no-fail-on-data-loss): the new log's records below it "
+                        "will not be read", self.job_id, what, position)
+            self._notice(f"data loss: {what}; going on from offset {position} (--no-fail-on-data-loss)")
+        self._moved_below[tp] = end
 
     def resolve_ending_offsets(self) -> None:
         """``--ending-offsets``, resolved once, when the run starts (Spark's ``endingOffsets``):

@@ -491,7 +491,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
                                time.monotonic() - started, stopped_because=stopped_because,
                                bad_records=self.bad_records, dead_lettered=self.dead_lettered,
                                tombstones_skipped=self.tombstones_skipped, signal=self.stop_signal,
-                               notices=tuple(self.notices), canceled=canceled, restarts=totals.restarts)
+                               notices=tuple(self.notices), canceled=canceled, restarts=totals.restarts,
+                               offsets_lost=self.offsets_lost)
 
     def _phases(self, checkpoint_id: int, started_ms: float, ranges_ms: float, job_ended_ms: float,
                 done_ms: float) -> dict[str, float]:

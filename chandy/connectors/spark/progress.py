@@ -61,3 +61,6 @@ class PipelineSummary:
     notices: tuple[str, ...] = ()
     canceled: bool = False  # by a CANCEL request (``chandy job cancel``)
     restarts: int = 0  # times the restart strategy restarted the job in this run
+    #: --no-fail-on-data-loss: offsets partitions' logs moved back below the job's position by (at least
+    #: that many records of a recreated or truncated log skipped; Spark's failOnDataLoss)
+    offsets_lost: int = 0
