@@ -323,7 +323,10 @@ class PipelineOptions:
     routes: tuple[str, ...] = _opt((), "--route", kind="multiple", metavar="PATTERN=TABLE", help=(
         "Route records to many tables (repeatable, first match wins): PATTERN, a regex, must match the whole topic "
         "(or --route-field's value); TABLE is a Delta or iceberg:// URI that may name its groups as $1 or ${name}, "
-        "e.g. 'cdc\\.sales\\.(.*)=lake/sales/$1'. Tables that do not exist are created."))
+        "e.g. 'cdc\\.sales\\.(.*)=lake/sales/$1'. TABLE may hold '=' (hive-style 'lake/events/region=$1'): the rule "
+        "splits at the '=' that leaves a PATTERN without '/', and one that splits two ways is refused (write a "
+        "literal '=' of PATTERN as '\\='). A table inside --table's directory is refused. Tables that do not exist "
+        "are created."))
     route_field: str | None = _opt(None, "--route-field", metavar="FIELD", help=(
         "Route by this decoded field's value instead of the topic (a static map: 'eu=lake/eu'; the value as the "
         "table's name, allowed by a pattern: '([a-z_]+)=lake/$1')."))
