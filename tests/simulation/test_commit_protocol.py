@@ -146,7 +146,8 @@ def test_mutation_trust_memory_is_caught(quiet: None, monkeypatch: pytest.Monkey
                       lambda self, sink, *args: self._views.get(sink.table_uri) or read_table(self, sink, *args))
 
     found = caught(trust_memory, "two-logs", monkeypatch, seeds=100)
-    assert found.violations[0][0] in {"duplicate", "lake-event", "lake-event-start"}, found.report()
+    # group-ahead: the verification of a skipped checkpoint reads the table through the same memory
+    assert found.violations[0][0] in {"duplicate", "lake-event", "lake-event-start", "group-ahead"}, found.report()
 
 
 def test_mutation_starting_offsets_win_over_the_table_is_caught(quiet: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -317,21 +318,22 @@ def test_restore_cleanup_of_a_fenced_coordinator_keeps_the_protocol(quiet: None)
 def test_routed_families_keep_the_protocol(quiet: None) -> None:
     """Routed tables (three partitions, two routed to tables of their own, committed before
     ``--table``) with kills and faults between the tables' commits, under one and two coordinator
-    logs: 200 schedules of each family, every invariant over the union of the tables."""
+    logs: 100 schedules of each family (the default campaign runs 250 more), every invariant over
+    the union of the tables."""
     for family in ("routed", "routed-two-logs", "routed-two-logs-faults"):
-        failed, totals, landed = campaign(range(200), lambda seed, family=family: family)
+        failed, totals, landed = campaign(range(100), lambda seed, family=family: family)
         if failed is not None:
             pytest.fail(failed.report())
-        assert landed >= 150 and totals["lake_commits"] > 3 * totals["checkpoints_completed"] / 2, (family, totals)
+        assert landed >= 75 and totals["lake_commits"] > 3 * totals["checkpoints_completed"] / 2, (family, totals)
 
 
 def test_cdc_merges_keep_the_protocol(quiet: None) -> None:
     """``--cdc``: every commit a merge (``commit_changes``), through the same guarded sequence as an
-    append, under two coordinator logs with slow and failing calls: 200 schedules."""
-    failed, totals, landed = campaign(range(200), lambda seed: "cdc-two-logs-faults")
+    append, under two coordinator logs with slow and failing calls: 100 schedules."""
+    failed, totals, landed = campaign(range(100), lambda seed: "cdc-two-logs-faults")
     if failed is not None:
         pytest.fail(failed.report())
-    assert landed >= 150, totals
+    assert landed >= 75, totals
 
 
 class _Unguarded:

@@ -346,7 +346,8 @@ class LakeCommitter:
             table_files = by_table.get(sink.table_uri, [])
             committed = self._commit_table(sink, checkpoint_id, table_files, ranges, offsets,
                                            views[sink.table_uri].checkpoint, watermark)
-            self._remember(sink, checkpoint_id, offsets, event_times)
+            if committed is not None:  # else the table holds what step 1 or the verification read
+                self._remember(sink, checkpoint_id, offsets, event_times)
             landed.append((sink, committed, ranges if sink is self.sink else None))
             if sink is not self.sink:
                 crash_point("between-table-commits", checkpoint_id)
@@ -394,8 +395,8 @@ class LakeCommitter:
         done = sink.committed_checkpoint(self.context.job_id)
         view = self._views.get(sink.table_uri)
         wanted = frozenset(partitions)
-        if view is not None and (done == view.checkpoint or done is None) and wanted <= view.partitions | view.offsets.keys():
-            return view  # done None: the table holds none of the job's commits
+        if view is not None and done == view.checkpoint and wanted <= view.partitions | view.offsets.keys():
+            return view
         wanted |= view.partitions if view is not None else frozenset()
         progress = sink.progress(self.context.job_id, wanted)
         if view is not None and done is not None:
@@ -408,8 +409,9 @@ class LakeCommitter:
 
     def _remember(self, sink: LakeSink, checkpoint_id: int, offsets: Mapping[TP, int],
                   event_times: Mapping[TP, int]) -> None:
-        """What ``sink``'s table holds after this committer's step 3 of ``checkpoint_id`` (unless the
-        table holds a later checkpoint of the job, read in step 1: then its own record stays)."""
+        """What ``sink``'s table holds after this committer's commit of ``checkpoint_id`` in step 3
+        (unless the table holds a later checkpoint of the job, read in step 1: then its own record
+        stays)."""
         view = self._views.get(sink.table_uri)
         if view is None or view.checkpoint is None or view.checkpoint <= checkpoint_id:
             self._views[sink.table_uri] = TableView(checkpoint_id, dict(offsets), dict(event_times),
