@@ -334,6 +334,7 @@ def test_a_topic_recreated_below_the_jobs_position_ends_the_job_naming_it(spark,
     ("offset was changed from X to Y"), the run now ends in one line naming the partition and both
     offsets; --no-fail-on-data-loss goes on from the job's position with a notice and counts the
     offsets lost."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import NewTopic
 
     topic = make_topic(kafka_bootstrap_servers, [f"v{i}".encode() for i in range(10)], partitions=1)
@@ -347,7 +348,7 @@ def test_a_topic_recreated_below_the_jobs_position_ends_the_job_naming_it(spark,
         try:
             admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
             break
-        except Exception:  # noqa: BLE001 - TOPIC_ALREADY_EXISTS while the deletion is under way
+        except KafkaException:  # TOPIC_ALREADY_EXISTS while the deletion is under way
             assert time.monotonic() < deadline, "the topic could not be created again"
             time.sleep(0.5)
     produce(kafka_bootstrap_servers, topic, [f"new{i}".encode() for i in range(3)], 1)

@@ -23,6 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -339,14 +340,14 @@ def test_cdc_merges_keep_the_protocol(quiet: None) -> None:
 class _Unguarded:
     """A sink whose ``commit_changes`` drops the committer's ``checked_at`` (issue 54, finding E)."""
 
-    def __init__(self, sink: object) -> None:
+    def __init__(self, sink: Any) -> None:
         self._sink = sink
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._sink, name)
 
-    def commit_changes(self, *args: object, checked_at: object = ..., **kwargs: object) -> object:
-        return self._sink.commit_changes(*args, **kwargs)  # type: ignore[attr-defined]
+    def commit_changes(self, *args: Any, checked_at: Any = ..., **kwargs: Any) -> Any:
+        return self._sink.commit_changes(*args, **kwargs)
 
 
 def test_mutation_merges_without_the_check_then_commit_guard_are_caught(quiet: None,
@@ -355,8 +356,8 @@ def test_mutation_merges_without_the_check_then_commit_guard_are_caught(quiet: N
     log's commit between the check and the merge makes records land twice."""
     commit_table = LakeCommitter._commit_table
 
-    def unguarded(self: LakeCommitter, sink: object, *args: object) -> object:
-        return commit_table(self, _Unguarded(sink), *args)  # type: ignore[arg-type]
+    def unguarded(self: LakeCommitter, sink: Any, *args: Any) -> Any:
+        return commit_table(self, _Unguarded(sink), *args)
 
     found = caught(lambda p: p.setattr(LakeCommitter, "_commit_table", unguarded), "cdc-two-logs-faults", monkeypatch,
                    seeds=300)  # seed 248
@@ -369,9 +370,9 @@ def test_mutation_routed_tables_trusting_memory_is_caught(quiet: None, monkeypat
     records in it twice."""
     read_table = LakeCommitter._read_table
 
-    def trust_routed(self: LakeCommitter, sink: object, *args: object) -> object:
-        view = self._views.get(sink.table_uri)  # type: ignore[attr-defined]
-        return view if view is not None and sink is not self.sink else read_table(self, sink, *args)  # type: ignore[arg-type]
+    def trust_routed(self: LakeCommitter, sink: Any, *args: Any) -> Any:
+        view = self._views.get(sink.table_uri)
+        return view if view is not None and sink is not self.sink else read_table(self, sink, *args)
 
     found = caught(lambda p: p.setattr(LakeCommitter, "_read_table", trust_routed), "routed-two-logs-faults",
                    monkeypatch, seeds=100)
