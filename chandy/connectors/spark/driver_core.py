@@ -79,10 +79,12 @@ class PipelineCore:
         self.bad_records = 0
         self.dead_lettered = 0
         self.tombstones_skipped = 0
-        #: --no-fail-on-data-loss: the offsets partitions' logs moved back below the job's position by
-        #: (topics recreated, logs truncated), counted once per episode: at least that many records skipped
+        #: --no-fail-on-data-loss: offsets the job skipped because partitions' logs moved below its
+        #: position (the Kafka source's ``offsets_lost``, over this run's attempts: offsets deleted
+        #: before they were read, and the offsets recreated or truncated logs moved back by)
         self.offsets_lost = 0
-        self._moved_below: dict[TP, int] = {}  # partitions whose log ends below the job's position now
+        self._offsets_lost_before = 0  # of those, the attempts before this one
+        self._data_loss_seen = 0  # the source's data-loss warnings of this attempt already noticed
         self._checkpoint_id_floor: int | None = None
         self._preflight_done = False
         self._static_checked = False

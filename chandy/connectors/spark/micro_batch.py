@@ -39,7 +39,17 @@ class PipelineMicroBatch(PipelineCore):
     """The micro batch part of :class:`~chandy.connectors.spark.pipeline.Pipeline`."""
 
     def lag(self) -> dict[tuple[str, int], int]:
-        """Records between the last completed checkpoint's ends and the last stable offsets.
+        """Records between the job's positions (the last completed checkpoint's ends) and the last
+        stable offsets; 0 for a partition that is gone.
+
+        Each poll also runs the source's check of the data loss no trigger would see
+        (:meth:`~chandy.connectors.kafka.source.enumerator.KafkaSourceEnumerator.check_log_ends`,
+        Spark's ``failOnDataLoss``): a partition whose log ends below the job's position (the topic
+        deleted and created again, an unclean leader election) shows no lag, and once its new log
+        grew past the position every record below it would be skipped in silence. With
+        ``--no-fail-on-data-loss`` the job goes on from its position (the table holds the offsets
+        below it: :attr:`~chandy.connectors.kafka.source.enumerator.KafkaSourceOptions.sink_holds_offsets`),
+        with a notice, and :attr:`offsets_lost` counts the offsets the log moved back by.
 
         A read that keeps failing retriably for :data:`LAG_CLIENT_RENEW_S` gets a new client (a
         client whose metadata lost the partition while brokers restarted can answer "unknown
@@ -47,61 +57,58 @@ class PipelineMicroBatch(PipelineCore):
 
         Raises:
             PipelineKafkaError: a fatal error, or retriable ones past ``--kafka-retry-timeout``.
+            PipelineError: ``--fail-on-data-loss`` (the default) and a partition whose log ends
+                below the job's position or is gone: ``KafkaDataLossError: ...`` in one line naming
+                the partition, both offsets and the likely causes.
         """
-        ends = self._enumerator_call(lambda e: dict(e.committed_end))
-        lag = {}
+        from chandy.connectors.kafka.source.data_loss import UNKNOWN_PARTITION_ERRORS, partition_gone
+        from chandy.connectors.kafka.source.reader import KafkaDataLossError
+
+        positions, missing = self._enumerator_call(lambda e: (dict(e.committed_end), e.missing))
+        logs: dict[tuple[str, int], tuple[int, int] | None] = {}
         deadline = time.monotonic() + self.options.kafka_retry_timeout_ms / 1000
-        for tp, start in sorted(ends.items()):
-            while True:
+        for tp in sorted(positions):
+            if tp in missing and partition_gone(self._lag_client(), tp):
+                logs[tp] = None
+                continue
+            while tp not in logs:
                 try:
-                    high = watermark_offsets(self._lag_client(), TopicPartition(*tp), timeout_s=max(
-                        0.1, min(LAG_CLIENT_RENEW_S, deadline - time.monotonic())))[1]
-                    break
+                    logs[tp] = watermark_offsets(self._lag_client(), TopicPartition(*tp), timeout_s=max(
+                        0.1, min(LAG_CLIENT_RENEW_S, deadline - time.monotonic())))
                 except OffsetsUnavailableError as exc:
                     if not exc.retriable or time.monotonic() >= deadline:
+                        if exc.code in UNKNOWN_PARTITION_ERRORS and partition_gone(self._lag_client(), tp):
+                            logs[tp] = None
+                            break
                         waited = f"; retried for {self.options.kafka_retry_timeout_ms} ms in all" if exc.retriable else ""
                         raise PipelineKafkaError(f"reading the source's offsets failed: {exc}{waited}") from exc
                     log.warning("job %s: %s; reading with a new client", self.job_id, exc)
                     self.close_lag_client()
-            if high < start:
-                self._log_moved_below_position(tp, start, high)
-            else:
-                self._moved_below.pop(tp, None)
+        try:
+            positions = self._enumerator_call(lambda e: e.check_log_ends(logs))
+        except KafkaDataLossError as exc:
+            raise PipelineError(f"KafkaDataLossError: {exc}") from exc
+        self.sync_data_loss()
+        lag = {}
+        for tp, log_now in logs.items():
+            if log_now is None:
+                lag[tp] = 0
+                continue
+            high = log_now[1]
             if self.ending_offsets is not None:  # a bounded run: nothing past its end is lag
                 high = min(high, self.ending_offsets.get(tp, high))
-            lag[tp] = max(0, high - start)
+            lag[tp] = max(0, high - positions.get(tp, high))
         return lag
 
-    def _log_moved_below_position(self, tp: tuple[str, int], position: int, end: int) -> None:
-        """A partition whose log ends at ``end``, below the job's position ``position`` (the next
-        offset it reads; the table holds the records below it): the topic was deleted and created
-        again, or an unclean leader election truncated the log. Without a word, the job would see
-        no lag and, once the new log grows past ``position``, skip the new log's records below it
-        for good. Spark's Kafka source reports this case ("offset was changed from X to Y") and
-        fails the query unless ``failOnDataLoss`` is false; so does Chandy (``--fail-on-data-loss``,
-        the default). With ``--no-fail-on-data-loss`` the job goes on from ``position`` (the table's
-        offsets, which the committer's checks hold it to), warns once per episode, and counts the
-        offsets the log moved back by in :attr:`offsets_lost` (at least that many records of the new
-        log are never read).
-
-        Raises:
-            PipelineError: ``--fail-on-data-loss``, in one line naming the partition, both offsets
-                and the likely causes.
-        """
-        topic, partition = tp
-        what = (f"{topic}-{partition}: the log ends at offset {end}, below the job's position {position} (offset was "
-                f"changed from {position} to {end}): the topic was deleted and created again, or an unclean leader "
-                "election truncated the log")
-        if self.options.fail_on_data_loss:
-            raise PipelineError(f"KafkaDataLossError: {what}; the new log's records below offset {position} would "
-                                "never be read. To go on from the job's position, skipping them, run with "
-                                "--no-fail-on-data-loss (Spark's failOnDataLoss=false)")
-        if self._moved_below.get(tp) is None:
-            self.offsets_lost += position - end
-            log.warning("job %s: %s; going on from offset %d (--no-fail-on-data-loss): the new log's records below it "
-                        "will not be read", self.job_id, what, position)
-            self._notice(f"data loss: {what}; going on from offset {position} (--no-fail-on-data-loss)")
-        self._moved_below[tp] = end
+    def sync_data_loss(self) -> None:
+        """The source's data-loss warnings of this attempt (``--no-fail-on-data-loss``; Spark's
+        ``failOnDataLoss=false``) as notices, and its offsets lost into :attr:`offsets_lost`."""
+        seen = self._data_loss_seen
+        lost, warnings = self._enumerator_call(lambda e: (e.offsets_lost, e.data_loss[seen:]))
+        for warning in warnings:
+            self._notice(f"data loss: {warning}")
+        self._data_loss_seen += len(warnings)
+        self.offsets_lost = self._offsets_lost_before + lost
 
     def resolve_ending_offsets(self) -> None:
         """``--ending-offsets``, resolved once, when the run starts (Spark's ``endingOffsets``):

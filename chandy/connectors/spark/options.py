@@ -249,10 +249,11 @@ class PipelineOptions:
     tombstones: str = _opt("error", "--tombstones", choices=("error", "skip", "null"),
                            help="With --value-format: a null value is a bad record, skipped, or a row of null columns.")
     fail_on_data_loss: bool = _opt(True, "--fail-on-data-loss/--no-fail-on-data-loss", kind="switch", help=(
-        "Spark's failOnDataLoss: offsets of a checkpoint's range that Kafka no longer holds (aged out by "
-        "retention, deleted, a topic created again), or a partition whose log ends below the job's position (a "
-        "topic deleted and created again, an unclean leader election), end the job, naming them; "
-        "--no-fail-on-data-loss skips them with a warning (and counts the offsets lost in the run's summary)."))
+        "Spark's failOnDataLoss: a partition whose log moved below the job's position (records deleted by "
+        "retention or DeleteRecords before they were read, a topic deleted and created again, an unclean leader "
+        "election, a topic gone) ends the job in one line naming the partition and both offsets; "
+        "--no-fail-on-data-loss goes on from the new log with a warning (and counts the offsets lost in the run's "
+        "summary)."))
     resume_from_table: bool = _opt(True, "--resume-from-table/--no-resume-from-table", kind="switch", help=(
         "When the coordinator log is missing or behind the table, resume from the table's offsets (or refuse)."))
     restart_backoff_initial_ms: int = _opt(1_000)  # between failed checkpoints (not a job restart)

@@ -37,6 +37,7 @@ the brokers, the Kafka settings, the table's location and schema, and reconciles
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import signal
@@ -140,7 +141,9 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             opts.bootstrap_servers, topics=tuple(opts.topics), topic_pattern=opts.topic_pattern,
             group_id=opts.resolved_group_id, starting_offsets=initializer,
             max_records_per_checkpoint=opts.max_records_per_checkpoint, consumer_overrides=dict(opts.consumer_overrides),
-            offset_floor=floor, stopping_offsets=dict(self.ending_offsets or {}))
+            offset_floor=floor, stopping_offsets=dict(self.ending_offsets or {}),
+            # Spark's failOnDataLoss; the table refuses a range that does not continue its offsets
+            fail_on_data_loss=opts.fail_on_data_loss, sink_holds_offsets=True)
         savepoint_dir = f"{opts.resolved_checkpoint_dir.rstrip('/')}/savepoints"
         storage = CheckpointStorage(opts.resolved_checkpoint_dir, self.job_id, savepoint_dir=savepoint_dir,
                                     storage_options=dict(opts.storage_options))
@@ -289,6 +292,7 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
         opts = self.options
         try:
             self.service = self._start_coordinator()
+            self._offsets_lost_before, self._data_loss_seen = self.offsets_lost, 0  # a new source enumerator
             if self._restart_began is not None:
                 self.restarting_ms, self._restart_began = (time.monotonic() - self._restart_began) * 1000, None
         except JobTerminatedError as exc:  # a standby of a job that ended: it says why and exits 0
@@ -486,6 +490,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
             while (queued := self._next_request()) is not None:
                 self._fail_request(queued, PipelineError("the pipeline stopped before the request was applied"))
             self.close_lag_client()
+            with contextlib.suppress(ChandyError, TimeoutError):  # the last checkpoint's data loss, if any
+                self.sync_data_loss()
             self.service.stop()
         return PipelineSummary(opts.table_uri, self.job_id, totals.landed, totals.completed, totals.failed,
                                time.monotonic() - started, stopped_because=stopped_because,

@@ -238,11 +238,13 @@ WATERMARK_REQUEST_S = 5.0
 
 class OffsetsUnavailableError(TopicError):
     """A partition's watermark offsets could not be read (no leader in time, or an error);
-    ``retriable``: the last error was one a later try may not meet (a broker's restart)."""
+    ``retriable``: the last error was one a later try may not meet (a broker's restart); ``code``:
+    the last error's ``KafkaError`` code (None when unknown)."""
 
-    def __init__(self, message: str, *, retriable: bool = False) -> None:
+    def __init__(self, message: str, *, retriable: bool = False, code: int | None = None) -> None:
         super().__init__(message)
         self.retriable = retriable
+        self.code = code
 
 
 def watermark_offsets(consumer: Any, partition: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
@@ -271,7 +273,7 @@ def watermark_offsets(consumer: Any, partition: TopicPartition, timeout_s: float
                 waited = f" (retried for {timeout_s:.0f} s)" if is_retriable(error) else ""
                 raise OffsetsUnavailableError(
                     f"watermark offsets of {partition.topic}-{partition.partition}: {error.str()}{waited}",
-                    retriable=is_retriable(error)) from exc
+                    retriable=is_retriable(error), code=error.code()) from exc
             attempt += 1
             with contextlib.suppress(KafkaException):  # the partition's leader, asked anew before the next try
                 consumer.list_topics(partition.topic, timeout=max(0.1, min(WATERMARK_REQUEST_S, deadline - time.monotonic())))

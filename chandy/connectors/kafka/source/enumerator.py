@@ -19,7 +19,12 @@ What it does, all on the coordinator's mailbox thread (Kafka I/O on the I/O exec
    then completes the checkpoint future with its state: the splits and the ranges. Events sent
    before the future completes belong to checkpoint N, so readers see their ranges before N's
    trigger. One checkpoint is in flight at a time: an overlapping one is declined, because a
-   range that starts after a checkpoint that may still abort could skip records.
+   range that starts after a checkpoint that may still abort could skip records. Every trigger
+   (the first after a start or a restore too) first checks each partition's log against the
+   job's position, as Spark's ``failOnDataLoss`` (:mod:`~chandy.connectors.kafka.source.data_loss`):
+   a log that ends below it, starts above it, or is gone fails the job
+   (:class:`~chandy.connectors.kafka.source.reader.KafkaDataLossError`, no restart), or, with
+   ``fail_on_data_loss`` False, is gone on from with a warning and counted (``offsets_lost``).
 4. **Offset commits**: on ``notify_checkpoint_complete(N)`` it commits to the consumer group
    ``group.id`` the range ends of the newest in-flight checkpoint <= N and drops every entry
    <= N; an aborted checkpoint's entry is dropped, so its offsets are never committed. A
@@ -41,14 +46,24 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from chandy.connectors.kafka.source import offsets as offsets_module
+from chandy.connectors.kafka.source.data_loss import (
+    END_BELOW,
+    GONE,
+    UNKNOWN_PARTITION_ERRORS,
+    LogChange,
+    log_change,
+    partition_gone,
+)
 from chandy.connectors.kafka.source.log_records import OffsetCommitRecord, SplitAssignment, SplitAssignmentRecord, TopicPartitionOffset
 from chandy.connectors.kafka.source.offsets import ConsumerOffsetsRetriever, OffsetsInitializer
+from chandy.connectors.kafka.source.reader import KafkaDataLossError
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit, split_owner
 from chandy.connectors.kafka.source.subscriber import subscribed_topics
 from chandy.coordinator import serde
 from chandy.coordinator.environment import SourceOffsets
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
+from chandy.coordinator.kafka.topics import OffsetsUnavailableError, watermark_offsets
 from chandy.coordinator.operator_coordinator import NO_CHECKPOINT, OperatorCoordinatorContext, OperatorEvent, SubtaskGateway
 from chandy.schemas.codec import SingleObjectCodec
 
@@ -90,6 +105,22 @@ class KafkaSourceOptions:
         stopping_offsets: per (topic, partition), the offset (exclusive) no range goes past: a
             bounded source (Flink's ``KafkaSourceBuilder.setBounded``, Spark's ``endingOffsets``);
             a partition it does not name is unbounded.
+        fail_on_data_loss: Spark's ``failOnDataLoss`` (default true): a partition whose log moved
+            below the job's position (:mod:`~chandy.connectors.kafka.source.data_loss`: it ends
+            below it, starts above it, or is gone) fails the job with :class:`KafkaDataLossError`,
+            which suppresses restarts. False goes on from the new log with a warning and counts the
+            offsets lost (:attr:`KafkaSourceEnumerator.offsets_lost`): from the new log's start
+            when it ends below the position (never below ``offset_floor``), from its log start
+            when that moved above the position, and without a range while a partition is gone.
+            Readers must skip offsets gone the same way
+            (``KafkaRangeReader.read_batches(fail_on_data_loss=False)``).
+        sink_holds_offsets: the sink records each partition's offsets and takes only ranges that
+            continue them (the lake committer refuses a range below or above the table's offsets),
+            so no position ever moves back and no range leaves a gap: without
+            ``fail_on_data_loss``, a partition whose log ends below the position goes on from the
+            position once the new log reaches it (the new log's records below it are skipped), and
+            one whose log start moved above it gets a range from the position, whose offsets below
+            the log start the readers skip.
     """
 
     bootstrap_servers: str
@@ -103,6 +134,8 @@ class KafkaSourceOptions:
     consumer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     offset_floor: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
     stopping_offsets: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    fail_on_data_loss: bool = True
+    sink_holds_offsets: bool = False
 
     def __post_init__(self) -> None:
         if bool(self.topics) == bool(self.topic_pattern):
@@ -182,6 +215,19 @@ class KafkaSourceEnumerator:
         self.in_flight: dict[int, dict[TP, KafkaPartitionSplit]] = {}
         self.commits_succeeded = 0
         self.commits_failed = 0
+        #: without ``fail_on_data_loss``: offsets of partitions whose log moved below the job's
+        #: position that the job will never read, as far as knowable (``LogChange.offsets_lost``:
+        #: exact for offsets deleted before they were read; for a log that ends below the position,
+        #: the offsets it moved back by), each counted once per enumerator
+        self.offsets_lost = 0
+        #: without ``fail_on_data_loss``: the warnings about data loss, in order (one line each)
+        self.data_loss: list[str] = []
+        #: known partitions the latest discovery did not find in the metadata (deleted, or a topic
+        #: with fewer partitions now): each trigger asks whether they are gone
+        self.missing: frozenset[TP] = frozenset()
+        self._below: dict[TP, int] = {}  # partitions whose log ends below the position: its end when reported
+        self._lost_to: dict[TP, int] = {}  # offsets below a moved log start counted lost, up to this one
+        self._gone: set[TP] = set()  # partitions reported gone
         self._known: frozenset[TP] = frozenset()  # read by discovery on the I/O thread
         self._commit_lock = threading.Lock()
         self._consumer: Consumer | None = None
@@ -231,8 +277,9 @@ class KafkaSourceEnumerator:
         self.commits_succeeded += 1
 
     # -- discovery ------------------------------------------------------------------------------------
-    def _discover(self) -> tuple[bool, dict[TP, int]]:
-        """On the I/O executor: partitions not yet known, with their starting offsets.
+    def _discover(self) -> tuple[bool, dict[TP, int], frozenset[TP]]:
+        """On the I/O executor: partitions not yet known, with their starting offsets, and the
+        known partitions the metadata does not hold (any more, or for now).
 
         Raises:
             KafkaSourceClosedError: the enumerator was closed (or never started).
@@ -247,14 +294,16 @@ class KafkaSourceEnumerator:
         if missing:
             log.warning("Kafka source topics not found (yet): %s", ", ".join(sorted(missing)))
         found = {(t, p) for t in wanted for p in metadata.topics[t].partitions}
-        new = sorted(found - self._known)
+        known = self._known
+        new = sorted(found - known)
         initial = not self.initial_discovery_finished
         retriever = ConsumerOffsetsRetriever(consumer)
         # the first discovery uses the configured initializer, later ones start at earliest (Flink)
         initializer = self.options.starting_offsets if initial else offsets_module.earliest()
-        return initial, initializer.get_partition_offsets(new, retriever) if new else {}
+        return initial, initializer.get_partition_offsets(new, retriever) if new else {}, frozenset(known - found)
 
-    def _handle_discovery(self, result: tuple[bool, dict[TP, int]] | None, error: BaseException | None) -> None:
+    def _handle_discovery(self, result: tuple[bool, dict[TP, int], frozenset[TP]] | None,
+                          error: BaseException | None) -> None:
         if error is not None:
             if isinstance(error, offsets_module.NoOffsetForPartitionError):
                 raise error  # a configuration problem: fail the job with a clear message
@@ -262,7 +311,7 @@ class KafkaSourceEnumerator:
             return
         if result is None:
             return
-        initial, new = result
+        initial, new, self.missing = result
         added = [KafkaPartitionSplit(t, p, offset) for (t, p), offset in sorted(new.items())
                  if (t, p) not in self.splits]
         self.initial_discovery_finished = self.initial_discovery_finished or initial
@@ -350,31 +399,76 @@ class KafkaSourceEnumerator:
                 "micro-batch ranges allow one checkpoint at a time (max concurrent checkpoints 1)"))
             return
         partitions = sorted(self.splits)
+        missing = self.missing
         self.in_flight[checkpoint_id] = {}  # reserved: a concurrent trigger is refused meanwhile
         self.context.call_async(
-            lambda: ConsumerOffsetsRetriever(self._consumer).latest(partitions) if partitions else {},
-            lambda ends, error: self._fix_ranges(checkpoint_id, partitions, ends, error, result_future),
+            lambda: self._read_logs(partitions, missing),
+            lambda logs, error: self._fix_ranges(checkpoint_id, partitions, logs, error, result_future),
         )
 
-    def _fix_ranges(self, checkpoint_id: int, partitions: list[TP], ends: dict[TP, int] | None,
+    def _read_logs(self, partitions: list[TP], missing: frozenset[TP]) -> dict[TP, tuple[int, int] | None]:
+        """On the I/O executor: per partition its log now, (log start offset, last stable offset),
+        or None when it is gone (:func:`~chandy.connectors.kafka.source.data_loss.partition_gone`,
+        asked only for partitions the latest discovery missed and for those whose offsets the
+        broker says it does not know: every other trigger makes the calls it always made).
+
+        Raises:
+            KafkaSourceClosedError: the enumerator is closed.
+            OffsetsUnavailableError: a partition's offsets could not be read (and it is not gone).
+        """
+        if not partitions:
+            return {}
+        consumer = self._consumer
+        if consumer is None:
+            raise KafkaSourceClosedError(f"Kafka source {self.context.operator_id}: the enumerator is closed")
+        logs: dict[TP, tuple[int, int] | None] = {}
+        for tp in partitions:
+            if tp in missing and partition_gone(consumer, tp):
+                logs[tp] = None
+                continue
+            try:
+                logs[tp] = watermark_offsets(consumer, TopicPartition(*tp))
+            except OffsetsUnavailableError as exc:
+                if exc.code not in UNKNOWN_PARTITION_ERRORS or not partition_gone(consumer, tp):
+                    raise
+                logs[tp] = None
+        return logs
+
+    def _fix_ranges(self, checkpoint_id: int, partitions: list[TP], logs: dict[TP, tuple[int, int] | None] | None,
                     error: BaseException | None, result_future: concurrent.futures.Future) -> None:
         if checkpoint_id not in self.in_flight:
             return  # aborted meanwhile
-        if error is not None or ends is None:
+        if error is not None or logs is None:
             del self.in_flight[checkpoint_id]
             result_future.set_exception(error or KafkaSourceClosedError(f"no end offsets for checkpoint {checkpoint_id}"))
             return
         cap = self.options.max_records_per_checkpoint
         ranges: dict[TP, KafkaPartitionSplit] = {}
-        for tp in partitions:
-            start = self.committed_end.get(tp, self.splits[tp].starting_offset)
-            end = max(start, ends[tp])
-            if cap is not None:
-                end = min(end, start + cap)
-            stop = self.options.stopping_offsets.get(tp)
-            if stop is not None:
-                end = max(start, min(end, stop))
-            ranges[tp] = KafkaPartitionSplit(tp[0], tp[1], start, end)
+        try:
+            for tp in partitions:
+                position = self.committed_end.get(tp, self.splits[tp].starting_offset)
+                stop = self.options.stopping_offsets.get(tp)
+                log_now = logs[tp]
+                if stop is not None and position >= stop:
+                    ranges[tp] = KafkaPartitionSplit(tp[0], tp[1], position, position)  # done: its log no longer matters
+                    continue
+                start = self._checked_start(tp, position, log_now)
+                if start is None or log_now is None:
+                    continue  # gone: no range until it is back
+                read_from = max(start, log_now[0])  # the first offset the log still holds
+                end = max(start, log_now[1])
+                if cap is not None:
+                    end = min(end, read_from + cap)
+                if stop is not None:
+                    end = max(start, min(end, stop))
+                ranges[tp] = KafkaPartitionSplit(tp[0], tp[1], start, end)
+        except KafkaDataLossError as exc:
+            # Spark's failOnDataLoss: the job ends, and a restart would meet the same log
+            del self.in_flight[checkpoint_id]
+            log.error("Kafka source %s: checkpoint %d: %s", self.context.operator_id, checkpoint_id, exc)
+            result_future.set_exception(exc)
+            self.context.fail_job(exc)
+            return
         self.in_flight[checkpoint_id] = ranges
         # events first: they belong to this checkpoint; then the future (the checkpoint's moment)
         for subtask, splits in self.assignment().items():
@@ -389,6 +483,94 @@ class KafkaSourceEnumerator:
             tuple(r for _, r in sorted(ranges.items())),
         )
         result_future.set_result(state.serialize())
+
+    # -- data loss (Spark's failOnDataLoss) ------------------------------------------------------------------
+    def check_log_ends(self, logs: Mapping[TP, tuple[int, int] | None]) -> dict[TP, int]:
+        """Between triggers, the data loss no trigger would see: a partition whose log ends below
+        the job's position (or is gone) shows no lag, so no checkpoint may come to look at it, and
+        once its new log grows past the position a range can no longer tell. ``logs``: per
+        partition (log start offset, last stable offset), or None when it is gone; partitions
+        that are not assigned, done (at their stopping offset), or whose log starts above the
+        position (found by the next trigger: it has lag) are left alone. Called by a driver that
+        polls the lag (the pipeline, before each trigger).
+
+        Returns:
+            every partition's position (the next offset it reads) after the check.
+
+        Raises:
+            KafkaDataLossError: such a partition, with ``fail_on_data_loss`` (the job is not failed
+                here: the caller ends it).
+        """
+        for tp, log_now in sorted(logs.items()):
+            if tp not in self.splits:
+                continue
+            position = self.committed_end.get(tp, self.splits[tp].starting_offset)
+            stop = self.options.stopping_offsets.get(tp)
+            if stop is not None and position >= stop:
+                continue
+            if log_now is not None and log_now[1] >= position:
+                self._below.pop(tp, None)  # the log reaches the position (again)
+                self._gone.discard(tp)
+                continue
+            self._checked_start(tp, position, log_now)
+        return {tp: self.committed_end.get(tp, split.starting_offset) for tp, split in self.splits.items()}
+
+    def _checked_start(self, tp: TP, position: int, log_now: tuple[int, int] | None) -> int | None:
+        """Where ``tp``'s next range starts, given its log now, ``log_now`` (log start offset, last
+        stable offset; None: gone), and the job's ``position`` in it (Spark's ``failOnDataLoss``,
+        see :mod:`~chandy.connectors.kafka.source.data_loss`): ``position`` while the log holds
+        it; else, without ``fail_on_data_loss``, the new log's start when it ends below
+        ``position`` (the position moves there at once; not below ``offset_floor``; with
+        ``sink_holds_offsets`` the position stays), the log start offset when it moved above
+        ``position`` (with ``sink_holds_offsets``: ``position``, the readers skip the offsets gone),
+        None while the partition is gone. Warns once per change and counts :attr:`offsets_lost`.
+
+        Raises:
+            KafkaDataLossError: the log moved below ``position`` and ``fail_on_data_loss``.
+        """
+        change = log_change(tp, position, log_now)
+        if change is None:
+            self._below.pop(tp, None)
+            self._lost_to.pop(tp, None)
+            self._gone.discard(tp)
+            return position
+        if self.options.fail_on_data_loss:
+            raise change.error()
+        holds = self.options.sink_holds_offsets
+        if change.kind == GONE:
+            if tp not in self._gone:
+                self._gone.add(tp)
+                self._report(change, "no range until it is back")
+            return None
+        assert log_now is not None
+        self._gone.discard(tp)
+        low, high = log_now
+        if change.kind == END_BELOW:
+            floor = self.options.offset_floor.get(tp)
+            resume = position if holds else max(low, min(position, floor if floor is not None else low))
+            if tp not in self._below:
+                self._below[tp] = high
+                self._report(change, f"going on from offset {resume}" + (
+                    " once the new log reaches it (the sink holds the offsets below it)" if resume > high else ""))
+            self.committed_end[tp] = resume
+            return resume
+        # START_ABOVE: offsets [position, low) were deleted before they were read
+        stop = self.options.stopping_offsets.get(tp)
+        gone_to = low if stop is None else min(low, stop)
+        counted = max(position, self._lost_to.get(tp, position))
+        if gone_to > counted:
+            self._lost_to[tp] = gone_to
+            self._report(change, f"going on from offset {gone_to}", lost=gone_to - counted)
+        return position if holds else gone_to
+
+    def _report(self, change: LogChange, going_on: str, lost: int | None = None) -> None:
+        """Warn of ``change`` (without ``fail_on_data_loss``) and count its offsets lost."""
+        lost = change.offsets_lost if lost is None else lost
+        self.offsets_lost += lost
+        counted = f"; {lost} offset(s) counted lost" if lost else ""
+        message = f"{change.describe()}; {going_on}, as --no-fail-on-data-loss asks (Spark's failOnDataLoss=false){counted}"
+        self.data_loss.append(message)
+        log.warning("Kafka source %s: %s", self.context.operator_id, message)
 
     def ranges_of(self, checkpoint_id: int) -> dict[TP, KafkaPartitionSplit]:
         """The ranges fixed for an in-flight checkpoint (empty when unknown)."""

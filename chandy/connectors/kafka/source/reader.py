@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
-from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.errors import ChandyError, SuppressRestartsError
 from chandy.coordinator.kafka import config as kafka_config
 
 log = logging.getLogger(__name__)
@@ -31,11 +31,14 @@ class SourceAuthorizationError(RangeReadError):
     """The client's principal may not read a topic (Kafka's TOPIC_AUTHORIZATION_FAILED)."""
 
 
-class KafkaDataLossError(RangeReadError):
-    """Offsets of a range are no longer in Kafka (Kafka's OFFSET_OUT_OF_RANGE): aged out by
-    retention, deleted (``DeleteRecords``), or the topic was deleted and created again. Spark's Kafka
-    source fails the query the same way unless ``failOnDataLoss`` is false; a restart cannot bring
-    the records back, so the pipeline ends instead of restarting."""
+class KafkaDataLossError(RangeReadError, SuppressRestartsError):
+    """Offsets the job has yet to read are no longer in Kafka: a range's offsets gone when a reader
+    fetches them (Kafka's OFFSET_OUT_OF_RANGE: aged out by retention, deleted with
+    ``DeleteRecords``, the topic deleted and created again), or a partition whose log moved below
+    the job's position when the enumerator fixes a checkpoint's ranges
+    (:mod:`chandy.connectors.kafka.source.data_loss`). Spark's Kafka source fails the query the
+    same way unless ``failOnDataLoss`` is false. A restart would meet the same log, so it ends the
+    job whatever its restart strategy (:class:`SuppressRestartsError`)."""
 
 
 #: errors that say the principal lacks an ACL, not that the broker is busy
