@@ -127,6 +127,15 @@ class OperatorCoordinatorContext(Protocol):
         a coordinator of the job started later takes only higher IDs."""
         ...
 
+    def log_incarnation(self) -> str | None:
+        """Which incarnation of the coordinator log this coordinator replayed and writes (the
+        Kafka runtime: the log topic's topic ID, new when the log was lost and created again), or
+        None when the runtime cannot tell. Checkpoint IDs order the coordinators of one
+        incarnation only: after a lost log a new run may hand out an ID a coordinator of the old
+        log still uses, so what must never be taken for another coordinator's (the data files a
+        cleanup deletes) carries the incarnation."""
+        ...
+
     def when_logged(self, action: Callable[[], Any]) -> None:
         """Run ``action`` on the mailbox thread once everything this coordinator has appended to
         its log so far is durable (its transactions committed, in order); never, when the log

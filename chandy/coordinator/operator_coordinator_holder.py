@@ -161,6 +161,12 @@ class OperatorCoordinatorHolder:
         """See :meth:`OperatorCoordinatorContext.newest_checkpoint_id`."""
         return -1 if self._state_of is None else self._state_of().next_checkpoint_id - 1
 
+    def log_incarnation(self) -> str | None:
+        """See :meth:`OperatorCoordinatorContext.log_incarnation`: the environment's
+        ``log_incarnation`` (None for an environment without one)."""
+        incarnation = getattr(self.env, "log_incarnation", None)
+        return incarnation if isinstance(incarnation, str) else None
+
     def when_logged(self, action: Callable[[], Any]) -> None:
         """See :meth:`OperatorCoordinatorContext.when_logged`: an empty batch after everything
         appended so far (the log writer commits transactions in order and runs their callbacks

@@ -201,22 +201,26 @@ def test_an_unreachable_registry_or_unknown_subject_fails_before_spark_starts(ka
 
 #: the commit protocol's steps a run is SIGKILLed at, one run each, at checkpoints 2, 4, 6, 8, 10
 KILL_POINTS = ("task-written", "before-lake-commit", "before-lake-event", "before-offset-commit", "before-complete")
+#: of those, the kills ``make test`` runs (``-m slow`` runs them all)
+KEY_KILL_POINTS = ("task-written", "before-lake-event", "before-complete")
 
 
-def _killed_at_every_step_then_finished(args: list[str]) -> None:
-    """``chandy pipeline run ARGS`` SIGKILLed at each of :data:`KILL_POINTS` in turn, then run to
-    its end (exit 0)."""
+def _killed_at_every_step_then_finished(args: list[str], points: tuple[str, ...] = KILL_POINTS) -> None:
+    """``chandy pipeline run ARGS`` SIGKILLed at each of ``points`` in turn, then run to its end
+    (exit 0)."""
     from tests.fixtures import exactly_once
 
-    for i, point in enumerate(KILL_POINTS):
+    for i, point in enumerate(points):
         crashed = exactly_once.run_cli(args, crash_at=f"{point}@{2 + 2 * i}")
         assert crashed.returncode == -9, f"{point}: {crashed.stderr[-3000:]}"
     finished = exactly_once.run_cli(args)
     assert finished.returncode == 0, finished.stderr[-3000:]
 
 
+@pytest.mark.parametrize("points", [pytest.param(KEY_KILL_POINTS, id="key-steps"),
+                                    pytest.param(KILL_POINTS, id="every-step", marks=pytest.mark.slow)])
 def test_a_writer_schema_that_adds_a_field_lands_every_value_once_through_a_kill_at_every_step(
-        kafka_bootstrap_servers, schema_registry_url, tmp_path) -> None:
+        kafka_bootstrap_servers, schema_registry_url, tmp_path, points: tuple[str, ...]) -> None:
     """`chandy pipeline run --value-format avro --schema-registry-url URL` (no --value-schema) as
     a process SIGKILLed at each step of the commit protocol while the stream switches from V1 to
     V2 (a field added, one dropped) halfway: the run that finishes leaves every record in the
@@ -232,7 +236,7 @@ def test_a_writer_schema_that_adds_a_field_lands_every_value_once_through_a_kill
     args = ["--table", str(table), "--topic", topic, "-b", servers, "--prefix", prefix, "--until-drained",
             "--max-records-per-checkpoint", "20", "--parallelism", "2", "--value-format", "avro",
             "--schema-registry-url", schema_registry_url]
-    _killed_at_every_step_then_finished(args)
+    _killed_at_every_step_then_finished(args, points)
     source, landed = _source_values(servers, registry, topic), _landed(str(table))
     assert set(landed) == set(source) and len(landed) == 480
     for where, value in source.items():

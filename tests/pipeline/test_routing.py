@@ -64,15 +64,22 @@ def _check_delta_table(path: Path, content: dict) -> None:
     assert on_disk == referenced, f"{path}: unreferenced files left: {sorted(on_disk - referenced)}"
 
 
+#: the kills ``make test`` runs (where routing adds a step: before the first table's commit, between
+#: two tables' commits, after the last); ``-m slow`` runs every step of :data:`ROUTED_POINTS`
+ROUTED_KEY_POINTS = ("before-lake-commit", "between-table-commits", "before-offset-commit")
+
+
+@pytest.mark.parametrize("points", [pytest.param(ROUTED_KEY_POINTS, id="key-steps"),
+                                    pytest.param(ROUTED_POINTS, id="every-step", marks=pytest.mark.slow)])
 def test_topics_routed_by_regex_into_created_tables_exactly_once_through_a_kill_at_every_step(
-        kafka_bootstrap_servers, routed_topics, tmp_path) -> None:
+        kafka_bootstrap_servers, routed_topics, tmp_path, points: tuple[str, ...]) -> None:
     base, content = routed_topics
     lake = tmp_path / "lake"
     prefix = f"rt{uuid.uuid4().hex[:8]}"
     args = ["--table", str(lake / "default"), "--topic-pattern", rf"{base}\..*", "-b", kafka_bootstrap_servers,
             "--prefix", prefix, "--route", rf"{base}\.sales\.(.*)=delta:{lake}/sales/$1", "--until-drained",
             "--max-records-per-checkpoint", str(CAP), "--parallelism", "2"]
-    for i, point in enumerate(ROUTED_POINTS):
+    for i, point in enumerate(points):
         crashed = exactly_once.run_cli(args, crash_at=f"{point}@{2 + 3 * i}")
         assert crashed.returncode == -signal.SIGKILL, f"{point}: {crashed.stderr[-3000:]}"
     finished = exactly_once.run_cli(args)

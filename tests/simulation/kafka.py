@@ -22,6 +22,7 @@ the schedule decides whether it succeeds, fails, fails after landing, is delayed
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 from typing import Any
 
@@ -353,6 +354,30 @@ class FakeAdmin:
         return self.cluster.world.call("kafka.metadata", lambda: self.cluster.metadata(topic),
                                        lambda: kafka_error(KafkaError._TRANSPORT, "metadata request failed"),
                                        allowed=("ok", "fail", "delay"))
+
+
+    def describe_topics(self, topics: Any, request_timeout: float = -1) -> dict[str, concurrent.futures.Future]:
+        """Kafka's DescribeTopics: each topic's ID (a new one for each incarnation of a log: a
+        lost log is a deleted and recreated topic) and partitions. Always answers, and draws
+        nothing from the schedule's random numbers, so the seeds found before it replay as they
+        did (the metadata request just before it, ``list_topics``, has the faults)."""
+        futures: dict[str, concurrent.futures.Future] = {}
+        for name in topics.topic_names:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            metadata = self.cluster.metadata(name)
+            incarnation = self.cluster.log(name).incarnation
+            future.set_result(TopicDescription(name, f"{name}#{incarnation}", list(metadata.topics[name].partitions)))
+            futures[name] = future
+        return futures
+
+
+@dataclasses.dataclass
+class TopicDescription:
+    """confluent-kafka's ``TopicDescription``: the fields ``log_incarnation`` reads."""
+
+    name: str
+    topic_id: str
+    partitions: list
 
 
 class FakeConsumer:

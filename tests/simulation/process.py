@@ -49,10 +49,11 @@ from chandy.coordinator.completed_checkpoint_store import CompletedCheckpointSto
 from chandy.coordinator.environment import Batch, SourceOffsets
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
+from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka import log_writer as log_writer_module
 from chandy.coordinator.kafka.log import load_state
 from chandy.coordinator.kafka.log_writer import CoordinatorFencedError, LogWriter, transactional_id_for
-from chandy.coordinator.kafka.topics import ChandyTopics
+from chandy.coordinator.kafka.topics import ChandyTopics, check_same_incarnation, log_incarnation
 from chandy.coordinator.messages import AcknowledgeCheckpoint, DeclineCheckpoint
 from chandy.coordinator.options import CheckpointingOptions
 from chandy.coordinator.records import JobStatus
@@ -113,6 +114,7 @@ class SimEnvironment:
 
     def __init__(self, process: Process) -> None:
         self.process = process
+        self.log_incarnation: str | None = None  # CoordinatorService.log_incarnation
         self.io_executor = SimExecutor(process.io)
 
     def now_ms(self) -> int:
@@ -220,6 +222,7 @@ class Process:
         self.tasks = Lane(w, f"{name}.tasks", self, limit=parallelism)
         self.lanes = (self.mailbox, self.io, self.writer_lane, self.driver, self.tasks)
         self.env = SimEnvironment(self)
+        self.log_id = coordinator_log_id(prefix, JOB_ID)  # with this run's log incarnation once started
         self.sink = SimSink(self.table, name, prefix)
         #: the sinks of every table the job writes (the job's own and the routed ones), by URI
         self.sinks = {t.table_uri: SimSink(t, name, prefix) if t is not self.table else self.sink for t in sim.tables}
@@ -398,9 +401,14 @@ class Process:
         source = KafkaSourceOptions(BOOTSTRAP, topics=(self.cluster.source_topic,), group_id=GROUP_ID,
                                     starting_offsets=initializer, max_records_per_checkpoint=self.max_records,
                                     offset_floor=floor)
+        # the log's incarnation before its replay, as CoordinatorService._start asks it
+        incarnation = log_incarnation(kafka_config.admin_client(BOOTSTRAP), self.topics.coordinator_log, timeout_s=60.0)
+        self.env.log_incarnation = incarnation.topic_id
+        self.log_id = coordinator_log_id(self.prefix, JOB_ID, incarnation.topic_id)  # what TaskOptions.log_id carries
         self.writer = self._new_writer()
         self.writer.init(60.0)  # fences older coordinators of this job
         state, stats = load_state(BOOTSTRAP, self.topics.coordinator_log, JOB_ID, timeout_s=60.0)
+        check_same_incarnation(kafka_config.admin_client(BOOTSTRAP), self.topics.coordinator_log, incarnation, timeout_s=60.0)
         self.writer.seed_key_versions(stats.next_key_versions)
         restore_from = None
         if state.job_status.is_terminal:
@@ -507,6 +515,7 @@ class Process:
 
     def _task(self, checkpoint_id: int, epoch: int, subtask: int, ranges: tuple) -> bool:
         """``write_and_acknowledge`` for each attempt Spark gives the task."""
+        log_id = self.log_id  # TaskOptions.log_id, fixed when the checkpoint's tasks were made
         for attempt in range(self.task_attempts):
             try:
                 files = []
@@ -514,7 +523,7 @@ class Process:
                     mine = tuple(r for r in ranges if self.sim.table_of(r[1]) is table)
                     routed = None if table is self.table else table.table_uri
                     files += self.sinks[table.table_uri].write_ranges(JOB_ID, checkpoint_id, subtask, attempt, mine,
-                                                                      table_uri=routed)
+                                                                      table_uri=routed, log_id=log_id)
                 ack = AcknowledgeCheckpoint(JOB_ID, epoch, checkpoint_id, SINK_OPERATOR, subtask, attempt,
                                             tuple(f.to_state_handle() for f in files))
                 self.world.call("ack.send", lambda ack=ack: self.sim.deliver(self.prefix, ack),

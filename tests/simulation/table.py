@@ -36,7 +36,6 @@ from chandy.connectors.lake.sink import (
     LakeCommitError,
     TableProgress,
     check_unchanged,
-    coordinator_log_id,
 )
 from tests.simulation.kernel import World
 
@@ -228,12 +227,12 @@ class SimSink:
 
     # -- files ----------------------------------------------------------------------------------------
     def write_ranges(self, job_id: str, checkpoint_id: int, subtask: int, attempt: int,
-                     ranges: tuple[Range, ...], *, table_uri: str | None = None) -> list[DataFile]:
+                     ranges: tuple[Range, ...], *, table_uri: str | None = None, log_id: str) -> list[DataFile]:
         """A Spark task's files of ``ranges`` (one file), written into the table's location
         (``table_uri``: the routed table's URI its state handle names, None for the job's own)."""
         if not ranges:
             return []
-        path = self.table.new_name(job_id, checkpoint_id, subtask, attempt, coordinator_log_id(self.prefix, job_id))
+        path = self.table.new_name(job_id, checkpoint_id, subtask, attempt, log_id)
         records = sum(end - start for _, _, start, end in ranges)
         info = FileInfo(path, job_id, checkpoint_id, ranges, records, self.process)
 

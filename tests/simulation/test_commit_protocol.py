@@ -160,7 +160,7 @@ def test_mutation_starting_offsets_win_over_the_table_is_caught(quiet: None, mon
     def initializer_wins(self: KafkaSourceEnumerator, result: object, error: BaseException | None) -> None:
         options = self.options
         if error is None and result is not None:
-            _, new = result  # type: ignore[misc]
+            _, new, _ = result  # type: ignore[misc]
             # the table's offsets only raise a start (the rule before the fix), never lower it
             floor = {tp: f for tp, f in options.offset_floor.items() if not (tp in new and new[tp] > f)}
             self.options = dataclasses.replace(options, offset_floor=floor)
@@ -379,26 +379,58 @@ def test_mutation_routed_tables_trusting_memory_is_caught(quiet: None, monkeypat
     assert found.violations[0][0] in {"duplicate", "gap", "group-ahead"}, found.report()
 
 
-@pytest.mark.xfail(strict=True, reason="open: a lost log lets a new run reuse a live zombie's checkpoint ID (design.md §10)")
-def test_bug_lost_log_reuses_a_live_zombies_checkpoint_id(quiet: None) -> None:
-    """Found by this simulation (issue 54, family routed, seeds 1002510 and 1003064 of the long
-    campaign before the missing-files check moved back next to each commit), not fixed: a zombie
-    (fenced, its checkpoint N completed before the coordinator log was lost) is still committing N
-    to the tables when a run on the recreated log resumes from the table (which does not hold N
-    yet), takes checkpoint ID N for itself, aborts it and deletes the job's unreferenced files of
-    N of its log, which are the zombie's: the zombie's commit then references files that are
-    gone. The same log ID (the prefix's) and the same checkpoint ID name both runs' files. The
-    long campaign of ``routed-two-logs-faults`` finds it too (seeds 1006010, 1007765)."""
-    result = run_schedule(1002510, "routed")
-    assert not result.violations, result.report()
+def test_a_lost_log_never_lets_a_new_run_clean_up_a_live_zombies_files(quiet: None) -> None:
+    """Found by this simulation as a bug (issue 54, family routed, seeds 1002510 and 1003064 of
+    the long campaign; ``routed-two-logs-faults`` 1006010, 1007765), then fixed: a zombie (fenced,
+    its checkpoint N completed before the coordinator log was lost) was still committing N to the
+    tables when a run on the recreated log resumed from the table (which did not hold N yet),
+    took checkpoint ID N for itself, aborted it and deleted the job's unreferenced files of N of
+    its log, which were the zombie's: the zombie's commit then referenced files that were gone.
+    Both runs named their files with the same log ID (the prefix's). A file's log ID now carries
+    the log's incarnation (the log topic's Kafka topic ID, read before the replay and checked
+    again after it: seed 1006010 is a start whose replay met the recreated log)."""
+    for seed, family in ((1002510, "routed"), (1003064, "routed"), (1006010, "routed-two-logs-faults"),
+                         (1007765, "routed-two-logs-faults")):
+        result = run_schedule(seed, family)
+        assert not result.violations, result.report()
 
 
-@pytest.mark.xfail(strict=True, reason="open: a lost log forgets which LAKE_COMMITTED events were published")
-def test_bug_lost_log_announces_a_checkpoint_twice(quiet: None) -> None:
-    """Found by this simulation (issue 54, family routed-two-logs-faults, seed 1006375), not fixed:
-    a run that reconciled with the table before another run's first commit started on the
-    recreated log with ID 1 and the same ranges as the other run's checkpoint 1; a later run
-    restored it, found the tables holding it, and published its LAKE_COMMITTED again (the log's
-    record of the first publication went with the log). Records land once; one event twice."""
+def test_mutation_file_names_without_the_logs_incarnation_are_caught(quiet: None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fix above off (a log ID of the prefix and job alone, as before): the zombie's files are
+    deleted at seed 1002510."""
+    import tests.simulation.process as process_of_sim
+    from chandy.connectors.lake import committer as committer_module
+    from chandy.connectors.lake.sink import coordinator_log_id
+
+    monkeypatch.setattr(committer_module, "with_incarnation", lambda log_id, incarnation: log_id)
+    monkeypatch.setattr(process_of_sim, "coordinator_log_id", lambda prefix, job_id, incarnation=None:
+                        coordinator_log_id(prefix, job_id))
+    mutated = run_schedule(1002510, "routed")
+    assert mutated.violations and mutated.violations[0][0] == "missing-file", mutated.report()
+
+
+def test_mutation_incarnation_not_checked_after_the_replay_is_caught(quiet: None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the second look at the log's topic ID after the replay, a run that read the old
+    incarnation's ID, then replayed the recreated log (it was lost during the start), names its
+    files as the zombie's log and deletes them (seed 1006010), or announces a checkpoint a second
+    time (seed 1006375, below)."""
+    import tests.simulation.process as process_of_sim
+
+    monkeypatch.setattr(process_of_sim, "check_same_incarnation", lambda *args, **kwargs: None)
+    for seed, violation in ((1006010, "missing-file"), (1006375, "lake-event-twice")):
+        mutated = run_schedule(seed, "routed-two-logs-faults")
+        assert mutated.violations and mutated.violations[0][0] == violation, mutated.report()
+
+
+def test_a_start_that_replayed_across_a_lost_log_does_not_announce_a_checkpoint_twice(quiet: None) -> None:
+    """Found by this simulation as a bug (issue 54, family routed-two-logs-faults, seed 1006375),
+    then fixed: a run began its start on the old log and replayed the recreated one (the log was
+    lost in between), took checkpoint ID 1 with the same ranges as another run's checkpoint 1, and a
+    later run restored it, found the tables holding it, and published its LAKE_COMMITTED again.
+    The start now checks that the log it replayed is the incarnation it began with
+    (``check_same_incarnation``), and gives up otherwise; the mutation test of that check above
+    breaks this seed again ("lake-event-twice")."""
     result = run_schedule(1006375, "routed-two-logs-faults")
     assert not result.violations, result.report()

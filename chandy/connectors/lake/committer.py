@@ -52,6 +52,7 @@ from chandy.connectors.lake.sink import (
     data_files_from_handles,
     offsets_from_json,
     valid_through_ms,
+    with_incarnation,
 )
 from chandy.connectors.lake.uri import TableUriError, check_layouts
 from chandy.coordinator.faults import crash_point
@@ -119,8 +120,10 @@ class LakeCommitter:
         open_table: opens the sink of a table the job routes records to (``--route``), by its
             normalised URI; None: every file belongs to ``sink`` (routing: docs/design.md §7).
         changes: the files are change files (``--cdc``), applied as upserts (``commit_changes``).
-        log_id: the job's coordinator log's ID (``coordinator_log_id``): cleanups delete only
-            files named with it (or with none).
+        log_id: the job's coordinator log's ID (``coordinator_log_id`` without an incarnation):
+            with the incarnation of the log this coordinator replayed
+            (``context.log_incarnation()``, ``with_incarnation``) it names the files this log's
+            runs write; cleanups delete only files named with it (or with none).
         source_idle_timeout_ms: a partition that got no record for this long (ms; since this run
             first met it, for one never read) stops holding the completeness watermark back and is
             named in ``LAKE_COMMITTED``'s ``idle_partitions`` (Flink's ``WatermarkStrategy.withIdleness``);
@@ -137,7 +140,8 @@ class LakeCommitter:
         self.context = context
         self.source_idle_timeout_ms = source_idle_timeout_ms
         self._active_at: dict[TP, float] = {}  # per partition, when (monotonic ms) it last had records, or was first met
-        self.log_id = log_id  # the data files of this job's coordinator log (coordinator_log_id): the only ones it deletes
+        #: the data files of this incarnation of the job's coordinator log: the only ones it deletes
+        self.log_id = None if log_id is None else with_incarnation(log_id, context.log_incarnation())
         self.open_table = open_table
         self.changes = changes
         self._routed: dict[str, LakeSink] = {}  # the routed tables this run met, by URI

@@ -48,16 +48,27 @@ DATA_FILE_NAME = re.compile(r"part-chandy-(?P<job>[0-9a-zA-Z]{1,8})-(?P<checkpoi
                             r"-a(?P<attempt>\d+)-(?:log(?P<log>[0-9a-f]{8})-)?[0-9a-f]+\.parquet$")
 
 
-def coordinator_log_id(prefix: str, job_id: str) -> str:
-    """The ID (8 hex digits: the first of the SHA-256 of ``<prefix>/<job_id>``) of job ``job_id``'s
-    coordinator log under topic prefix ``prefix``, which every data file its runs write carries
-    (:func:`data_file_name`). A cleanup deletes only the files of its own log (and files without a
-    log ID): the coordinators of one log are ordered by fencing and by the checkpoint IDs the log
+def coordinator_log_id(prefix: str, job_id: str, incarnation: str | None = None) -> str:
+    """The ID (8 hex digits) of job ``job_id``'s coordinator log under topic prefix ``prefix``,
+    in its ``incarnation`` (the log topic's Kafka topic ID, ``OperatorCoordinatorContext.
+    log_incarnation``; None: the ID of the prefix and job alone, as files written before
+    incarnations carry), which every data file its runs write carries (:func:`data_file_name`).
+    A cleanup deletes only the files of its own log (and files without a log ID): the
+    coordinators of one log incarnation are ordered by fencing and by the checkpoint IDs the log
     hands out, so a cleanup bounded by its log's IDs never meets a file another coordinator of that
-    log may still commit; a second log of the same job (another ``--prefix``: an operator's
-    mistake nothing fences) hands out the same IDs, and its files are never this log's to delete
-    (docs/design.md §7, "Cleanup")."""
-    return hashlib.sha256(f"{prefix}/{job_id}".encode()).hexdigest()[:8]
+    log may still commit. A second log of the same job (another ``--prefix``: an operator's
+    mistake nothing fences) hands out the same IDs, and so does a lost log created again, while
+    a coordinator of the old one may still be committing (issue 54): their files are never this
+    log's to delete (docs/design.md §7, "Cleanup")."""
+    return with_incarnation(hashlib.sha256(f"{prefix}/{job_id}".encode()).hexdigest()[:8], incarnation)
+
+
+def with_incarnation(log_id: str, incarnation: str | None) -> str:
+    """``log_id`` (:func:`coordinator_log_id` without an incarnation) in log ``incarnation``
+    (None: ``log_id`` itself): 8 hex digits of the SHA-256 of ``<log_id>/<incarnation>``."""
+    if incarnation is None:
+        return log_id
+    return hashlib.sha256(f"{log_id}/{incarnation}".encode()).hexdigest()[:8]
 
 
 def data_file_name(job_id: str, checkpoint_id: int, subtask: int, attempt: int, log_id: str | None) -> str:

@@ -28,7 +28,6 @@ from chandy.connectors.lake.sink import (
     SOURCE_METRICS_KIND,
     DataFile,
     LakeSink,
-    coordinator_log_id,
     data_files_to_handles,
     offsets_to_json,
 )
@@ -88,6 +87,9 @@ class TaskOptions:
     fail_on_data_loss: bool = True
     #: ``--table-property``: set on tables the tasks' sinks create, and their files' Parquet codec
     table_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: the ID of the coordinator log (in the incarnation the checkpoint's coordinator replayed)
+    #: the data files are named with (``coordinator_log_id``); None: named without one
+    log_id: str | None = None
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -376,7 +378,7 @@ class RoutedTables:
             sink.check_schema(shape, fields, where=f"checkpoint {o.checkpoint_id} ({offset_ranges(data)}): ")
         written = sink.write_files(data, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask, table_fields=fields,
                                    attempt=attempt, partitioned=not o.changes,
-                                   log_id=coordinator_log_id(o.prefix, o.job_id))
+                                   log_id=o.log_id)
         changes: dict[str, Any] = {}
         if o.changes and written:
             assert o.decoder is not None

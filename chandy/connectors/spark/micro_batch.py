@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
+from chandy.connectors.lake.sink import coordinator_log_id
 from chandy.connectors.spark.classic import partitions_of, spark_master
 from chandy.connectors.spark.cluster import (
     task_max_failures,
@@ -187,7 +188,8 @@ class PipelineMicroBatch(PipelineCore):
             add_columns=self.add_columns, table_location=getattr(self.sink, "root_url", None),
             write_buffer_bytes=opts.write_buffer_bytes, router=self.router, unrouted=opts.unrouted,
             changes=opts.cdc is not None, fail_on_data_loss=opts.fail_on_data_loss,
-            table_properties=dict(opts.table_properties))
+            table_properties=dict(opts.table_properties),
+            log_id=coordinator_log_id(opts.prefix, self.job_id, self.service.log_incarnation))
 
     def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict) -> None:
         from chandy.connectors.spark.datasource import (

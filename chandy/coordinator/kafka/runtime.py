@@ -41,7 +41,7 @@ from chandy.coordinator.kafka.log_writer import CoordinatorFencedError, LogWrite
 from chandy.coordinator.kafka.metrics import CheckpointMetricsCollector, MetricScope, MetricsServer
 from chandy.coordinator.kafka.requests import RequestExecutor, RequestHandler
 from chandy.coordinator.kafka.service_errors import CoordinatorStoppedError, JobTerminatedError, RestoreTimeoutError
-from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+from chandy.coordinator.kafka.topics import ChandyTopics, check_same_incarnation, ensure_topics, log_incarnation
 from chandy.coordinator.messages import (
     AcknowledgeCheckpoint,
     DeclineCheckpoint,
@@ -181,6 +181,10 @@ class CoordinatorService:
         #: the reason of a global failure the host's restart strategy decides (``restart_strategy``)
         self.failover_reason: str | None = None
         self.load_stats: LoadStats | None = None
+        #: the coordinator log topic's Kafka topic ID when this run started (a log lost, deleted
+        #: and created again, has another): operator coordinators read it through their context
+        #: (``OperatorCoordinatorContext.log_incarnation``); None before the start
+        self.log_incarnation: str | None = None
         self.coordinator: CheckpointCoordinator | None = None
         self._writer: LogWriter | None = None
         self._acks: AckReader | None = None
@@ -260,8 +264,9 @@ class CoordinatorService:
             log.info("job %s: standing by until this process leads group %s", self.job_id, self.election.group_id)
             if not self.election.wait_until_leader(stop=self.stopped):
                 raise CoordinatorStoppedError(f"the standby coordinator of job {self.job_id} stopped before leading")
-        log_partitions = len(admin.list_topics(self.topics.coordinator_log, timeout=timeout_s)
-                             .topics[self.topics.coordinator_log].partitions)
+        # the log's incarnation, before its replay: what this run replays and writes is that topic's
+        incarnation = log_incarnation(admin, self.topics.coordinator_log, timeout_s=timeout_s)
+        self.log_incarnation, log_partitions = incarnation.topic_id, incarnation.partitions
         self._writer = LogWriter(self.bootstrap_servers, self.topics, self.job_id, self.codec, self.transactional_id,
                                  self.mailbox.execute, self._on_writer_failed, self._producer_overrides, log_partitions,
                                  retry_timeout_s=self._retry_timeout_s, still_leading=self._still_leading,
@@ -271,6 +276,9 @@ class CoordinatorService:
                                        codec=self.codec, consumer_overrides=self._consumer_overrides,
                                        timeout_s=timeout_s)
         self.load_stats = load_stats
+        # the same incarnation after the replay: one lost (deleted and created again) meanwhile
+        # was not the log that was replayed, and its coordinators' checkpoint IDs are unknown here
+        check_same_incarnation(admin, self.topics.coordinator_log, incarnation, timeout_s=timeout_s)
         self._writer.seed_key_versions(load_stats.next_key_versions)
         log.info("job %s: replayed %d log records in %.2f s (epoch %d, next checkpoint %d)", self.job_id,
                  load_stats.applied, load_stats.seconds, state.epoch, state.next_checkpoint_id)

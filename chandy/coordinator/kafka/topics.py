@@ -283,6 +283,56 @@ def watermark_offsets(consumer: Any, partition: TopicPartition, timeout_s: float
 _NOT_AUTHORIZED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
 
 
+@dataclasses.dataclass(frozen=True)
+class LogIncarnation:
+    """The coordinator log topic as it is now: its Kafka topic ID (KIP-516: a topic deleted and
+    created again under the same name gets a new one, so the ID tells one incarnation of the log
+    from the next; base64, as Kafka prints it) and its partition count."""
+
+    topic_id: str
+    partitions: int
+
+
+def log_incarnation(admin: Any, topic: str, *, timeout_s: float = 30.0) -> LogIncarnation:
+    """``topic``'s ID and partition count, from the cluster (Kafka's ``DescribeTopics``; the
+    principal needs DESCRIBE on the topic, which READ and WRITE imply). A coordinator asks for
+    them before it replays its log: a data file named with a log incarnation
+    (:func:`~chandy.connectors.lake.sink.coordinator_log_id`) is then never taken for a file of
+    another incarnation of the same log, whose checkpoint IDs the lost log no longer orders
+    (docs/design.md §7, "Cleanup").
+
+    Raises:
+        TopicError: the topic cannot be described (it does not exist, the request failed or
+            timed out), naming it and Kafka's error.
+    """
+    from confluent_kafka import TopicCollection
+
+    try:
+        description = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic].result()
+    except KafkaException as exc:
+        raise TopicError(f"describing topic {topic} (its ID and partitions) failed: {exc.args[0].str()}") from exc
+    return LogIncarnation(str(description.topic_id), len(description.partitions))
+
+
+class LogReplacedError(TopicError):
+    """The coordinator log topic was deleted and created again while a coordinator started (its
+    topic ID changed between the start of its replay and the end): what it replayed is not the
+    log it would write to. Starting again replays the new one."""
+
+
+def check_same_incarnation(admin: Any, topic: str, before: LogIncarnation, *, timeout_s: float = 30.0) -> None:
+    """Raise :class:`LogReplacedError` when ``topic``'s ID is no longer ``before.topic_id``.
+
+    Raises:
+        LogReplacedError: the topic has another ID now.
+        TopicError: it cannot be described.
+    """
+    now = log_incarnation(admin, topic, timeout_s=timeout_s)
+    if now.topic_id != before.topic_id:
+        raise LogReplacedError(f"coordinator log {topic} was deleted and created again while it was replayed (topic "
+                               f"ID {before.topic_id}, now {now.topic_id}): start the job again to replay the new log")
+
+
 def _becomes_visible(admin: AdminClient, name: str, timeout_s: float) -> bool:
     """Whether topic ``name`` shows in ``admin``'s metadata within ``timeout_s`` (a principal
     sees only the topics it may DESCRIBE, and a new ACL takes a moment to reach every broker)."""

@@ -55,3 +55,39 @@ def test_missing_topics_are_named(kafka_bootstrap_servers: str, topic_prefix: st
     admin = kafka_config.admin_client(kafka_bootstrap_servers)
     with pytest.raises(TopicError, match=rf"missing Chandy topics: {topic_prefix}\.acks"):
         check_topics(admin, ChandyTopics(topic_prefix))
+
+
+def test_a_log_deleted_and_created_again_is_another_incarnation(kafka_bootstrap_servers: str, topic_prefix: str) -> None:
+    """The coordinator log's incarnation is its Kafka topic ID (KIP-516): the same topic described
+    twice has one ID; deleted and created again under its name, another, and a start that began
+    on the old one (``check_same_incarnation``) refuses to go on; a topic that does not exist is a
+    TopicError naming it."""
+    import re
+    import time
+
+    from chandy.coordinator.kafka.topics import LogReplacedError, check_same_incarnation, log_incarnation
+
+    admin = kafka_config.admin_client(kafka_bootstrap_servers)
+    topics = ChandyTopics(topic_prefix)
+    ensure_topics(admin, topics, log_partitions=3)
+    first = log_incarnation(admin, topics.coordinator_log, timeout_s=30)
+    assert first.partitions == 3 and first.topic_id and first == log_incarnation(admin, topics.coordinator_log)
+    check_same_incarnation(admin, topics.coordinator_log, first)  # unchanged: no error
+
+    admin.delete_topics([topics.coordinator_log], operation_timeout=30)[topics.coordinator_log].result()
+    with pytest.raises(TopicError, match=rf"describing topic {topics.coordinator_log} .*failed"):
+        log_incarnation(admin, topics.coordinator_log, timeout_s=10)
+    deadline = time.monotonic() + 60
+    while True:  # the deletion completes in the background
+        try:
+            admin.create_topics([NewTopic(topics.coordinator_log, 1, 1)])[topics.coordinator_log].result()
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    second = log_incarnation(admin, topics.coordinator_log, timeout_s=30)
+    assert second.topic_id != first.topic_id and second.partitions == 1
+    with pytest.raises(LogReplacedError, match=re.escape(f"{topics.coordinator_log} was deleted and created again while "
+                                                         f"it was replayed (topic ID {first.topic_id}, now {second.topic_id})")):
+        check_same_incarnation(admin, topics.coordinator_log, first)
