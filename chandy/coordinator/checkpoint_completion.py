@@ -111,6 +111,7 @@ class CheckpointCompletion(CoordinatorCore):
             job_id=self.job_id, checkpoint_id=pending.checkpoint_id, checkpoint_type=pending.checkpoint_type,
             trigger_timestamp=pending.trigger_timestamp, completion_timestamp=self.env.now_ms(),
             master_states=tuple(pending.master_states), operator_states=pending.operator_states(),
+            properties={CheckpointMetadata.COORDINATOR_LOG: writer} if (writer := self.coordinator_log()) else {},
         )
         location = pending.location
         outputs = self.completion_outputs if pending.checkpoint_type is not CheckpointType.SAVEPOINT else None

@@ -116,6 +116,7 @@ class CoordinatorCore:
                 provider, parallelism, env, job_id, lambda: self.state.epoch, self._fail_job,
                 lambda record: self._commit(Batch(records=[record])), self.checkpoint_pointer,
                 append_batch=self._commit, state_of=lambda: self.state, event_of=self._checkpoint_event,
+                log_of=self.coordinator_log,
             )
         self.decider = CheckpointRequestDecider(options.max_concurrent, options.min_pause_ms)
         self.failure_manager = CheckpointFailureManager(options.tolerable_failed)
@@ -260,6 +261,16 @@ class CoordinatorCore:
 
     def _fail_job(self, cause: BaseException) -> None:
         raise NotImplementedError  # :mod:`chandy.coordinator.job_lifecycle`
+
+    def coordinator_log(self) -> str | None:
+        """The coordinator log this coordinator writes, as its ``_metadata`` files name it
+        (``<transactional id>@<log incarnation>``; None without a transactional ID). Two logs of
+        one job (two topic prefixes) or two incarnations of one log (a lost log created again)
+        hand out the same checkpoint IDs into the same checkpoint directory: a coordinator tells
+        its own ``chk-N/_metadata`` from another log's by this."""
+        if not self.transactional_id:
+            return None
+        return f"{self.transactional_id}@{getattr(self.env, 'log_incarnation', None) or '-'}"
 
     def checkpoint_pointer(self, checkpoint_id: int) -> str | None:
         raise NotImplementedError  # :mod:`chandy.coordinator.checkpoint_coordinator`

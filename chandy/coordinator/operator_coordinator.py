@@ -127,6 +127,13 @@ class OperatorCoordinatorContext(Protocol):
         a coordinator of the job started later takes only higher IDs."""
         ...
 
+    def coordinator_log(self) -> str | None:
+        """The coordinator log this coordinator writes, as the ``_metadata`` files it writes name it
+        (``CheckpointMetadata.coordinator_log``), or None when the runtime has no such log. A
+        ``chk-N/_metadata`` naming another log is another coordinator's checkpoint N (two logs of
+        one job, or a lost log's old incarnation, share the checkpoint directory and the IDs)."""
+        ...
+
     def log_incarnation(self) -> str | None:
         """Which incarnation of the coordinator log this coordinator replayed and writes (the
         Kafka runtime: the log topic's topic ID, new when the log was lost and created again), or

@@ -59,6 +59,7 @@ class OperatorCoordinatorHolder:
         env: the runtime environment (mailbox, log writer).
         job_id: the job's ID; ``epoch`` is read through ``epoch_of()`` at send time.
         fail_job: called with the cause when the coordinator fails the job.
+        log_of: the coordinator log this coordinator writes (``coordinator_log``), or None.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class OperatorCoordinatorHolder:
         append_batch: Callable[[Batch], None] | None = None,
         state_of: Callable[[], CoordinatorState] | None = None,
         event_of: Callable[..., CheckpointEvent] | None = None,
+        log_of: Callable[[], str | None] | None = None,
     ) -> None:
         self.operator_id = provider.operator_id
         self._parallelism = parallelism
@@ -86,6 +88,7 @@ class OperatorCoordinatorHolder:
         self._append_batch = append_batch
         self._state_of = state_of
         self._event_of = event_of
+        self._log_of = log_of or (lambda: None)
         self._closed = False
         self.current_attempts: dict[int, int] = {}
         self._valve_closed = False
@@ -160,6 +163,10 @@ class OperatorCoordinatorHolder:
     def newest_checkpoint_id(self) -> int:
         """See :meth:`OperatorCoordinatorContext.newest_checkpoint_id`."""
         return -1 if self._state_of is None else self._state_of().next_checkpoint_id - 1
+
+    def coordinator_log(self) -> str | None:
+        """See :meth:`OperatorCoordinatorContext.coordinator_log`."""
+        return self._log_of()
 
     def log_incarnation(self) -> str | None:
         """See :meth:`OperatorCoordinatorContext.log_incarnation`: the environment's

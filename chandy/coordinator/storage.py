@@ -115,6 +115,16 @@ class CheckpointMetadata:
     operator_states: tuple[OperatorState, ...] = ()
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
 
+    #: the ``properties`` key naming the coordinator log whose coordinator wrote this ``_metadata``
+    #: (``CoordinatorCore.coordinator_log``: its transactional ID and the log's incarnation)
+    COORDINATOR_LOG = "coordinator-log"
+
+    @property
+    def coordinator_log(self) -> str | None:
+        """The coordinator log whose coordinator wrote this ``_metadata`` (None: not recorded, as
+        before Chandy recorded it, or a runtime without a log)."""
+        return self.properties.get(self.COORDINATOR_LOG) or None
+
     def operator(self, operator_id: str) -> OperatorState | None:
         """The state of ``operator_id``, or None."""
         return next((o for o in self.operator_states if o.operator_id == operator_id), None)

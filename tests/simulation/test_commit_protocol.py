@@ -12,7 +12,7 @@ the consumer group, the source topic and the table, every invariant checked afte
   find a schedule that breaks an invariant (and that the real rule keeps).
 - real bugs the simulation found, each fixed and kept as a test of the seeds that found it, with
   a mutation test that turns its fix off (docs/design.md §10 lists them); a bug found and not yet
-  fixed is a strict xfail ``test_bug_*`` (none is left).
+  fixed is a strict xfail ``test_bug_*``.
 """
 
 from __future__ import annotations
@@ -433,4 +433,37 @@ def test_a_start_that_replayed_across_a_lost_log_does_not_announce_a_checkpoint_
     (``check_same_incarnation``), and gives up otherwise; the mutation test of that check above
     breaks this seed again ("lake-event-twice")."""
     result = run_schedule(1006375, "routed-two-logs-faults")
+    assert not result.violations, result.report()
+
+
+def test_two_logs_never_commit_each_others_checkpoints(quiet: None) -> None:
+    """Found by this simulation as a bug (issue 54, family routed-two-logs-faults, seed 1007916,
+    when each family ran every seed of the long campaign), then fixed: two coordinator logs of one
+    job (two ``--prefix``es) hand out the same checkpoint IDs into one checkpoint directory, so the
+    second log's committer read the first log's ``chk-2/_metadata`` (partition 1's [3, 6)) and
+    committed its files, while its own enumerator committed its checkpoint 2's ends to the consumer
+    group: the group at 3 on partitions 0 and 2, which no table held. ``_metadata`` now names the
+    coordinator log that wrote it (``CheckpointMetadata.coordinator_log``: transactional ID and log
+    incarnation), and a completion notice refuses another log's (``LakeDivergenceError``)."""
+    result = run_schedule(1007916, "routed-two-logs-faults")
+    assert not result.violations, result.report()
+
+
+def test_mutation_committing_another_logs_metadata_is_caught(quiet: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above off: seed 1007916 leaves the group ahead of the tables again."""
+    monkeypatch.setattr(LakeCommitter, "_check_own_metadata", lambda self, checkpoint_id, metadata: None)
+    mutated = run_schedule(1007916, "routed-two-logs-faults")
+    assert mutated.violations and mutated.violations[0][0] == "group-ahead", mutated.report()
+
+
+@pytest.mark.xfail(strict=True, reason="open: a restore's cleanup deletes files a coordinator of its log then commits (design.md §10)")
+def test_bug_a_restores_cleanup_deletes_files_a_coordinator_of_its_log_then_commits(quiet: None) -> None:
+    """Found by this simulation (issue 54, family cdc-two-logs-faults, seed 1008235), not yet
+    analysed to its cause: a run (p4) replayed its log, restored checkpoint 1 and deleted the
+    unreferenced files of checkpoint 2 (its cleanup is bounded by the newest ID its log handed
+    out, 2); the run it had replaced (p2) then committed checkpoint 2 with those files. Either p2's
+    completion of 2 reached the log after p4's replay (which fencing should forbid), or the
+    cleanup's bound is wrong; replay with ``CHANDY_SIM_FAMILY=cdc-two-logs-faults
+    CHANDY_SIM_SEED=1008235``."""
+    result = run_schedule(1008235, "cdc-two-logs-faults")
     assert not result.violations, result.report()

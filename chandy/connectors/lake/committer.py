@@ -223,6 +223,26 @@ class LakeCommitter:
         _, metadata = resolve_checkpoint_pointer(pointer, self.storage.storage_options)
         return metadata
 
+    def _check_own_metadata(self, checkpoint_id: int, metadata: CheckpointMetadata) -> None:
+        """Before checkpoint ``checkpoint_id``'s completion notice commits anything: its
+        ``_metadata`` is this coordinator log's (``CheckpointMetadata.coordinator_log`` equals
+        ``context.coordinator_log()``, when both are known). Two coordinator logs of one job (two
+        ``--prefix``es) hand out the same checkpoint IDs into one checkpoint directory: committing
+        the other log's checkpoint N while this log's source commits its own N's offsets to the
+        consumer group would leave the group ahead of the tables (found by the commit-protocol
+        simulation, issue 54: family routed-two-logs-faults, seed 1007916).
+
+        Raises:
+            LakeDivergenceError: the ``_metadata`` names another coordinator log.
+        """
+        own, written_by = self.context.coordinator_log(), metadata.coordinator_log
+        if own is None or written_by is None or own == written_by:
+            return
+        raise LakeDivergenceError(
+            f"checkpoint {checkpoint_id}'s _metadata was written by coordinator log {written_by}, not by this one "
+            f"({own}): another coordinator log of job {self.context.job_id} (another --prefix, or the old log of a "
+            "lost one) uses the same checkpoint directory and IDs; nothing is committed. Run each job under one prefix")
+
     def files_of(self, checkpoint_id: int, metadata: CheckpointMetadata | None = None) -> list[DataFile]:
         """The data files checkpoint ``checkpoint_id`` references, from its ``_metadata``."""
         metadata = metadata or self._metadata(checkpoint_id)
@@ -331,6 +351,8 @@ class LakeCommitter:
             return  # this run committed it already (a restore's commit, then its completion notice)
         crash_point("before-lake-commit", checkpoint_id)
         metadata = self._metadata(checkpoint_id)
+        if not self._restoring:  # a restore commits what its pointer names, whoever wrote it
+            self._check_own_metadata(checkpoint_id, metadata)
         files = self.files_of(checkpoint_id, metadata)
         ranges = self.offsets_of(metadata) if self.offsets_of is not None else {}
         by_table: dict[str, list[DataFile]] = {}

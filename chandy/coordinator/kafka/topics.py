@@ -301,17 +301,27 @@ def log_incarnation(admin: Any, topic: str, *, timeout_s: float = 30.0) -> LogIn
     another incarnation of the same log, whose checkpoint IDs the lost log no longer orders
     (docs/design.md §7, "Cleanup").
 
+    A topic unknown to the broker asked (one just created, whose metadata has not reached every
+    broker yet) or a retriable error is asked again, every 0.2 s, until ``timeout_s`` (seconds).
+
     Raises:
-        TopicError: the topic cannot be described (it does not exist, the request failed or
-            timed out), naming it and Kafka's error.
+        TopicError: the topic cannot be described within ``timeout_s`` (it does not exist, the
+            request failed or timed out), naming it and Kafka's last error.
     """
     from confluent_kafka import TopicCollection
 
-    try:
-        description = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic].result()
-    except KafkaException as exc:
-        raise TopicError(f"describing topic {topic} (its ID and partitions) failed: {exc.args[0].str()}") from exc
-    return LogIncarnation(str(description.topic_id), len(description.partitions))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = max(0.1, deadline - time.monotonic())
+        try:
+            description = admin.describe_topics(TopicCollection([topic]), request_timeout=remaining)[topic].result()
+            return LogIncarnation(str(description.topic_id), len(description.partitions))
+        except KafkaException as exc:
+            error = exc.args[0]
+            if time.monotonic() + 0.2 >= deadline or not (
+                    error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART or is_retriable(error)):
+                raise TopicError(f"describing topic {topic} (its ID and partitions) failed: {error.str()}") from exc
+        time.sleep(0.2)
 
 
 class LogReplacedError(TopicError):

@@ -223,6 +223,7 @@ def test_loading_an_empty_or_marker_ended_log_does_not_hang(kafka_bootstrap_serv
     started = time.monotonic()
     state, stats = load_state(kafka_bootstrap_servers, topics.coordinator_log, job, timeout_s=10)
     assert stats.applied == 0 and state.next_checkpoint_id == 1
+    assert time.monotonic() - started < 10
     # an aborted transaction leaves only a marker at the end of the partition
     producer = kafka_config.producer(kafka_bootstrap_servers, transactional_id=f"t-{job}")
     producer.init_transactions(10)
@@ -234,6 +235,14 @@ def test_loading_an_empty_or_marker_ended_log_does_not_hang(kafka_bootstrap_serv
     producer.produce(topics.coordinator_log, b"never committed", b"k", partition=partition_for(job, count))  # the job's partition
     producer.flush(10)
     producer.abort_transaction(10)
+    # the broker writes the abort marker after EndTxn returns: wait until the partition holds it
+    consumer = kafka_config.consumer(kafka_bootstrap_servers)
+    deadline = time.monotonic() + 10
+    while consumer.get_watermark_offsets(TopicPartition(topics.coordinator_log, partition_for(job, count)),
+                                         timeout=5, cached=False)[1] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    consumer.close()
+    started = time.monotonic()
     state, stats = load_state(kafka_bootstrap_servers, topics.coordinator_log, job, timeout_s=10)
     assert stats.applied == 0 and stats.end_offset >= 2
     assert time.monotonic() - started < 10
