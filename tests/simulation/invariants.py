@@ -17,6 +17,13 @@ simulation"). Each violation is (invariant, what was seen):
   (when the event carries them) offset ranges equal to what the commit's files hold;
   (``lake-event-start``: the ranges differ only in where they start);
 - ``lake-event-twice``: no checkpoint of one table is announced twice on one events topic.
+- ``watermark``: a ``LAKE_COMMITTED`` event's completeness watermark ``valid_through_ms`` W claims
+  nothing that is not in a table: every record of every source partition stamped before W (from
+  where the job started) is in the tables when the event is published, and no record stamped
+  before W comes later into a partition no table held a record of when W was claimed (a
+  partition never read holds the watermark back, as a Flink split that emitted nothing; a record
+  stamped before W in a partition read already is late data, which a watermark allows). README,
+  "The completeness watermark".
 
 With routed tables (``Config.routed``) the table is their union: a partition's records land in
 one of them, every table's commits and files count, an event is checked against its own table's
@@ -28,6 +35,7 @@ offsets of ``--table``'s partitions that land a moment later.
 
 from __future__ import annotations
 
+import bisect
 import collections
 from typing import Any
 
@@ -58,6 +66,8 @@ class Checker:
         self._events_seen: dict[str, int] = collections.defaultdict(int)
         self._announced: dict[tuple[str, str], dict[int, int]] = collections.defaultdict(dict)
         self._commits_checked: dict[str, int] = collections.defaultdict(int)
+        #: watermarks claimed: (W, the event, its owner, the partitions the tables held records of then)
+        self.claims: list[tuple[int, Any, str, frozenset[TP]]] = []
 
     def check(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
@@ -70,6 +80,7 @@ class Checker:
             self._versions = versions
             found += self._check_table()
             found += self._check_events()
+            found += self._check_claims()
         return [v for v in found if v[0] not in self.ignore]
 
     # -- the table and the group ----------------------------------------------------------------------------
@@ -151,8 +162,39 @@ class Checker:
                                                 f"table {event.table_uri}, which the job does not write"))
                     continue
                 found += self._check_event(prefix, event, owner, table.commits)
+                found += self._check_watermark(event, owner)
             self._events_seen[prefix] = len(events)
         return found
+
+    def _check_watermark(self, event: Any, owner: str) -> list[tuple[str, str]]:
+        watermark = event.valid_through_ms
+        if watermark is None:
+            return []
+        coverage = {tp: merged(sorted(ranges)) for tp, ranges in self.coverage().items()}
+        self.claims.append((watermark, event, owner, frozenset(tp for tp, held in coverage.items() if held)))
+        earliest = self.sim.config.starting_offsets == "earliest"
+        for tp, times in sorted(self.sim.cluster.source_times.items()):
+            before = bisect.bisect_left(times, watermark)  # offsets [0, before) are stamped before W
+            held = coverage.get(tp, [])
+            origin = 0 if earliest else (held[0][0] if held else before)
+            if origin < before and not any(start <= origin and before <= end for start, end in held):
+                return [("watermark", f"LAKE_COMMITTED of checkpoint {event.checkpoint_id} by {owner} "
+                                      f"({event.table_uri}) says every record before {watermark} is in, but "
+                                      f"{tp[0]}-{tp[1]} offsets [{origin}, {before}) are stamped before it and the "
+                                      f"tables hold {held}")]
+        return []
+
+    def _check_claims(self) -> list[tuple[str, str]]:
+        """No record stamped before a claimed watermark came into a partition the tables held no
+        record of when it was claimed (see the module docstring)."""
+        for watermark, event, owner, read in self.claims:
+            for tp, times in sorted(self.sim.cluster.source_times.items()):
+                if tp not in read and times and min(times) < watermark:
+                    return [("watermark", f"LAKE_COMMITTED of checkpoint {event.checkpoint_id} by {owner} "
+                                          f"({event.table_uri}) said every record before {watermark} is in, while the "
+                                          f"tables held no record of {tp[0]}-{tp[1]}, which now holds one stamped "
+                                          f"{min(times)}")]
+        return []
 
     def _check_event(self, prefix: str, event: Any, owner: str, commits: list[TableCommit]) -> list[tuple[str, str]]:
         n, version = event.checkpoint_id, event.table_version

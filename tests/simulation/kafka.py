@@ -160,6 +160,7 @@ class SimCluster:
         self.world = world
         self.source_topic = source_topic
         self.source_end: dict[TP, int] = {(source_topic, p): 0 for p in range(partitions)}
+        self.source_times: dict[TP, list[int]] = {(source_topic, p): [] for p in range(partitions)}
         self.logs: dict[str, TopicLog] = {}
         self.txn_epochs: dict[str, int] = {}
         self.groups: dict[str, dict[TP, int]] = collections.defaultdict(dict)
@@ -186,9 +187,13 @@ class SimCluster:
             self.logs[topic] = TopicLog(topic)
         return self.logs[topic]
 
-    def produce(self, partition: int, count: int) -> None:
+    def produce(self, partition: int, count: int, timestamp_ms: int | None = None) -> None:
+        """``count`` records into ``partition``, stamped ``timestamp_ms`` (CreateTime: a producer
+        that buffered them), or by default with the clock when produced (LogAppendTime)."""
         tp = (self.source_topic, partition)
         self.source_end[tp] += count
+        self.source_times[tp] += [self.world.now_ms() if timestamp_ms is None else timestamp_ms] * count
+        self.version += 1  # the checker looks again: a new record may contradict a watermark claimed before
 
     def lose_log(self, topic: str) -> None:
         self.log(topic).lose()

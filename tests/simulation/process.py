@@ -41,7 +41,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from chandy.connectors.kafka.source import offsets as offsets_module
 from chandy.connectors.kafka.source.enumerator import KafkaSourceCoordinatorProvider, KafkaSourceOptions
 from chandy.connectors.lake.committer import LakeCommitterProvider
-from chandy.connectors.lake.sink import LakeCommitError, coordinator_log_id
+from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, LakeCommitError, coordinator_log_id, offsets_to_json
 from chandy.connectors.spark.options import SINK_OPERATOR, SOURCE_OPERATOR
 from chandy.connectors.spark.pipeline import Pipeline
 from chandy.coordinator.checkpoint_coordinator import CheckpointCoordinator
@@ -54,7 +54,7 @@ from chandy.coordinator.kafka import log_writer as log_writer_module
 from chandy.coordinator.kafka.log import load_state
 from chandy.coordinator.kafka.log_writer import CoordinatorFencedError, LogWriter, transactional_id_for
 from chandy.coordinator.kafka.topics import ChandyTopics, check_same_incarnation, log_incarnation
-from chandy.coordinator.messages import AcknowledgeCheckpoint, DeclineCheckpoint
+from chandy.coordinator.messages import AcknowledgeCheckpoint, DeclineCheckpoint, StateHandle
 from chandy.coordinator.options import CheckpointingOptions
 from chandy.coordinator.records import JobStatus
 from chandy.coordinator.state import EpochClaim
@@ -513,6 +513,18 @@ class Process:
             checkpoint_id, CheckpointFailureReason.CHECKPOINT_DECLINED, "Spark job failed"))
         self.wait(aborted.done, 30_000)
 
+    def _source_metrics(self, ranges: tuple) -> tuple[StateHandle, ...]:
+        """The task's ``source-metrics`` handle (``SubtaskSourceMetrics.state_handle``): per
+        partition read, the Kafka timestamp of its newest record read (none when nothing was)."""
+        times = self.cluster.source_times
+        read = {(topic, partition): times[(topic, partition)][end - 1]
+                for topic, partition, start, end in ranges if end > start}
+        if not read:
+            return ()
+        return (StateHandle(SOURCE_METRICS_KIND, None, None, 0, {
+            "event_time_ms": str(max(read.values())), "fetch_time_ms": str(self.world.now_ms()),
+            "partition_event_time_ms": offsets_to_json(read)}),)
+
     def _task(self, checkpoint_id: int, epoch: int, subtask: int, ranges: tuple) -> bool:
         """``write_and_acknowledge`` for each attempt Spark gives the task."""
         log_id = self.log_id  # TaskOptions.log_id, fixed when the checkpoint's tasks were made
@@ -525,7 +537,7 @@ class Process:
                     files += self.sinks[table.table_uri].write_ranges(JOB_ID, checkpoint_id, subtask, attempt, mine,
                                                                       table_uri=routed, log_id=log_id)
                 ack = AcknowledgeCheckpoint(JOB_ID, epoch, checkpoint_id, SINK_OPERATOR, subtask, attempt,
-                                            tuple(f.to_state_handle() for f in files))
+                                            (*(f.to_state_handle() for f in files), *self._source_metrics(ranges)))
                 self.world.call("ack.send", lambda ack=ack: self.sim.deliver(self.prefix, ack),
                                 lambda: ChandyError("sending the ack failed"), allowed=("ok", "fail", "fail_after", "delay"))
                 return True

@@ -29,7 +29,7 @@ from chandy.coordinator.kafka import topics as topics_module
 from chandy.coordinator.kafka.topics import ChandyTopics
 from tests.simulation.invariants import Checker
 from tests.simulation.kafka import FakeAdmin, FakeConsumer, FakeProducer, SimCluster
-from tests.simulation.kernel import SimClock, World
+from tests.simulation.kernel import EPOCH_MS, SimClock, World
 from tests.simulation.process import BOOTSTRAP, Process
 from tests.simulation.table import SimTable
 
@@ -62,6 +62,10 @@ class Config:
     slow_cleanups: float = 0.0  # how often a cleanup's listing of the table is slow, besides faults (with racy_cleanup)
     routed: int = 0  # routed tables (--route by topic partition): partition p lands in routed table p % (routed + 1) - 1
     cdc: bool = False  # --cdc: the committer applies change files (LakeSink.commit_changes) instead of appending
+    #: partition 0 gets no record during the first this many steps, then records stamped when the
+    #: schedule began (a partition never read: it must hold the completeness watermark back, issue
+    #: 54, finding F); its draws go to partition 1 meanwhile
+    quiet_steps: int = 0
 
     @classmethod
     def draw(cls, seed: int, **fixed: Any) -> Config:
@@ -214,7 +218,12 @@ class Simulation:
     def _produce(self) -> None:
         partition = self.rng.randrange(self.config.partitions)
         count = self.rng.choice((1, 2, 5, 13))
-        self.cluster.produce(partition, count)
+        if partition == 0 and self.world.steps <= self.config.quiet_steps:
+            partition = 1  # partition 0 is quiet: never read yet
+        # a quiet partition's records, when they come, were stamped when the schedule began (a
+        # producer that buffered them): a watermark the other partitions moved past them was a lie
+        old = EPOCH_MS if partition == 0 and self.config.quiet_steps else None
+        self.cluster.produce(partition, count, old)
 
     def _kill(self) -> None:
         process = self.rng.choice(self.live())
@@ -273,6 +282,7 @@ class Simulation:
                                   (t.written[path] for path in c.files)),
             "log_transactions": self.cluster.transactions,
             "lost_logs": self.lost_logs,
+            "watermarks_claimed": len(self.checker.claims),
             "compactions": self.compactions,
             "faults": sum(self.world.faults_injected.values()),
             "fenced": sum(1 for p in self.processes if p.fenced),
@@ -352,6 +362,14 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # under two coordinator logs with slow and failing calls (issue 54, finding E)
     "cdc-two-logs-faults": {"cdc": True, "two_prefixes": True, "fault_level": 0.04, "stuck_timeouts": False,
                             "overlaps": 3},
+    # the completeness watermark (issue 54, finding F): partition 0 gets its first records halfway
+    # through, so for 300 steps the job reads partitions 1 and 2 only; every LAKE_COMMITTED's
+    # valid_through_ms must claim nothing the tables lack (the checker's ``watermark``), with every
+    # fault, kills, restarts and lost logs, routed tables or not
+    "watermark": {"partitions": 3, "quiet_steps": 300, "starting_offsets": "earliest", "stuck_timeouts": False,
+                  "overlaps": 3},
+    "watermark-routed": {"routed": 2, "partitions": 3, "quiet_steps": 300, "starting_offsets": "earliest",
+                         "stuck_timeouts": False, "overlaps": 3},
 }
 
 

@@ -49,7 +49,7 @@ def quiet() -> Iterator[None]:
 
 #: the families of the long campaign, by seed (the default campaign's are ``family_of``)
 LONG_FAMILIES = ("one-log", "two-logs", "lost-log-latest", "racy-cleanup", "routed", "routed-two-logs",
-                 "routed-two-logs-faults", "cdc-two-logs-faults")
+                 "routed-two-logs-faults", "cdc-two-logs-faults", "watermark", "watermark-routed")
 
 
 def campaign(seeds: range, family: Callable[[int], str] = lambda seed: "campaign"
@@ -81,6 +81,18 @@ def test_campaign(quiet: None) -> None:
     assert landed >= 0.8 * SCHEDULES, totals
     assert totals["fenced"] > 0 and totals["lost_logs"] > 0 and totals["compactions"] > 0, totals
     assert totals["faults"] > 10 * SCHEDULES, totals
+
+
+@pytest.mark.slow
+def test_family_long(quiet: None) -> None:
+    """One family (``CHANDY_SIM_FAMILY``, default ``routed-two-logs-faults``) for
+    ``CHANDY_SIM_SCHEDULES`` schedules (20,000 by default) from seed 1,000,000: issue 54's
+    acceptance runs of each family."""
+    family = os.environ.get("CHANDY_SIM_FAMILY", "routed-two-logs-faults")
+    failed, totals, _ = campaign(range(1_000_000, 1_000_000 + LONG_SCHEDULES), lambda seed: family)
+    if failed is not None:
+        pytest.fail(failed.report())
+    print(family, dict(totals))
 
 
 @pytest.mark.slow
@@ -335,6 +347,33 @@ def test_cdc_merges_keep_the_protocol(quiet: None) -> None:
     if failed is not None:
         pytest.fail(failed.report())
     assert landed >= 75, totals
+
+
+def test_the_watermark_families_keep_the_protocol(quiet: None) -> None:
+    """The completeness watermark (issue 54, finding F): partition 0 quiet for 300 steps, then
+    records stamped when the schedule began; every ``LAKE_COMMITTED``'s ``valid_through_ms``
+    claims nothing the tables lack, now or later (the checker's ``watermark``), with and without
+    routed tables: 100 schedules of each, which claim watermarks."""
+    for family in ("watermark", "watermark-routed"):
+        failed, totals, landed = campaign(range(100), lambda seed, family=family: family)
+        if failed is not None:
+            pytest.fail(failed.report())
+        assert landed >= 75 and totals["watermarks_claimed"] > 100, (family, totals)
+
+
+def test_mutation_watermark_over_the_partitions_read_only_is_caught(quiet: None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``valid_through_ms`` as the minimum over the partitions read only (finding F before its
+    fix): a partition never read holds nothing back, and its first records, stamped before the
+    claimed watermark, arrive after it."""
+    from chandy.connectors.lake import committer as committer_module
+
+    real = committer_module.valid_through_ms
+    for family in ("watermark", "watermark-routed"):
+        found = caught(lambda p: p.setattr(committer_module, "valid_through_ms",
+                                           lambda times, partitions=None, idle=(): real(times)),
+                       family, monkeypatch, seeds=50)
+        assert found.violations[0][0] == "watermark", found.report()
 
 
 class _Unguarded:
