@@ -96,6 +96,21 @@ class Checker:
                         ranges[(topic, partition)].append((start, end))
         return ranges
 
+    def origin(self, tp: TP) -> int:
+        """With ``earliest``: where the job began reading ``tp``, the starting offset of the split of
+        the run whose commit first recorded or held records of it (0 before any did, or when unknown)."""
+        firsts = [(commit.timestamp, commit.version, commit.author) for table in self.sim.tables
+                  for commit in table.commits
+                  if tp in (commit.offsets or {}) or any(
+                      info is not None and any((t, p) == tp for t, p, _, _ in info.ranges)
+                      for info in (table.written.get(path) for path in commit.files))]
+        if not firsts:
+            return 0
+        author = min(firsts)[2]
+        process = next((p for p in self.sim.processes if p.name == author), None)
+        split = None if process is None or process.cc is None else process.enumerator.splits.get(tp)
+        return 0 if split is None else split.starting_offset
+
     def _check_table(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
         table, cluster = self.sim.table, self.sim.cluster
@@ -117,8 +132,11 @@ class Checker:
             for (_, e1), (s2, e2) in zip(ordered, ordered[1:], strict=False):
                 if s2 < e1:
                     found.append(("duplicate", f"{tp[0]}-{tp[1]} offsets [{s2}, {min(e1, e2)}) are in the table twice"))
-            # where the job started: offset 0 (earliest), else the lowest it ever recorded or holds
-            origin = 0 if earliest else min([s for s, _ in ordered] + recorded.get(tp, []))
+            # where the job started: with earliest, where the split of the run that first landed
+            # records of the partition began (0, or the log start it found: records deleted before
+            # a run's discovery, with no checkpoint of the job completed, are none the job read;
+            # Flink's OffsetsInitializer runs again then); else the lowest it ever recorded or holds
+            origin = self.origin(tp) if earliest else min([s for s, _ in ordered] + recorded.get(tp, []))
             reach = origin
             for start, end in ordered:
                 if start > reach:
@@ -134,7 +152,7 @@ class Checker:
                                      f"{ends.get(tp, 0)}"))
         for group_id, offsets in cluster.groups.items():
             for tp, offset in sorted(offsets.items()):
-                held = ends.get(tp, 0 if earliest else None)
+                held = ends.get(tp, self.origin(tp) if earliest else None)
                 if held is not None and offset > held:
                     found.append(("group-ahead", f"group {group_id} committed {tp[0]}-{tp[1]} at {offset}, but the table "
                                                  f"holds it only up to {held}"))
@@ -176,7 +194,7 @@ class Checker:
         for tp, times in sorted(self.sim.cluster.source_times.items()):
             before = bisect.bisect_left(times, watermark)  # offsets [0, before) are stamped before W
             held = coverage.get(tp, [])
-            origin = 0 if earliest else (held[0][0] if held else before)
+            origin = self.origin(tp) if earliest else (held[0][0] if held else before)
             if origin < before and not any(start <= origin and before <= end for start, end in held):
                 return [("watermark", f"LAKE_COMMITTED of checkpoint {event.checkpoint_id} by {owner} "
                                       f"({event.table_uri}) says every record before {watermark} is in, but "

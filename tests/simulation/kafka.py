@@ -161,6 +161,8 @@ class SimCluster:
         self.source_topic = source_topic
         self.source_end: dict[TP, int] = {(source_topic, p): 0 for p in range(partitions)}
         self.source_times: dict[TP, list[int]] = {(source_topic, p): [] for p in range(partitions)}
+        #: each source partition's log start offset (DeleteRecords or retention moves it up)
+        self.source_start: dict[TP, int] = {(source_topic, p): 0 for p in range(partitions)}
         self.logs: dict[str, TopicLog] = {}
         self.txn_epochs: dict[str, int] = {}
         self.groups: dict[str, dict[TP, int]] = collections.defaultdict(dict)
@@ -211,9 +213,16 @@ class SimCluster:
             topics[topic] = _Topic(topic, 1)
         return _Metadata(topics)
 
+    def truncate(self, partition: int, offset: int) -> None:
+        """Kafka's DeleteRecords (or retention): the source partition's log starts at ``offset``
+        (never moves back); the records below it are gone."""
+        tp = (self.source_topic, partition)
+        self.source_start[tp] = max(self.source_start[tp], min(offset, self.source_end[tp]))
+        self.version += 1
+
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         if topic == self.source_topic:
-            return 0, self.source_end[(topic, partition)]
+            return self.source_start[(topic, partition)], self.source_end[(topic, partition)]
         return 0, self.log(topic).end
 
     # -- transactions --------------------------------------------------------------------------------

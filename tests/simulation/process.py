@@ -40,6 +40,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from chandy.connectors.kafka.source import offsets as offsets_module
 from chandy.connectors.kafka.source.enumerator import KafkaSourceCoordinatorProvider, KafkaSourceOptions
+from chandy.connectors.kafka.source.reader import KafkaDataLossError
 from chandy.connectors.lake.committer import LakeCommitterProvider
 from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, LakeCommitError, coordinator_log_id, offsets_to_json
 from chandy.connectors.spark.options import SINK_OPERATOR, SOURCE_OPERATOR
@@ -400,7 +401,7 @@ class Process:
         initializer = {"earliest": offsets_module.earliest(), "latest": offsets_module.latest()}[self.starting_offsets]
         source = KafkaSourceOptions(BOOTSTRAP, topics=(self.cluster.source_topic,), group_id=GROUP_ID,
                                     starting_offsets=initializer, max_records_per_checkpoint=self.max_records,
-                                    offset_floor=floor)
+                                    offset_floor=floor, fail_on_data_loss=True, sink_holds_offsets=True)
         # the log's incarnation before its replay, as CoordinatorService._start asks it
         incarnation = log_incarnation(kafka_config.admin_client(BOOTSTRAP), self.topics.coordinator_log, timeout_s=60.0)
         self.env.log_incarnation = incarnation.topic_id
@@ -530,6 +531,9 @@ class Process:
         log_id = self.log_id  # TaskOptions.log_id, fixed when the checkpoint's tasks were made
         for attempt in range(self.task_attempts):
             try:
+                gone = [(t, p, s) for t, p, s, e in ranges if e > s and s < self.cluster.source_start[(t, p)]]
+                if gone:  # KafkaRangeReader: OFFSET_OUT_OF_RANGE below the log start fails the task (failOnDataLoss)
+                    raise KafkaDataLossError(f"offsets of {gone} are no longer in Kafka")
                 files = []
                 for table in self.sim.tables:  # the routed tables' files carry their table (DataFile.table_uri)
                     mine = tuple(r for r in ranges if self.sim.table_of(r[1]) is table)

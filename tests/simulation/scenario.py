@@ -66,6 +66,9 @@ class Config:
     #: schedule began (a partition never read: it must hold the completeness watermark back, issue
     #: 54, finding F); its draws go to partition 1 meanwhile
     quiet_steps: int = 0
+    #: how likely a step truncates a source partition (DeleteRecords, retention) at a random offset
+    #: of its log: the job must never skip what it did not read (Spark's failOnDataLoss, issue 54, B)
+    truncations: float = 0.0
 
     @classmethod
     def draw(cls, seed: int, **fixed: Any) -> Config:
@@ -135,6 +138,7 @@ class Simulation:
         self.overlapped = 0
         self.lost_logs = 0
         self.compactions = 0
+        self.truncations = 0
         # two coordinator logs: nothing orders their consumer-group commits (see invariants)
         self.checker = Checker(self, ignore=checker_ignores, group_monotonic=not config.two_prefixes)
 
@@ -213,7 +217,19 @@ class Simulation:
             out.append((0.008, "lose-log", self._lose_log))
         if c.compaction:
             out.append((0.03, "compact", self._compact))
+        if c.truncations:
+            out.append((c.truncations, "truncate", self._truncate))
         return out
+
+    def _truncate(self) -> None:
+        """DeleteRecords on a source partition, up to an offset the job may not have read yet."""
+        partition = self.rng.randrange(self.config.partitions)
+        tp = (self.cluster.source_topic, partition)
+        start, end = self.cluster.source_start[tp], self.cluster.source_end[tp]
+        offset = self.rng.randint(start, end)
+        self.world.note(f"the source's {tp[0]}-{tp[1]} now starts at offset {offset} (was {start}, ends at {end})")
+        self.cluster.truncate(partition, offset)
+        self.truncations += 1
 
     def _produce(self) -> None:
         partition = self.rng.randrange(self.config.partitions)
@@ -284,6 +300,8 @@ class Simulation:
             "lost_logs": self.lost_logs,
             "watermarks_claimed": len(self.checker.claims),
             "compactions": self.compactions,
+            "truncations": self.truncations,
+            "data_loss_failures": sum("KafkaDataLossError" in (p.stop_reason or "") for p in self.processes),
             "faults": sum(self.world.faults_injected.values()),
             "fenced": sum(1 for p in self.processes if p.fenced),
         }
@@ -368,6 +386,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # fault, kills, restarts and lost logs, routed tables or not
     "watermark": {"partitions": 3, "quiet_steps": 300, "starting_offsets": "earliest", "stuck_timeouts": False,
                   "overlaps": 3},
+    # a source partition truncated (DeleteRecords, retention) at any offset, the job's position
+    # or beyond included, with every fault, kills and lost logs: the source fails the job
+    # (KafkaDataLossError) rather than skip a record it did not read (issue 54, finding B)
+    "truncation": {"truncations": 0.01, "starting_offsets": "earliest", "stuck_timeouts": False, "overlaps": 3},
+    "truncation-routed": {"truncations": 0.01, "routed": 2, "partitions": 3, "starting_offsets": "earliest",
+                          "stuck_timeouts": False, "overlaps": 3},
     "watermark-routed": {"routed": 2, "partitions": 3, "quiet_steps": 300, "starting_offsets": "earliest",
                          "stuck_timeouts": False, "overlaps": 3},
 }

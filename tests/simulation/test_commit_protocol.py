@@ -49,7 +49,8 @@ def quiet() -> Iterator[None]:
 
 #: the families of the long campaign, by seed (the default campaign's are ``family_of``)
 LONG_FAMILIES = ("one-log", "two-logs", "lost-log-latest", "racy-cleanup", "routed", "routed-two-logs",
-                 "routed-two-logs-faults", "cdc-two-logs-faults", "watermark", "watermark-routed")
+                 "routed-two-logs-faults", "cdc-two-logs-faults", "watermark", "watermark-routed", "truncation",
+                 "truncation-routed")
 
 
 def campaign(seeds: range, family: Callable[[int], str] = lambda seed: "campaign"
@@ -359,6 +360,35 @@ def test_the_watermark_families_keep_the_protocol(quiet: None) -> None:
         if failed is not None:
             pytest.fail(failed.report())
         assert landed >= 75 and totals["watermarks_claimed"] > 100, (family, totals)
+
+
+def test_the_truncation_families_keep_the_protocol(quiet: None) -> None:
+    """A source partition truncated (DeleteRecords, retention) at any offset of its log, with every
+    fault, kills and lost logs, with and without routed tables: the source fails the job
+    (``KafkaDataLossError``, Spark's failOnDataLoss, issue 54, finding B) rather than skip a record
+    it did not read; 100 schedules of each, which truncate and end jobs that way."""
+    for family in ("truncation", "truncation-routed"):
+        failed, totals, landed = campaign(range(100), lambda seed, family=family: family)
+        if failed is not None:
+            pytest.fail(failed.report())
+        assert landed >= 75 and totals["truncations"] > 50 and totals["data_loss_failures"] > 10, (family, totals)
+
+
+def test_mutation_going_on_from_the_log_start_is_caught(quiet: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The source going on from a truncated log's start instead of failing the job (a bare
+    enumerator without ``fail_on_data_loss``, the job's position moved to the new log start): the
+    records deleted before they were read leave a hole in the tables."""
+    import tests.simulation.process as process_of_sim
+
+    real = process_of_sim.KafkaSourceOptions
+
+    def going_on(*args: Any, **kwargs: Any) -> Any:
+        return real(*args, **{**kwargs, "fail_on_data_loss": False, "sink_holds_offsets": False})
+
+    for family in ("truncation", "truncation-routed"):
+        found = caught(lambda p: p.setattr(process_of_sim, "KafkaSourceOptions", going_on), family, monkeypatch,
+                       seeds=120)
+        assert found.violations[0][0] == "gap", found.report()
 
 
 def test_mutation_watermark_over_the_partitions_read_only_is_caught(quiet: None,
