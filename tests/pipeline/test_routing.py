@@ -161,3 +161,32 @@ def test_routed_by_a_field_value_to_delta_and_iceberg_with_unrouted_records_dead
     headers = dict(letters[0].headers())
     assert headers["__connect.errors.exception.class.name"] == b"Unrouted"
     assert b"no --route rule matches its route region" in headers["__connect.errors.exception.message"]
+
+
+def test_hive_style_routed_tables_parse_as_written_through_the_cli(kafka_bootstrap_servers, routed_topics,
+                                                                  tmp_path) -> None:
+    """Issue 54, finding J, through the command line alone: a rule whose table path holds ``=``
+    (hive-style, ``.../region=$1``) splits at the ``=`` whose pattern compiles and whose table
+    names only the pattern's groups, so each topic lands in ``sales/region=<x>`` (before, the rule
+    split at its last ``=`` and routed nothing); a rule that reads two ways is refused at start,
+    exit 2, naming both readings, before any table is written."""
+    base, content = routed_topics
+    lake = tmp_path / "lake"
+    args = ["--table", str(lake / "default"), "--topic-pattern", rf"{base}\..*", "-b", kafka_bootstrap_servers,
+            "--prefix", f"rh{uuid.uuid4().hex[:8]}", "--route", rf"{base}\.sales\.(.*)=delta:{lake}/sales/region=$1",
+            "--until-drained", "--parallelism", "2"]
+    finished = exactly_once.run_cli(args)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert sorted(p.name for p in (lake / "sales").iterdir()) == ["region=a", "region=b", "region=c"]
+    for x in "abc":
+        _check_delta_table(lake / "sales" / f"region={x}", content[f"{base}.sales.{x}"])
+    _check_delta_table(lake / "default", content[f"{base}.misc"])
+
+    route = args.index("--route")
+    ambiguous = [*args[:route], "--route", "(a)=(b)=lake/x/$1", *args[route + 2:]]
+    ambiguous[ambiguous.index("--table") + 1] = str(tmp_path / "other")
+    refused = exactly_once.run_cli(ambiguous)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert ("splits at more than one '=': pattern '(a)' to table '(b)=lake/x/$1'; or pattern '(a)=(b)' to table "
+            "'lake/x/$1'") in refused.stderr, refused.stderr[-3000:]
+    assert not (tmp_path / "other").exists()
