@@ -316,7 +316,7 @@ class CheckpointCompletion(CoordinatorCore):
 
     def _dispose_directory(self, directory: str | None) -> None:
         if directory:
-            future = self.env.io_executor.submit(self.storage.dispose_location, directory)
+            future = self.env.io_executor.submit(self.storage.dispose_location, directory, owner=self.coordinator_log())
             future.add_done_callback(functools.partial(_log_failed_disposal, directory))
 
     # -- subtasks and operator events --------------------------------------------------------------------

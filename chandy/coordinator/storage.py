@@ -26,6 +26,7 @@ is shorter, has another magic, another version, a wrong length or checksum, rais
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import secrets
 import struct
@@ -40,6 +41,8 @@ from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.filesystems import is_local, open_filesystem, to_url
 from chandy.coordinator.messages import StateHandle
 from chandy.schemas.codec import SingleObjectCodec, WireFormatError
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR_PREFIX = "chk-"
 CHECKPOINT_SHARED_STATE_DIR = "shared"
@@ -331,11 +334,29 @@ class CheckpointStorage:
         """
         return resolve_checkpoint_pointer(pointer, self.storage_options)
 
-    def dispose_location(self, directory: str) -> None:
-        """Delete a checkpoint's directory and everything in it (a subsumed checkpoint)."""
+    def dispose_location(self, directory: str, *, owner: str | None = None) -> bool:
+        """Delete a checkpoint's directory and everything in it (a subsumed or aborted
+        checkpoint); returns whether it did. With ``owner`` (the disposing coordinator's log,
+        ``CheckpointMetadata.coordinator_log``), a directory whose ``_metadata`` names another
+        coordinator log is kept: two logs of one job (two topic prefixes) or two incarnations of
+        a lost log hand out the same checkpoint IDs into this directory, and the other log's
+        completed checkpoint N must survive this log's abort of its own N (found by the
+        commit-protocol simulation, issue 54: seed 1008235 of cdc-two-logs-faults)."""
         fs, path = self._fs_for(directory)
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        if not fs.exists(path):
+            return False
+        if owner is not None:
+            metadata_path = _join(path, METADATA_FILE_NAME)
+            try:
+                written_by = deserialize_metadata(fs.cat_file(metadata_path), metadata_path).coordinator_log
+            except (FileNotFoundError, MetadataFormatError):
+                written_by = None  # none yet, or unreadable: this coordinator's to dispose
+            if written_by is not None and written_by != owner:
+                log.warning("not deleting %s: its _metadata was written by coordinator log %s, not by this one (%s)",
+                            directory, written_by, owner)
+                return False
+        fs.rm(path, recursive=True)
+        return True
 
 
 def resolve_checkpoint_pointer(pointer: str, storage_options: dict[str, Any] | None = None) -> tuple[str, CheckpointMetadata]:

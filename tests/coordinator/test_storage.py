@@ -68,6 +68,28 @@ def test_metadata_is_written_once(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / JOB / "chk-1").iterdir()] == ["_metadata"]  # no temporary file left
 
 
+def test_a_disposal_keeps_a_checkpoint_another_coordinator_log_wrote(tmp_path: Path) -> None:
+    """Two coordinator logs of one job share ``chk-N``: a disposal by one log keeps a directory
+    whose ``_metadata`` names the other (the ``coordinator-log`` property survives the file's
+    round trip), and deletes its own, one without ``_metadata`` and one whose ``_metadata`` names
+    no log."""
+    import dataclasses
+
+    storage = CheckpointStorage(f"file://{tmp_path}", JOB)
+    theirs, ours, empty, unnamed = (storage.initialize_location_for_checkpoint(n) for n in (1, 2, 3, 4))
+    for location, log in ((theirs, "b-coordinator@X"), (ours, "a-coordinator@Y")):
+        written = dataclasses.replace(metadata(location.checkpoint_id), properties={CheckpointMetadata.COORDINATOR_LOG: log})
+        storage.write_metadata(location, written)
+        assert storage.resolve_checkpoint(location.directory)[1].coordinator_log == log
+    storage.write_metadata(unnamed, metadata(4))
+    assert storage.dispose_location(theirs.directory, owner="a-coordinator@Y") is False
+    assert (tmp_path / JOB / "chk-1" / "_metadata").exists()
+    for location in (ours, empty, unnamed):
+        assert storage.dispose_location(location.directory, owner="a-coordinator@Y") is True
+    assert sorted(p.name for p in (tmp_path / JOB).iterdir() if p.name.startswith("chk-")) == ["chk-1"]
+    assert storage.dispose_location(theirs.directory) is True  # without an owner: as before
+
+
 def test_savepoint_without_a_target_or_default_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(CheckpointStorageError, match="state.savepoints.dir"):
         CheckpointStorage(f"file://{tmp_path}", JOB).initialize_location_for_savepoint(1)

@@ -525,14 +525,24 @@ def test_mutation_committing_another_logs_metadata_is_caught(quiet: None, monkey
     assert mutated.violations and mutated.violations[0][0] == "group-ahead", mutated.report()
 
 
-@pytest.mark.xfail(strict=True, reason="open: a restore's cleanup deletes files a coordinator of its log then commits (design.md §10)")
-def test_bug_a_restores_cleanup_deletes_files_a_coordinator_of_its_log_then_commits(quiet: None) -> None:
-    """Found by this simulation (issue 54, family cdc-two-logs-faults, seed 1008235), not yet
-    analysed to its cause: a run (p4) replayed its log, restored checkpoint 1 and deleted the
-    unreferenced files of checkpoint 2 (its cleanup is bounded by the newest ID its log handed
-    out, 2); the run it had replaced (p2) then committed checkpoint 2 with those files. Either p2's
-    completion of 2 reached the log after p4's replay (which fencing should forbid), or the
-    cleanup's bound is wrong; replay with ``CHANDY_SIM_FAMILY=cdc-two-logs-faults
-    CHANDY_SIM_SEED=1008235``."""
+def test_an_abort_never_disposes_another_logs_completed_checkpoint(quiet: None) -> None:
+    """Found by this simulation as a bug (issue 54, family cdc-two-logs-faults, seed 1008235),
+    then fixed: two coordinator logs of one job share the checkpoint directory; the second log's
+    run aborted its checkpoint 2 and deleted ``chk-2/``, which held the first log's completed
+    checkpoint 2 (its lake commit still in flight). The first log's next run could not restore 2,
+    restored 1, and its cleanup deleted checkpoint 2's data files, which the old run's commit then
+    referenced. A disposal now keeps a directory whose ``_metadata`` names another coordinator
+    log (``CheckpointStorage.dispose_location(owner=...)``)."""
     result = run_schedule(1008235, "cdc-two-logs-faults")
     assert not result.violations, result.report()
+
+
+def test_mutation_disposing_another_logs_checkpoint_is_caught(quiet: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disposal's check off: seed 1008235 leaves the table referencing deleted files again."""
+    from chandy.coordinator.storage import CheckpointStorage
+
+    dispose = CheckpointStorage.dispose_location
+    monkeypatch.setattr(CheckpointStorage, "dispose_location",
+                        lambda self, directory, owner=None: dispose(self, directory))
+    mutated = run_schedule(1008235, "cdc-two-logs-faults")
+    assert mutated.violations and mutated.violations[0][0] == "missing-file", mutated.report()
