@@ -97,19 +97,19 @@ class Checker:
         return ranges
 
     def origin(self, tp: TP) -> int:
-        """With ``earliest``: where the job began reading ``tp``, the starting offset of the split of
-        the run whose commit first recorded or held records of it (0 before any did, or when unknown)."""
-        firsts = [(commit.timestamp, commit.version, commit.author) for table in self.sim.tables
-                  for commit in table.commits
-                  if tp in (commit.offsets or {}) or any(
-                      info is not None and any((t, p) == tp for t, p, _, _ in info.ranges)
-                      for info in (table.written.get(path) for path in commit.files))]
-        if not firsts:
-            return 0
-        author = min(firsts)[2]
-        process = next((p for p in self.sim.processes if p.name == author), None)
-        split = None if process is None or process.cc is None else process.enumerator.splits.get(tp)
-        return 0 if split is None else split.starting_offset
+        """With ``earliest``: where the job began reading ``tp``, the starting offset of the split
+        of the run that fixed the first committed range of it (the run whose tasks wrote its file;
+        for a commit that records ``tp``'s offsets without a file of it, the committing run); 0
+        before any commit did, or when unknown."""
+        commits = sorted(((commit.timestamp, commit.version, i), table, commit)
+                         for i, table in enumerate(self.sim.tables) for commit in table.commits)
+        writers = [info.writer for _, table, commit in commits
+                   for info in (table.written.get(path) for path in commit.files)
+                   if info is not None and any((t, p) == tp for t, p, _, _ in info.ranges)]
+        authors = [commit.author for _, _, commit in commits if tp in (commit.offsets or {})]
+        name = writers[0] if writers else authors[0] if authors else None
+        process = next((p for p in self.sim.processes if p.name == name), None)
+        return 0 if process is None else process.split_starts.get(tp, 0)
 
     def _check_table(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []

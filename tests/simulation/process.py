@@ -224,6 +224,7 @@ class Process:
         self.lanes = (self.mailbox, self.io, self.writer_lane, self.driver, self.tasks)
         self.env = SimEnvironment(self)
         self.log_id = coordinator_log_id(prefix, JOB_ID)  # with this run's log incarnation once started
+        self.split_starts: dict[tuple[str, int], int] = {}  # the checker's: where this run's splits began
         self.sink = SimSink(self.table, name, prefix)
         #: the sinks of every table the job writes (the job's own and the routed ones), by URI
         self.sinks = {t.table_uri: SimSink(t, name, prefix) if t is not self.table else self.sink for t in sim.tables}
@@ -446,6 +447,8 @@ class Process:
                         f"next checkpoint {cc.state.next_checkpoint_id})")
         if not self.wait(lambda: self.stopped or bool(self.enumerator.splits), 60_000):
             raise ChandyError("partition discovery found no partitions within 60 s")
+        # where this run's splits begin (discovered, restored or from the table), kept after it exits
+        self.split_starts = {tp: split.starting_offset for tp, split in self.enumerator.splits.items()}
         return not self.stopped
 
     def lag(self) -> int:
