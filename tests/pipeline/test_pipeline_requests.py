@@ -177,14 +177,14 @@ def _run_into(pipeline: Pipeline, running: concurrent.futures.Future) -> None:
 
 
 def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_bootstrap_servers, tmp_path) -> None:
-    """Issue 36: a Kafka call of the running pipeline that keeps failing past
-    ``--kafka-retry-timeout`` (here: the source topic deleted) stops the run with one
-    PipelineKafkaError, the job FAILED in the coordinator log and on the events topic once the
-    restart strategy gives up (``none`` here: at once); a plain second run of the job is refused
-    (FAILED is terminal), naming ``--from-savepoint``."""
+    """Issue 36, with issue 54's failOnDataLoss: the source topic deleted under the running
+    pipeline stops the run with one error (``KafkaDataLossError: <topic>-<p> is gone``, Spark's
+    "partitions are gone"; before issue 54 a PipelineKafkaError once ``--kafka-retry-timeout`` ran
+    out), the job FAILED in the coordinator log and on the events topic (no restart: it would meet
+    the same log); a plain second run of the job is refused (FAILED is terminal), naming
+    ``--from-savepoint``."""
     from confluent_kafka.admin import AdminClient
 
-    from chandy.connectors.spark.options import PipelineKafkaError
     from chandy.coordinator.kafka.log import load_state
     from chandy.coordinator.kafka.topics import ChandyTopics
     from chandy.coordinator.records import JobStatus
@@ -210,9 +210,12 @@ def test_a_pipeline_that_gives_up_on_kafka_fails_the_job_for_good(spark, kafka_b
             pipeline.request_stop()
             runner.join(120)
     error = running.exception(0)
-    assert isinstance(error, PipelineKafkaError) and topic in str(error), error
     state, _ = load_state(kafka_bootstrap_servers, ChandyTopics(prefix).coordinator_log, pipeline.job_id)
-    assert state.job_status is JobStatus.FAILED and "reading the source's offsets failed" in state.job_status_reason
+    # a deleted source topic is data loss (Spark's failOnDataLoss: "partitions are gone"), found by
+    # the lag poll before Kafka's retries run out: FAILED for good, as a Kafka call that gave up
+    gone = f"KafkaDataLossError: {topic}-"
+    assert isinstance(error, PipelineError) and gone in str(error) and "is gone" in str(error), error
+    assert state.job_status is JobStatus.FAILED and gone in (state.job_status_reason or ""), state.job_status_reason
     changes = wait_for(lambda: [e.job_status for e in read_events(
         kafka_bootstrap_servers, ChandyTopics(prefix).checkpoint_events, pipeline.job_id, expected=100, timeout_s=2)
         if e.event_type == "JOB_STATUS_CHANGED"], what="the JOB_STATUS_CHANGED event")

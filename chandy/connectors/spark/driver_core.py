@@ -131,6 +131,9 @@ class PipelineCore:
     def _cancel(self, request: tuple[ControlRequest, concurrent.futures.Future]) -> None:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.request_executor`
 
+    def _record_failure(self, reason: str) -> None:
+        raise NotImplementedError  # :mod:`chandy.connectors.spark.pipeline`
+
     def _check_output_schema(self, schema: pa.Schema) -> None:
         raise NotImplementedError  # :mod:`chandy.connectors.spark.decoding`
 

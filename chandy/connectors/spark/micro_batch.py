@@ -87,7 +87,8 @@ class PipelineMicroBatch(PipelineCore):
                     self.close_lag_client()
         try:
             positions = self._enumerator_call(lambda e: e.check_log_ends(logs))
-        except KafkaDataLossError as exc:
+        except KafkaDataLossError as exc:  # FAILED for good (a restart would meet the same log), as at a trigger
+            self._record_failure(f"KafkaDataLossError: {exc}")
             raise PipelineError(f"KafkaDataLossError: {exc}") from exc
         self.sync_data_loss()
         lag = {}

@@ -173,6 +173,9 @@ def test_the_committer_refuses_a_checkpoint_whose_files_were_cleaned_up(tmp_path
         def checkpoint_pointer(self, checkpoint_id: int) -> None:
             return None
 
+        def coordinator_log(self) -> None:
+            return None  # a runtime without a coordinator log
+
     sink = DeltaLakeSink(str(tmp_path / "t"))
     commit_checkpoints(sink, 1, 2)
     storage = CheckpointStorage(f"file://{tmp_path}/chk", JOB)
