@@ -356,7 +356,14 @@ def test_a_topic_recreated_below_the_jobs_position_ends_the_job_naming_it(spark,
                                             r"position 10 \(offset was changed from 10 to 3\): the topic was deleted and "
                                             r"created again, or an unclean leader election truncated the log"):
         Pipeline(opts, spark=spark).run()
-    going_on = Pipeline(PipelineOptions(**{**opts.__dict__, "fail_on_data_loss": False}), spark=spark).run()
+    # the job is FAILED for good (a restart would meet the same log): a plain run is refused, naming
+    # the checkpoint to restore, and restoring it with --no-fail-on-data-loss goes on
+    with pytest.raises(PipelineError, match=r"restore it with --from-savepoint PATH.*the latest: \S+\)") as refused:
+        Pipeline(PipelineOptions(**{**opts.__dict__, "fail_on_data_loss": False}), spark=spark).run()
+    found = re.search(r"the latest: (\S+)\)", str(refused.value))
+    assert found is not None
+    going_on = Pipeline(PipelineOptions(**{**opts.__dict__, "fail_on_data_loss": False,
+                                           "from_savepoint": found.group(1)}), spark=spark).run()
     assert going_on.records_landed == 0 and going_on.offsets_lost == 7
     assert any(notice.startswith(f"data loss: {topic}-0: the log ends at offset 3") and "going on from offset 10 once the "
                "new log reaches it" in notice for notice in going_on.notices), going_on.notices
