@@ -334,8 +334,7 @@ def test_a_topic_recreated_below_the_jobs_position_ends_the_job_naming_it(spark,
     ("offset was changed from X to Y"), the run now ends in one line naming the partition and both
     offsets; --no-fail-on-data-loss goes on from the job's position (the table holds the offsets
     below it) once the new log reaches it, with a notice, and counts the offsets lost once."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import NewTopic
+    from tests.fixtures.kafka import create_again
 
     topic = make_topic(kafka_bootstrap_servers, [f"v{i}".encode() for i in range(10)], partitions=1)
     table, prefix = str(tmp_path / "t"), f"op{uuid.uuid4().hex[:6]}"
@@ -343,14 +342,7 @@ def test_a_topic_recreated_below_the_jobs_position_ends_the_job_naming_it(spark,
     assert Pipeline(opts, spark=spark).run().records_landed == 10
     admin = kafka_config.admin_client(kafka_bootstrap_servers)
     admin.delete_topics([topic])[topic].result(30)
-    deadline = time.monotonic() + 60
-    while True:  # the broker finishes the deletion in the background
-        try:
-            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-            break
-        except KafkaException:  # TOPIC_ALREADY_EXISTS while the deletion is under way
-            assert time.monotonic() < deadline, "the topic could not be created again"
-            time.sleep(0.5)
+    create_again(admin, topic, 1)
     produce(kafka_bootstrap_servers, topic, [f"new{i}".encode() for i in range(3)], 1)
     with pytest.raises(PipelineError, match=rf"KafkaDataLossError: {topic}-0: the log ends at offset 3, below the job's "
                                             r"position 10 \(offset was changed from 10 to 3\): the topic was deleted and "

@@ -170,10 +170,10 @@ def test_mutation_starting_offsets_win_over_the_table_is_caught(quiet: None, mon
     are skipped for good."""
     handle_discovery = KafkaSourceEnumerator._handle_discovery
 
-    def initializer_wins(self: KafkaSourceEnumerator, result: object, error: BaseException | None) -> None:
+    def initializer_wins(self: KafkaSourceEnumerator, result: Any, error: BaseException | None) -> None:
         options = self.options
         if error is None and result is not None:
-            _, new, _ = result  # type: ignore[misc]
+            _, new, _ = result
             # the table's offsets only raise a start (the rule before the fix), never lower it
             floor = {tp: f for tp, f in options.offset_floor.items() if not (tp in new and new[tp] > f)}
             self.options = dataclasses.replace(options, offset_floor=floor)

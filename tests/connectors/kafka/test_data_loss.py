@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import NewTopic
 
 from chandy.connectors.kafka.source.data_loss import END_BELOW, GONE, START_ABOVE, log_change
 from chandy.connectors.kafka.source.enumerator import OFFSET_RANGES
@@ -24,6 +23,7 @@ from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.messages import DeclineCheckpoint
 from chandy.coordinator.state import replay
 from tests.connectors.kafka.test_kafka_source import JOB, OP, Source, create_topic, produce
+from tests.fixtures.kafka import create_again
 
 pytestmark = pytest.mark.integration
 
@@ -55,14 +55,8 @@ def recreate(servers: str, topic: str, partitions: int = 1, *, deleted: bool = F
     admin = kafka_config.admin_client(servers)
     if not deleted:
         admin.delete_topics([topic])[topic].result(30)
+    create_again(admin, topic, partitions)
     deadline = time.monotonic() + 60
-    while True:
-        try:
-            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-            break
-        except Exception:  # noqa: BLE001 - TOPIC_ALREADY_EXISTS while the deletion is under way
-            assert time.monotonic() < deadline, "the topic could not be created again"
-            time.sleep(0.5)
     while True:  # until its metadata shows every partition
         metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
         if metadata is not None and metadata.error is None and len(metadata.partitions) == partitions:

@@ -66,6 +66,7 @@ def test_a_log_deleted_and_created_again_is_another_incarnation(kafka_bootstrap_
     import time
 
     from chandy.coordinator.kafka.topics import LogReplacedError, check_same_incarnation, log_incarnation
+    from tests.fixtures.kafka import create_again
 
     admin = kafka_config.admin_client(kafka_bootstrap_servers)
     topics = ChandyTopics(topic_prefix)
@@ -79,15 +80,8 @@ def test_a_log_deleted_and_created_again_is_another_incarnation(kafka_bootstrap_
         log_incarnation(admin, missing, timeout_s=2)
 
     admin.delete_topics([topics.coordinator_log], operation_timeout=30)[topics.coordinator_log].result()
+    create_again(admin, topics.coordinator_log, 1)
     deadline = time.monotonic() + 60
-    while True:  # the deletion completes in the background
-        try:
-            admin.create_topics([NewTopic(topics.coordinator_log, 1, 1)])[topics.coordinator_log].result()
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
     second = log_incarnation(admin, topics.coordinator_log, timeout_s=30)
     while second.partitions != 1 and time.monotonic() < deadline:  # the new topic's metadata spreads
         time.sleep(0.2)
