@@ -136,7 +136,7 @@ def _protobuf_encoder(topic: str) -> Any:
         out.geo.lat, out.geo.lon, out.geo.city = value["geo"]["lat"], value["geo"]["lon"], value["geo"]["city"]
         return out
 
-    from chandy.connectors.spark.registry import registry_client  # new_client: a mock:// URL too
+    from chandy.formats.registry import registry_client  # new_client: a mock:// URL too
 
     serializer = ProtobufSerializer(view, registry_client({"url": _REGISTRY["url"]}),
                                     {"auto.register.schemas": True, "use.deprecated.format": False})

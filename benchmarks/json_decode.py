@@ -3,9 +3,9 @@ record (what it did before, and what it still does for a batch with a bad record
 process, on the throughput benchmark's 12-field records (:mod:`benchmarks.decoded_records`):
 
 - ``json``: Arrow's JSON reader next to ``json.loads`` and the type mapping's converters;
-- ``avro``: the numpy batch decoder (:mod:`chandy.connectors.spark.avro_batch`) next to
+- ``avro``: the numpy batch decoder (:mod:`chandy.formats.avro_batch`) next to
   fastavro's ``schemaless_reader`` (plain Avro binary, the benchmark's schema);
-- ``protobuf``: columns built over the batch (:mod:`chandy.connectors.spark.protobuf_batch`) next
+- ``protobuf``: columns built over the batch (:mod:`chandy.formats.protobuf_batch`) next
   to a dict per record, both parsing with protobuf's runtime (Confluent framing, the schema in
   confluent-kafka's in-process ``mock://`` registry).
 
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow as pa
 
 from benchmarks.decoded_records import AVRO_SCHEMA, JSON_DDL, use_registry, value_encoder
-from chandy.connectors.spark.decode import ValueDecoder
-from chandy.connectors.spark.records import ARROW_SCHEMA
+from chandy.formats.decoder import ValueDecoder
+from chandy.formats.records import ARROW_SCHEMA
 
 KEEP = ("topic", "partition", "offset", "timestamp")
 PATHS = {"json": ("json.loads + type mapping", "Arrow's JSON reader"),
@@ -47,12 +47,12 @@ def decoder_for(value_format: str) -> ValueDecoder:
         columns = to_arrow_schema(parse_ddl(JSON_DDL), timezone="UTC")
         return ValueDecoder("json", columns, tuple(columns.names), KEEP)
     if value_format == "avro":
-        from chandy.connectors.spark.avro import avro_columns
+        from chandy.formats.avro import avro_columns
 
         columns, names = avro_columns(AVRO_SCHEMA)
         return ValueDecoder("avro", columns, names, KEEP, avro_schema=json.dumps(AVRO_SCHEMA), avro_framing="raw")
-    from chandy.connectors.spark.protobuf import arrow_columns, message_descriptor
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.protobuf import arrow_columns, message_descriptor
+    from chandy.formats.registry import registry_client
 
     registry = registry_client({"url": "mock://chandy-decode-bench"})
     latest = registry.get_latest_version("decode-bench-value")

@@ -41,7 +41,7 @@ SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 _SINGLE_OBJECT_HEADER = len(SINGLE_OBJECT_MAGIC) + 8
 #: First byte of every Confluent-framed message.
 CONFLUENT_MAGIC = 0
-_CONFLUENT_HEADER = 5
+CONFLUENT_HEADER_BYTES = 5
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -469,17 +469,17 @@ class ConfluentCodec:
             raise TruncatedMessageError("empty message", location)
         if data[0] != CONFLUENT_MAGIC:
             raise BadMagicError(f"expected the Confluent magic byte 00, found {data[0]:02x}", location)
-        if len(data) < _CONFLUENT_HEADER:
+        if len(data) < CONFLUENT_HEADER_BYTES:
             raise TruncatedMessageError(
                 f"message of {len(data)} bytes ends inside its 5-byte Confluent header", location
             )
-        (schema_id,) = struct.unpack(">I", data[1:_CONFLUENT_HEADER])
+        (schema_id,) = struct.unpack(">I", data[1:CONFLUENT_HEADER_BYTES])
         writer = self._writer(schema_id, location)
         try:
             reader = self.repository.current(writer.name)
         except SchemaNotFoundError as exc:
             raise UnknownSchemaError(f"schema id {schema_id} is {writer.name}, not a Chandy schema", location) from exc
-        return Decoded(writer.name, _read_avro(bytes(data[_CONFLUENT_HEADER:]), writer, reader, location), writer)
+        return Decoded(writer.name, _read_avro(bytes(data[CONFLUENT_HEADER_BYTES:]), writer, reader, location), writer)
 
 
 def codec_for(schema_registry: Mapping[str, Any] | None = None, repository: SchemaRepository | None = None) -> Codec:

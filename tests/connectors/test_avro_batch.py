@@ -1,4 +1,4 @@
-"""Avro at batch speed (issue 45): the batch path (:mod:`chandy.connectors.spark.avro_batch`) reads
+"""Avro at batch speed (issue 45): the batch path (:mod:`chandy.formats.avro_batch`) reads
 a batch of Avro values into exactly the columns the record-by-record path (fastavro) gives, for
 every type in every context and for random schemas (Hypothesis); a batch it cannot read alike (a
 bad record anywhere, a map, an unexpected framing) goes record by record, so bad records are found
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chandy.connectors.spark.avro import avro_columns
-from chandy.connectors.spark.avro_batch import decode_avro_batch
-from chandy.connectors.spark.decode import ValueDecoder
-from chandy.connectors.spark.records import ARROW_SCHEMA
+from chandy.formats.avro import avro_columns
+from chandy.formats.avro_batch import decode_avro_batch
+from chandy.formats.decoder import ValueDecoder
+from chandy.formats.records import ARROW_SCHEMA
 from chandy.schemas.codec import fingerprint
 from tests.fixtures import value_schemas as vs
 
@@ -158,7 +158,7 @@ def test_writer_schemas_from_the_registry_are_read_as_written_each_with_its_own(
     columns lack (evolution) goes record by record."""
     from confluent_kafka.schema_registry import Schema
 
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
 
     url = {"url": "mock://chandy-avro-batch"}
     wide = {**SCHEMA, "fields": [SCHEMA["fields"][0], {"name": "qty", "type": "long"}, *SCHEMA["fields"][2:]]}

@@ -10,9 +10,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from chandy.connectors.spark.avro import AvroValueSchemaError, value_fields, value_struct
-from chandy.connectors.spark.decode import ValueDecoder
-from chandy.connectors.spark.records import to_record_batch
+from chandy.connectors.spark.ddl import value_fields, value_struct
+from chandy.formats.avro import AvroValueSchemaError
+from chandy.formats.decoder import ValueDecoder
+from chandy.formats.records import to_record_batch
 from tests.fixtures.messages import FakeMessage as Message
 from tests.fixtures.nested_avro import ARROW_TYPES, SCHEMA, confluent_bytes, value
 
@@ -65,7 +66,7 @@ def test_each_record_is_read_with_its_writer_schema_from_the_registry() -> None:
     import fastavro
     from confluent_kafka.schema_registry import Schema
 
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
 
     settings = {"url": "mock://chandy-unit"}
     v1 = {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}]}
@@ -106,9 +107,9 @@ def test_read_as_written_new_fields_become_typed_columns_and_a_narrowing_fails()
     import fastavro
     from confluent_kafka.schema_registry import Schema
 
-    from chandy.connectors.spark.avro import avro_columns
-    from chandy.connectors.spark.evolution import SchemaChangeError
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.avro import avro_columns
+    from chandy.formats.evolution import SchemaChangeError
+    from chandy.formats.registry import registry_client
 
     settings = {"url": "mock://chandy-as-written"}
     v1 = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}, {"name": "qty", "type": "int"},

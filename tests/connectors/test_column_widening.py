@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 
 from chandy.connectors.lake.sink import LakeSchemaError, evolves, merge_schemas, schema_differences
-from chandy.connectors.spark.avro import avro_columns
-from chandy.connectors.spark.decode import ValueDecoder
-from chandy.connectors.spark.evolution import SchemaChangeError, concat_evolving
-from chandy.connectors.spark.records import ARROW_SCHEMA
-from chandy.connectors.type_mapping import widens, wider
+from chandy.formats.avro import avro_columns
+from chandy.formats.decoder import ValueDecoder
+from chandy.formats.evolution import SchemaChangeError, concat_evolving
+from chandy.formats.records import ARROW_SCHEMA
+from chandy.formats.type_mapping import widens, wider
 from tests.fixtures.avro_values import confluent_framed
 
 _PRICE = {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}
@@ -42,7 +42,7 @@ def test_the_widenings_are_icebergs_type_promotions() -> None:
 def _registry(name: str) -> tuple[dict[str, str], list[int]]:
     from confluent_kafka.schema_registry import Schema
 
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
 
     settings = {"url": f"mock://{name}"}
     client = registry_client(settings)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from chandy.connectors.spark.dead_letters import DeadLetterFile, delete_dead_letters_before, read_dead_letters
-from chandy.connectors.spark.decode import BAD_RECORDS_SCHEMA
+from chandy.formats.decoder import BAD_RECORDS_SCHEMA
 
 
 def bad_rows(n: int, partition: int) -> pa.RecordBatch:

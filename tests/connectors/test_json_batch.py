@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from chandy.connectors.spark.ddl import parse_ddl
-from chandy.connectors.spark.decode import ValueDecoder
-from chandy.connectors.spark.json_batch import decode_json_batch
-from chandy.connectors.spark.records import ARROW_SCHEMA
+from chandy.formats.decoder import ValueDecoder
+from chandy.formats.json_batch import decode_json_batch
+from chandy.formats.records import ARROW_SCHEMA
 
 DDL = ("id BIGINT, small INT, tiny TINYINT, price DECIMAL(10, 2), ratio DOUBLE, weight FLOAT, name STRING, "
        "active BOOLEAN, at TIMESTAMP, local TIMESTAMP_NTZ, day DATE, blob BINARY, "

@@ -10,9 +10,9 @@ import struct
 import pyarrow as pa
 import pytest
 
-from chandy.connectors.spark.decode import BadRecordError, ValueDecoder
-from chandy.connectors.spark.json_schema import JsonSchemaError, json_schema_columns
-from chandy.connectors.spark.records import to_record_batch
+from chandy.formats.decoder import BadRecordError, ValueDecoder
+from chandy.formats.json_schema import JsonSchemaError, json_schema_columns
+from chandy.formats.records import to_record_batch
 from tests.fixtures.messages import FakeMessage as Message
 
 SCHEMA = {

@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from chandy.connectors.spark.avro import avro_columns
-from chandy.connectors.spark.decode import KAFKA_COLUMNS, BadRecordError, ValueDecoder
-from chandy.connectors.spark.records import ARROW_SCHEMA
+from chandy.formats.avro import avro_columns
+from chandy.formats.decoder import KAFKA_COLUMNS, BadRecordError, ValueDecoder
+from chandy.formats.records import ARROW_SCHEMA
 from tests.fixtures.avro_values import confluent_framed
 
 
@@ -57,7 +57,7 @@ def test_json_keys_become_key_columns_beside_the_values_and_bad_keys_or_values_l
 def test_avro_keys_are_read_with_their_writer_schemas_from_the_registry() -> None:
     from confluent_kafka.schema_registry import Schema
 
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
 
     settings = {"url": "mock://chandy-keys"}
     key_v1 = {"type": "record", "name": "OrderKey", "fields": [{"name": "id", "type": "long"}]}
@@ -111,7 +111,7 @@ def test_protobuf_and_json_schema_keys_become_key_columns_read_through_the_regis
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
 
     settings = {"url": registry_url}
     registry = registry_client(settings)

@@ -13,9 +13,10 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from chandy.connectors.spark.decode import ValueDecoder
-from chandy.connectors.spark.protobuf import arrow_columns, message_descriptor, split_framing
-from chandy.connectors.spark.records import to_record_batch
+from chandy.formats.decoder import ValueDecoder
+from chandy.formats.framing import split_protobuf as split_framing
+from chandy.formats.protobuf import arrow_columns, message_descriptor
+from chandy.formats.records import to_record_batch
 from tests.fixtures.messages import FakeMessage as Message
 from tests.fixtures.protobuf_messages import expected_row, order, order_class
 
@@ -54,14 +55,14 @@ def test_protobuf_values_land_as_the_runtime_reads_them_and_a_new_field_adds_a_c
 
 
 def test_the_batch_path_reads_protobuf_as_record_by_record_does() -> None:
-    """The column-by-column batch path (:mod:`chandy.connectors.spark.protobuf_batch`) lands what
+    """The column-by-column batch path (:mod:`chandy.formats.protobuf_batch`) lands what
     record by record lands, for a batch of two writer versions (every kind of field: enums, maps,
     Timestamps, uint64, nested messages, presence), and hands a batch with an unframed value or a
     writer's new field to record by record (confluent-kafka's in-process registry)."""
     import dataclasses
 
-    from chandy.connectors.spark.protobuf_batch import decode_protobuf_batch
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.protobuf_batch import decode_protobuf_batch
+    from chandy.formats.registry import registry_client
 
     settings = {"url": "mock://chandy-protobuf-batch"}
     registry = registry_client(settings)
@@ -100,7 +101,7 @@ def test_a_schema_the_registry_answers_as_proto_text_is_compiled_and_read(schema
     from confluent_kafka.schema_registry import Schema
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
-    from chandy.connectors.spark.protobuf import ProtobufSchemaError
+    from chandy.formats.protobuf import ProtobufSchemaError
 
     registry = SchemaRegistryClient({"url": schema_registry_url})
     text = ('syntax = "proto3";\npackage chandy.text;\nimport "google/protobuf/timestamp.proto";\n'
@@ -136,7 +137,7 @@ def test_a_schema_the_registry_answers_as_proto_text_is_compiled_and_read(schema
     assert decoder.decode(batch)[0].to_pylist() == [
         {"offset": 0, "id": 1, "station": "Oslo", "at": at, "celsius": -3.5},
         {"offset": 1, "id": 2, "station": "Bergen", "at": None, "celsius": None}]
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
 
     mock = registry_client({"url": "mock://chandy-proto-text"})  # a registry that stores what it is given
     broken = mock.register_schema("broken-value", Schema('syntax = "proto3";\nmessage Broken {\n  int64 id = ;\n}\n',

@@ -23,11 +23,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka.schema_registry import Schema
 
-from chandy.connectors.spark.avro import avro_columns
-from chandy.connectors.spark.decode import ValueDecoder
-from chandy.connectors.spark.options import PipelineError
-from chandy.connectors.spark.records import to_record_batch
-from chandy.connectors.spark.registry import latest_schema, registry_client
+from chandy.formats.avro import avro_columns
+from chandy.formats.decoder import ValueDecoder
+from chandy.formats.records import to_record_batch
+from chandy.formats.registry import RegistryError, latest_schema, registry_client
 from tests.fixtures.avro_values import confluent_framed
 from tests.fixtures.messages import FakeMessage as Message
 from tests.fixtures.schema_registry import SchemaRegistryProcess, resolve_apicurio
@@ -72,7 +71,7 @@ def test_a_registry_over_tls_is_read_with_its_ca_and_refused_in_one_line_without
     assert latest_schema(settings, subject).schema_id == schema_id
     assert _decodes_with(settings, schema_id) == [{"offset": 0, "id": 1, "amount": 2.5},
                                                   {"offset": 1, "id": 2, "amount": -1.0}]
-    with pytest.raises(PipelineError, match=rf"Schema Registry {url} is unreachable \(.*CERTIFICATE_VERIFY_FAILED"):
+    with pytest.raises(RegistryError, match=rf"Schema Registry {url} is unreachable \(.*CERTIFICATE_VERIFY_FAILED"):
         latest_schema({"url": url, "max.retries": "0"}, subject)
 
 
@@ -151,20 +150,20 @@ def test_credentials_under_the_clients_names_reach_the_registry(kind, auth_proxy
     settings = {"url": url, **good}
     assert latest_schema(settings, subject).schema_id == schema_id
     assert [r["id"] for r in _decodes_with(settings, schema_id)] == [1, 2]
-    with pytest.raises(PipelineError, match=rf"Schema Registry {url}: the latest version of subject {subject}: .*401"):
+    with pytest.raises(RegistryError, match=rf"Schema Registry {url}: the latest version of subject {subject}: .*401"):
         latest_schema({"url": url, **bad}, subject)
-    with pytest.raises(PipelineError, match=rf"Schema Registry {url}: the latest version of subject {subject}: .*401"):
+    with pytest.raises(RegistryError, match=rf"Schema Registry {url}: the latest version of subject {subject}: .*401"):
         latest_schema({"url": url}, subject)
 
 
 def test_settings_are_checked_and_numbers_may_be_text() -> None:
     """The CLI gives every --schema-registry-property as text: numeric ones are converted, an unknown
-    one or a number that is not one is a PipelineError naming the registry, not "unreachable"."""
+    one or a number that is not one is a RegistryError naming the registry, not "unreachable"."""
     url = "http://127.0.0.1:9"
     assert registry_client({"url": url, "max.retries": "0", "retries.wait.ms": "50"}).get_schema is not None
-    with pytest.raises(PipelineError, match=rf"Schema Registry {url}: bad settings .*Unrecognized properties: no.such"):
+    with pytest.raises(RegistryError, match=rf"Schema Registry {url}: bad settings .*Unrecognized properties: no.such"):
         latest_schema({"url": url, "no.such": "x"}, "s-value")
-    with pytest.raises(PipelineError, match=rf"Schema Registry {url}: bad settings .*many"):
+    with pytest.raises(RegistryError, match=rf"Schema Registry {url}: bad settings .*many"):
         latest_schema({"url": url, "max.retries": "many"}, "s-value")
 
 
@@ -173,7 +172,7 @@ def test_a_tasks_client_rides_through_a_registry_that_is_unavailable_for_a_while
     """A task's decoder retries a registry answering 503 (restarting) up to
     ``TASK_MAX_RETRIES`` times with the client's backoff; the driver's start gives up after the
     client's default 3 retries, in one line."""
-    from chandy.connectors.spark.registry import TASK_MAX_RETRIES, task_settings
+    from chandy.formats.registry import TASK_MAX_RETRIES, task_settings
 
     url = f"http://127.0.0.1:{auth_proxy.server_address[1]}"
     subject = f"payments-{uuid.uuid4().hex[:6]}-value"
@@ -184,5 +183,5 @@ def test_a_tasks_client_rides_through_a_registry_that_is_unavailable_for_a_while
     assert [r["id"] for r in _decodes_with(settings, schema_id)] == [1, 2]
     assert auth_proxy.requests == 7
     auth_proxy.failures = 6
-    with pytest.raises(PipelineError, match=rf"Schema Registry {url}: the latest version of subject {subject}: .*503"):
+    with pytest.raises(RegistryError, match=rf"Schema Registry {url}: the latest version of subject {subject}: .*503"):
         latest_schema({"url": url, "retries.wait.ms": "20"}, subject)

@@ -13,16 +13,16 @@ import pyarrow as pa
 import pytest
 
 from chandy.connectors.lake.routing import Router
-from chandy.connectors.spark.decode import BadRecordError, ValueDecoder
-from chandy.connectors.spark.records import ARROW_SCHEMA
 from chandy.connectors.spark.routed_decoding import (
     ROUTE_KEY,
     by_destination,
     decode_routed,
-    record_names,
     routes_before_decoding,
     value_columns,
 )
+from chandy.formats.decoder import BadRecordError, ValueDecoder
+from chandy.formats.records import ARROW_SCHEMA
+from chandy.formats.writer_schemas import record_names
 from tests.fixtures.avro_values import confluent_framed
 
 ORDER = {"type": "record", "name": "Order", "namespace": "com.acme", "fields": [
@@ -55,7 +55,7 @@ class _Dead:
 def _setup(name: str) -> tuple[dict[str, str], dict[str, int]]:
     from confluent_kafka.schema_registry import Schema
 
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
 
     settings = {"url": f"mock://{name}"}
     client = registry_client(settings)
@@ -147,7 +147,7 @@ def test_protobuf_message_types_route_by_their_full_names_into_their_own_tables(
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
     from tests.fixtures.protobuf_messages import expected_row, order, order_class
 
     settings = {"url": "mock://routed-protobuf"}
@@ -191,7 +191,7 @@ def test_json_schema_record_types_route_by_their_titles_into_tables_with_their_o
     from confluent_kafka.schema_registry.json_schema import JSONSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
 
     settings = {"url": "mock://routed-json-schema"}
     registry = registry_client(settings)

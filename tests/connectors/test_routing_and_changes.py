@@ -11,9 +11,9 @@ import pytest
 from chandy.connectors.lake.changes import latest_changes
 from chandy.connectors.lake.routing import RouteError, Router, RouteRule
 from chandy.connectors.lake.sink import DataFile, LakeCommitError
-from chandy.connectors.spark.decode import KAFKA_COLUMNS, BadRecordError, ValueDecoder
 from chandy.connectors.spark.options import PipelineError, PipelineOptions
-from chandy.connectors.spark.records import ARROW_SCHEMA
+from chandy.formats.decoder import KAFKA_COLUMNS, BadRecordError, ValueDecoder
+from chandy.formats.records import ARROW_SCHEMA
 
 
 def test_a_topic_template_names_the_table_from_the_match_groups() -> None:
@@ -186,7 +186,7 @@ def test_routing_and_cdc_options_that_do_not_go_together_are_refused(extra: dict
 
 
 def test_an_avro_value_schema_that_is_no_envelope_and_a_bad_key_schema_are_refused() -> None:
-    from chandy.connectors.spark.avro import AvroValueSchemaError
+    from chandy.formats.avro import AvroValueSchemaError
 
     plain = json.dumps({"type": "record", "name": "Row", "fields": [{"name": "id", "type": "long"}]})
     with pytest.raises(AvroValueSchemaError, match="not a Debezium envelope"):
@@ -235,7 +235,7 @@ def test_change_batches_read_by_arrow_equal_the_record_by_record_path() -> None:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from chandy.connectors.spark.ddl import parse_ddl
-    from chandy.connectors.spark.json_batch import decode_json_change_batch
+    from chandy.formats.json_batch import decode_json_change_batch
     from tests.fixtures import debezium
 
     columns = to_arrow_schema(parse_ddl(debezium.ROW_DDL), timezone="UTC")

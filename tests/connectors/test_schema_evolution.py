@@ -13,9 +13,9 @@ import pytest
 
 from chandy.connectors.lake.sink import LakeSchemaError
 from chandy.connectors.lake.sinks import open_sink
-from chandy.connectors.spark.decode import BadRecordError, ValueDecoder
-from chandy.connectors.spark.evolution import SchemaChangeError, concat_evolving
-from chandy.connectors.spark.records import to_record_batch
+from chandy.formats.decoder import BadRecordError, ValueDecoder
+from chandy.formats.evolution import SchemaChangeError, concat_evolving
+from chandy.formats.records import to_record_batch
 from tests.fixtures.messages import FakeMessage
 
 JOB = "00112233445566778899aabbccddeeff"

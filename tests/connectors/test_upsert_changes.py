@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from chandy.connectors.lake.changes import OP_COLUMN
-from chandy.connectors.spark.decode import BadRecordError, ValueDecoder
 from chandy.connectors.spark.options import PipelineError, PipelineOptions
-from chandy.connectors.spark.records import to_record_batch
+from chandy.formats.decoder import BadRecordError, ValueDecoder
+from chandy.formats.records import to_record_batch
 from tests.fixtures.messages import FakeMessage as Message
 
 COLUMNS = pa.schema([("id", pa.int64()), ("name", pa.string()), ("op", pa.string())])

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from chandy.connectors.spark.avro import AvroValueSchemaError, value_struct
-from chandy.connectors.spark.ddl import parse_ddl
-from chandy.connectors.spark.decode import BadRecordError, ValueDecoder
-from chandy.connectors.spark.records import ARROW_SCHEMA
-from chandy.connectors.type_mapping import AVRO_TYPES, JSON_TYPES, markdown_table, to_lake_types, utc_schema
+from chandy.connectors.spark.ddl import parse_ddl, value_struct
+from chandy.formats.avro import AvroValueSchemaError
+from chandy.formats.decoder import BadRecordError, ValueDecoder
+from chandy.formats.records import ARROW_SCHEMA
+from chandy.formats.type_mapping import AVRO_TYPES, JSON_TYPES, markdown_table, to_lake_types, utc_schema
 from tests.fixtures import REPO_ROOT
 from tests.fixtures import value_schemas as vs
 

@@ -309,7 +309,7 @@ _RECORDS = {"Order": (ORDER, lambda i: {"id": i, "total": i / 4}),
 def _check_own_columns(rows_by_table: dict[str, list[dict]], source: dict[tuple[str, int, int], Any]) -> None:
     """Each table holds exactly its records' fields as value columns, and every record of the
     source exactly once, in the table of its record type, with its values."""
-    from chandy.connectors.spark.decode import KAFKA_COLUMNS
+    from chandy.formats.decoder import KAFKA_COLUMNS
 
     seen: set[tuple[str, int, int]] = set()
     for name, rows in rows_by_table.items():

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from chandy.connectors.spark.datasource import _check_same_types, buffered
-from chandy.connectors.spark.evolution import SchemaChangeError
+from chandy.formats.evolution import SchemaChangeError
 
 
 def _batch(offsets: range, as_text: bool = False) -> pa.RecordBatch:

@@ -22,12 +22,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from chandy.connectors.lake.sink import DataFile, LakeCommitError
+from chandy.formats.debezium import DELETE, OP_COLUMN
 
 log = logging.getLogger(__name__)
 
-#: the change file column holding Debezium's operation (the name Debezium's ExtractNewRecordState gives it)
-OP_COLUMN = "__op"
-DELETE = "d"
 #: the columns that order one key's changes
 ORDER_COLUMNS = ("partition", "offset")
 

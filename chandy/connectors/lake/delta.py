@@ -62,8 +62,8 @@ from chandy.connectors.lake.sink import (
     schema_to_b64,
     watermark_metadata,
 )
-from chandy.connectors.type_mapping import to_lake_types
 from chandy.coordinator.filesystems import delta_options, open_filesystem
+from chandy.formats.type_mapping import to_lake_types
 
 log = logging.getLogger(__name__)
 

@@ -66,8 +66,8 @@ from chandy.connectors.lake.sink import (
     schema_to_b64,
 )
 from chandy.connectors.lake.uri import normalize_table_uri
-from chandy.connectors.type_mapping import to_lake_types
 from chandy.coordinator.filesystems import open_filesystem, pyiceberg_properties
+from chandy.formats.type_mapping import to_lake_types
 
 __all__ = ["IcebergSink", "catalog_properties_for", "default_checkpoint_dir", "parse_iceberg_uri"]
 

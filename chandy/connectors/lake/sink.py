@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from chandy.connectors.type_mapping import utc_schema
 from chandy.coordinator.errors import ChandyError, SuppressRestartsError
 from chandy.coordinator.messages import StateHandle
+from chandy.formats.type_mapping import utc_schema
 
 #: the kind of a data file's state handle (:meth:`DataFile.to_state_handle`, :func:`data_files_to_handles`)
 FILE_KIND = "lake-file"
@@ -272,14 +272,14 @@ def _type_text(delta_type_json: Any) -> str:
 
 def delta_fields(data: pa.Schema) -> dict[str, Any]:
     """``data``'s columns as Delta types (name -> Delta type JSON), zoned timestamps as UTC at
-    every depth (:func:`~chandy.connectors.type_mapping.utc_schema`)."""
+    every depth (:func:`~chandy.formats.type_mapping.utc_schema`)."""
     from deltalake import Schema as DeltaSchema
 
     return {f["name"]: f["type"] for f in json.loads(DeltaSchema.from_arrow(utc_schema(data)).to_json())["fields"]}
 
 
 def _lake_widens(narrow: Any, wide: Any) -> bool:
-    """:func:`~chandy.connectors.type_mapping.widens` for two Delta type JSONs (``integer`` to
+    """:func:`~chandy.formats.type_mapping.widens` for two Delta type JSONs (``integer`` to
     ``long``, ``float`` to ``double``, ``decimal(P,S)`` to a greater precision)."""
     if not isinstance(narrow, str) or not isinstance(wide, str):
         return False

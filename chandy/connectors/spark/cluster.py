@@ -20,7 +20,7 @@ from chandy.connectors.spark.spark_urls import is_local_master
 log = logging.getLogger(__name__)
 
 #: executors by :func:`task_code_zip`
-TASK_PACKAGES = ("chandy.connectors", "chandy.coordinator", "chandy.schemas")
+TASK_PACKAGES = ("chandy.connectors", "chandy.formats", "chandy.coordinator", "chandy.schemas")
 
 
 def default_parallelism(partitions: int, master: str, spark_default_parallelism: Callable[[], int]) -> int:
@@ -148,7 +148,7 @@ def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrid
     from chandy.connectors.spark.clients import ack_sender, range_reader, task_sink
 
     for module in ("chandy.connectors.lake.sinks", "chandy.connectors.spark.datasource",
-                   "chandy.connectors.spark.json_batch", "pyarrow.parquet", "pyarrow.dataset"):
+                   "chandy.formats.json_batch", "pyarrow.parquet", "pyarrow.dataset"):
         importlib.import_module(module)  # loaded now, not in the first micro-batch's task
 
     with range_reader(bootstrap_servers, consumer_overrides) as reader:

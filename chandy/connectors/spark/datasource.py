@@ -31,11 +31,12 @@ from chandy.connectors.lake.sink import (
     data_files_to_handles,
     offsets_to_json,
 )
-from chandy.connectors.spark.decode import ValueDecoder, decode_batches
-from chandy.connectors.spark.evolution import SchemaChangeError, concat_evolving, offset_ranges
-from chandy.connectors.spark.records import DEFAULT_WRITE_BUFFER_BYTES, SPARK_DDL, to_record_batch
-from chandy.connectors.type_mapping import wider
+from chandy.connectors.spark.options import DEFAULT_WRITE_BUFFER_BYTES
 from chandy.coordinator.messages import StateHandle
+from chandy.formats.decoder import ValueDecoder, decode_batches
+from chandy.formats.evolution import SchemaChangeError, concat_evolving, offset_ranges
+from chandy.formats.records import SPARK_DDL, to_record_batch
+from chandy.formats.type_mapping import wider
 
 RANGES_FORMAT = "chandy_kafka_ranges"
 LAKE_FILES_FORMAT = "chandy_lake_files"
@@ -367,9 +368,8 @@ class RoutedTables:
         Raises:
             LakeSchemaError: the data does not fit the table.
         """
-        from chandy.connectors.lake.changes import OP_COLUMN
-        from chandy.connectors.spark.debezium import ChangeEventError
-        from chandy.connectors.spark.decode import BadRecordError
+        from chandy.formats.debezium import OP_COLUMN, ChangeEventError
+        from chandy.formats.decoder import BadRecordError
 
         o = self.options
         fields = self.fields_of(sink)

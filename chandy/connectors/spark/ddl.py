@@ -187,3 +187,27 @@ def parse_ddl(text: str) -> T.StructType:
         assert isinstance(struct, T.StructType)
         return struct
     return _Parser(stripped).schema()
+
+
+def value_struct(schema_json: str) -> T.StructType:
+    """An Avro value schema's fields as a Spark ``StructType``: spark-avro's
+    ``SchemaConverters.toSqlType`` mapping (:func:`chandy.formats.avro.value_schema`'s Arrow
+    columns, through pyspark's ``from_arrow_schema``).
+
+    Raises:
+        AvroValueSchemaError: not JSON, not a record, or a field of a type without a column type.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from chandy.formats.avro import value_schema
+
+    return from_arrow_schema(value_schema(schema_json))
+
+
+def value_fields(schema_json: str) -> list[tuple[str, str]]:
+    """(field name, Spark type as ``simpleString``) of an Avro value schema's fields.
+
+    Raises:
+        AvroValueSchemaError: see :func:`value_struct`.
+    """
+    return [(f.name, f.dataType.simpleString()) for f in value_struct(schema_json).fields]

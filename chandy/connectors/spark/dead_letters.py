@@ -1,7 +1,7 @@
 """Dead letters: bad records kept raw, and published exactly once with the checkpoint that read them.
 
 1. A Spark task that decodes subtask *i*'s ranges of checkpoint N keeps its bad records and, at
-   the end of its input, writes them as one Parquet file (:data:`~chandy.connectors.spark.decode.BAD_RECORDS_SCHEMA`),
+   the end of its input, writes them as one Parquet file (:data:`~chandy.formats.decoder.BAD_RECORDS_SCHEMA`),
    ``<checkpoint dir>/<job id>/taskowned/dead-letters/chk-N/part-<i>.parquet``, through a
    temporary name, so the file is whole or absent; a retried attempt rewrites the same file with
    the same records (its ranges are fixed). The file's schema metadata also holds how many
@@ -27,9 +27,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chandy.connectors.spark.decode import BAD_RECORDS_SCHEMA
 from chandy.coordinator.environment import OutboundMessage
 from chandy.coordinator.filesystems import open_filesystem
+from chandy.formats.decoder import BAD_RECORDS_SCHEMA
 
 log = logging.getLogger(__name__)
 

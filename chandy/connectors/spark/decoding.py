@@ -15,14 +15,14 @@ import pyarrow as pa
 from chandy.connectors.kafka.source.reader import KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
 from chandy.connectors.lake.sink import LakeSchemaError
-from chandy.connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
 from chandy.connectors.spark.driver_core import PipelineCore
 from chandy.connectors.spark.options import (
     PipelineError,
 )
-from chandy.connectors.spark.registry import task_settings
-from chandy.connectors.type_mapping import inferred_json_type
 from chandy.coordinator.errors import ChandyError
+from chandy.formats.decoder import KAFKA_COLUMNS, ValueDecoder
+from chandy.formats.registry import task_settings
+from chandy.formats.type_mapping import inferred_json_type
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class PipelineDecoding(PipelineCore):
         their names, the key's columns known at start, their fields in the key): ``--key-schema``'s
         fields, then the table's ``key_*`` columns (added by earlier keys). Keys read as written
         from a registry, and JSON keys, start from the table's alone (new fields add columns)."""
-        from chandy.connectors.spark.keys import FIELD_KEY_FORMATS, split_key_columns
+        from chandy.formats.keys import FIELD_KEY_FORMATS, split_key_columns
 
         opts = self.options
         if opts.key_format not in FIELD_KEY_FORMATS:
@@ -84,10 +84,10 @@ class PipelineDecoding(PipelineCore):
         if opts.value_format == "protobuf":
             return self._decoder_from_protobuf()
         if opts.value_format == "avro":
-            from chandy.connectors.spark.avro import change_row_schema, value_struct
+            from chandy.formats.avro import avro_columns, change_row_schema
 
             row_schema = change_row_schema(opts.value_schema or "") if opts.cdc == "debezium" else opts.value_schema
-            columns, names = self._value_columns(value_struct(row_schema or ""))
+            columns, names = avro_columns(row_schema or "")
             return self._make_decoder(columns, names, "ignore")
         if opts.value_schema:
             from chandy.connectors.spark.ddl import parse_ddl
@@ -112,7 +112,7 @@ class PipelineDecoding(PipelineCore):
         table has widened (int to long, ...) keeps the table's wider type."""
         if self.table_fields is None:
             return columns, names
-        from chandy.connectors.type_mapping import widens
+        from chandy.formats.type_mapping import widens
 
         table, table_names = self._table_columns()
         in_table = dict(zip(table_names, table, strict=True))
@@ -131,10 +131,10 @@ class PipelineDecoding(PipelineCore):
         columns), no subject read.
 
         Raises:
-            PipelineError: as :func:`~chandy.connectors.spark.registry.latest_schema`, or a schema
+            PipelineError: as :func:`~chandy.formats.registry.latest_schema`, or a schema
                 that has no columns.
         """
-        from chandy.connectors.spark.registry import latest_schema
+        from chandy.formats.registry import latest_schema
 
         opts = self.options
         subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
@@ -164,7 +164,7 @@ class PipelineDecoding(PipelineCore):
             PipelineError: see :meth:`_registry_columns`.
         """
 
-        from chandy.connectors.spark.avro import avro_columns, change_row_schema
+        from chandy.formats.avro import avro_columns, change_row_schema
 
         debezium = self.options.cdc == "debezium"
         latest, columns, names = self._registry_columns("AVRO", lambda latest: avro_columns(
@@ -175,14 +175,14 @@ class PipelineDecoding(PipelineCore):
 
     def _decoder_from_json_schema(self) -> ValueDecoder:
         """``--value-format json-schema`` with a Schema Registry and no ``--value-schema``: the
-        subject's latest JSON Schema gives the columns (:mod:`chandy.connectors.spark.json_schema`),
+        subject's latest JSON Schema gives the columns (:mod:`chandy.formats.json_schema`),
         then the table's other columns; fields without a column evolve the table as JSON's do.
 
         Raises:
             PipelineError: see :meth:`_registry_columns`; or ``--cdc debezium`` (give the row's
                 DDL with ``--value-schema``).
         """
-        from chandy.connectors.spark.json_schema import json_schema_columns
+        from chandy.formats.json_schema import json_schema_columns
 
         if self.options.cdc == "debezium":
             raise PipelineError("--cdc debezium with --value-format json-schema takes the row's columns from "
@@ -192,15 +192,15 @@ class PipelineDecoding(PipelineCore):
 
     def _decoder_from_protobuf(self) -> ValueDecoder:
         """``--value-format protobuf``: the first message of the subject's latest schema gives the
-        columns (:mod:`chandy.connectors.spark.protobuf`), then the table's other columns; each
+        columns (:mod:`chandy.formats.protobuf`), then the table's other columns; each
         record is read with its writer's message, as Avro's ``as_written``.
 
         Raises:
             PipelineError: see :meth:`_registry_columns` (a schema Chandy cannot read or map).
         """
 
-        from chandy.connectors.spark.protobuf import arrow_columns, message_descriptor
-        from chandy.connectors.spark.registry import registry_client
+        from chandy.formats.protobuf import arrow_columns, message_descriptor
+        from chandy.formats.registry import registry_client
 
         registry = registry_client(self.options.schema_registry)
         latest, columns, names = self._registry_columns(
@@ -223,12 +223,12 @@ class PipelineDecoding(PipelineCore):
         return self._avro_unknown_fields == "add" and bool(getattr(self.sink, "widens_columns", False))
 
     def _output_schema(self) -> pa.Schema:
-        from chandy.connectors.spark.records import ARROW_SCHEMA
+        from chandy.formats.records import ARROW_SCHEMA
 
         return self.decoder.output_schema if self.decoder is not None else ARROW_SCHEMA
 
     def _check_output_schema(self, schema: pa.Schema) -> None:
-        from chandy.connectors.lake.changes import OP_COLUMN
+        from chandy.formats.debezium import OP_COLUMN
 
         if OP_COLUMN in schema.names and self.options.cdc:  # the change's operation is not a column of the table
             schema = schema.remove(schema.get_field_index(OP_COLUMN))
@@ -248,14 +248,14 @@ class PipelineDecoding(PipelineCore):
         for raw in self._sample(ranges):
             try:
                 if self.options.value_format == "json-schema":
-                    from chandy.connectors.spark.json_schema import unframe
+                    from chandy.formats.framing import split
 
-                    raw = unframe(raw)
+                    raw = split(raw)[1]
                 value = json.loads(raw)
             except (ValueError, UnicodeDecodeError):
                 continue
             if self.options.cdc == "debezium" and isinstance(value, dict):  # the row's columns, not the envelope's
-                from chandy.connectors.spark.debezium import unwrap_payload
+                from chandy.formats.debezium import unwrap_payload
 
                 envelope = unwrap_payload(value)
                 value = (envelope.get("after") or envelope.get("before")) if isinstance(envelope, dict) else None

@@ -24,7 +24,6 @@ from chandy.connectors.lake.sinks import LakeSink, open_sink
 from chandy.connectors.spark.cluster import (
     load_transform,
 )
-from chandy.connectors.spark.decode import ValueDecoder
 from chandy.connectors.spark.options import (
     SINK_OPERATOR,
     SOURCE_OPERATOR,
@@ -35,6 +34,7 @@ from chandy.coordinator.kafka.metrics import MetricScope
 from chandy.coordinator.kafka.requests import ControlRequest
 from chandy.coordinator.kafka.runtime import CoordinatorService
 from chandy.coordinator.restart_strategy import RestartBackoffTimeStrategy, create_restart_strategy
+from chandy.formats.decoder import ValueDecoder
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from chandy.connectors.spark.spark_urls import is_local_master, redact_remote
 from chandy.coordinator.filesystems import StorageBackendError, is_local, open_filesystem, storage_error_cause
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.topics import ChandyTopics, ensure_topics
+from chandy.formats.registry import RegistryError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,10 @@ class PipelinePreflight(PipelineCore):
         opts = self.options
         started = time.monotonic()
         self.check_static()
-        self.decoder = self._decoder_from_known_schema()
+        try:
+            self.decoder = self._decoder_from_known_schema()
+        except RegistryError as exc:  # the registry's refusal or silence fails the start, as any setting's
+            raise PipelineError(str(exc)) from exc
         if self._transform is None and (opts.value_format is None or self.decoder is not None):
             self._check_output_schema(self._output_schema())
         checked = time.monotonic()

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from chandy.connectors.lake.routing import Router
-from chandy.connectors.spark.decode import KAFKA_COLUMNS, ValueDecoder
+from chandy.formats.decoder import KAFKA_COLUMNS, ValueDecoder
+from chandy.formats.writer_schemas import newest_json_schema_columns, record_names
 
 #: a decoded batch's schema metadata key holding its destination table URI ("": the job's table)
 ROUTE_KEY = b"chandy.route"
@@ -83,64 +84,6 @@ def value_columns(table_fields: Mapping[str, Any] | None) -> tuple[pa.Schema, tu
     return arrow, names
 
 
-def record_names(values: pa.Array, decoder: ValueDecoder) -> list[str | None]:
-    """The full record name of each value's writer schema (Confluent framing; the schema from the
-    registry by the value's schema ID): Avro's ``namespace.name``, Protobuf's message full name,
-    JSON Schema's ``title`` (what Confluent's serializers name a JSON Schema's record by). None
-    for a tombstone, a value not so framed, or a schema ID the registry does not know (such
-    records are unrouted)."""
-    from chandy.connectors.spark.registry import registry_client
-
-    registry = registry_client(dict(decoder.schema_registry))
-    names: dict[tuple[int, tuple[int, ...]], str | None] = {}
-    out: list[str | None] = []
-    indexes: tuple[int, ...]
-    for raw in values.to_pylist():
-        if not raw or len(raw) < 6 or raw[0] != 0:
-            out.append(None)
-            continue
-        schema_id, indexes = int.from_bytes(raw[1:5], "big"), (0,)  # Avro: no message indexes
-        if decoder.value_format == "protobuf":
-            from chandy.connectors.spark.protobuf import ProtobufFramingError, split_framing
-
-            try:
-                indexes = tuple(split_framing(raw)[1])
-            except ProtobufFramingError:
-                out.append(None)
-                continue
-        key = (schema_id, indexes)
-        if key not in names:
-            names[key] = _record_name(registry, decoder.value_format, schema_id, list(indexes))
-        out.append(names[key])
-    return out
-
-
-def _record_name(registry: Any, value_format: str, schema_id: int, indexes: list[int]) -> str | None:
-    """The writer schema's full record name; None for an ID the registry does not know (404) or a
-    schema that does not read. A registry that fails otherwise (down, refusing) raises: the task
-    fails and is retried, rather than routing the record to the job's table."""
-    from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-    from chandy.connectors.spark.protobuf import ProtobufSchemaError, message_descriptor
-
-    try:
-        if value_format == "protobuf":
-            return str(message_descriptor(registry, schema_id, indexes).full_name)
-        schema = json.loads(registry.get_schema(schema_id).schema_str)
-    except SchemaRegistryError as exc:
-        if exc.http_status_code == 404:
-            return None
-        raise
-    except (ProtobufSchemaError, ValueError):  # not a schema of this format: the record is unrouted
-        return None
-    if value_format == "json":  # JSON Schema
-        return str(schema["title"]) if isinstance(schema, dict) and schema.get("title") else None
-    if not isinstance(schema, dict) or not schema.get("name"):
-        return None
-    name, namespace = str(schema["name"]), schema.get("namespace")
-    return name if "." in name or not namespace else f"{namespace}.{name}"
-
-
 def route_keys(batch: pa.RecordBatch, router: Router, decoder: ValueDecoder) -> list[str | None]:
     """Each raw record's route key: its topic, or with ``router.by == "record-name"`` its writer
     schema's record name (:func:`record_names`)."""
@@ -180,9 +123,9 @@ def decode_routed(options: RoutedTask, batches: Iterator[pa.RecordBatch], table_
                 fields = table_fields(uri)
                 columns, names = value_columns(fields)
                 if fields is None and _json_schema(decoder):  # a new table: its newest writer schema's columns
-                    columns, names = _json_schema_columns(part.column("value"), decoder)
+                    columns, names = newest_json_schema_columns(part.column("value"), decoder)
                 key_columns, key_names = decoder.key_columns, decoder.key_names
-                from chandy.connectors.spark.keys import FIELD_KEY_FORMATS, split_key_columns
+                from chandy.formats.keys import FIELD_KEY_FORMATS, split_key_columns
 
                 if decoder.key_format in FIELD_KEY_FORMATS:
                     columns, names, key_columns, key_names = split_key_columns(
@@ -195,29 +138,6 @@ def decode_routed(options: RoutedTask, batches: Iterator[pa.RecordBatch], table_
             if skipped:
                 dead.add_skipped(skipped)
             yield decoded.replace_schema_metadata({ROUTE_KEY: (uri or "").encode()})
-
-
-def _json_schema_columns(values: pa.Array, decoder: ValueDecoder) -> tuple[pa.Schema, tuple[str, ...]]:
-    """The columns of the newest (highest ID) JSON Schema among ``values``' Confluent-framed
-    schema IDs (:func:`~chandy.connectors.spark.json_schema.json_schema_columns`); none when no
-    value is framed or no such schema has columns (the values' own fields then evolve the table,
-    as JSON's do). A registry that fails (down, refusing) raises: the task is retried."""
-    from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-    from chandy.connectors.spark.json_schema import JsonSchemaError, json_schema_columns
-    from chandy.connectors.spark.registry import registry_client
-
-    ids = {int.from_bytes(raw[1:5], "big") for raw in values.to_pylist() if raw and len(raw) >= 5 and raw[0] == 0}
-    registry = registry_client(dict(decoder.schema_registry))
-    for schema_id in sorted(ids, reverse=True):
-        try:
-            return json_schema_columns(registry.get_schema(schema_id).schema_str)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code != 404:
-                raise
-        except JsonSchemaError:
-            continue
-    return pa.schema([]), ()
 
 
 def by_destination(part: list[pa.RecordBatch]) -> list[tuple[str | None, list[pa.RecordBatch]]]:

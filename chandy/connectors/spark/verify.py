@@ -3,7 +3,7 @@ decoded again from Kafka (issue 31: exactly-once by offsets is not enough if the
 
 The table is read with the lake's own reader (deltalake or pyiceberg, not the writer); the source
 range is re-read with the range reader and decoded with the pipeline's value decoder (its type
-mapping, :mod:`chandy.connectors.type_mapping`), and, as a check that needs no type mapping at all, a
+mapping, :mod:`chandy.formats.type_mapping`), and, as a check that needs no type mapping at all, a
 field that is present and non-null in the raw value (fastavro's or ``json``'s own reading) must
 not have landed NULL.
 """
@@ -23,9 +23,9 @@ from chandy.connectors.kafka.source.reader import KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
 from chandy.connectors.kafka.source.subscriber import subscribed_topics
 from chandy.connectors.lake.sink import LakeSink
-from chandy.connectors.spark.decode import ValueDecoder
-from chandy.connectors.spark.records import to_record_batch
 from chandy.coordinator.kafka import config as kafka_config
+from chandy.formats.decoder import ValueDecoder
+from chandy.formats.records import to_record_batch
 
 _KEY = ("topic", "partition", "offset")
 
@@ -67,11 +67,11 @@ def _raw_reader(decoder: ValueDecoder) -> Callable[[bytes | None], Mapping[str, 
     import json
 
     if decoder.value_format == "json":
-        from chandy.connectors.spark.json_schema import unframe
+        from chandy.formats.framing import split
 
         def read_json(raw: bytes | None) -> Mapping[str, Any]:
             try:
-                value = json.loads(raw if not raw or decoder.json_framing == "plain" else unframe(raw)) if raw else None
+                value = json.loads(raw if not raw or decoder.json_framing == "plain" else split(raw)[1]) if raw else None
             except ValueError:
                 return {}
             return value if isinstance(value, dict) else {}

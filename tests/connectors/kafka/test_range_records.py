@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from chandy.connectors.kafka.source.reader import RangeReadError, _in_range
-from chandy.connectors.spark.records import ARROW_SCHEMA, to_record_batch
+from chandy.formats.records import ARROW_SCHEMA, to_record_batch
 
 
 def record(offset: int, **kwargs: Any) -> Message:

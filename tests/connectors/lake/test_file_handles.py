@@ -21,7 +21,6 @@ from chandy.connectors.lake.sink import (
     schema_hash,
     schema_to_b64,
 )
-from chandy.connectors.spark.records import ARROW_SCHEMA
 from chandy.coordinator.messages import AcknowledgeCheckpoint, StateHandle
 from chandy.coordinator.storage import (
     CheckpointMetadata,
@@ -30,6 +29,7 @@ from chandy.coordinator.storage import (
     deserialize_metadata,
     serialize_metadata,
 )
+from chandy.formats.records import ARROW_SCHEMA
 from chandy.schemas.codec import SingleObjectCodec
 
 WIDE = schema_to_b64(pa.schema(list(ARROW_SCHEMA) + [(f"field_{i}", pa.string()) for i in range(16)]

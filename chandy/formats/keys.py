@@ -6,7 +6,7 @@
   format of a ``STRING`` column); a key that is not UTF-8 makes its record bad.
 - ``json`` / ``avro``: the key's fields become columns ``key_<field>`` after the Kafka columns
   (Flink's ``key.fields-prefix``, here always ``key_``), decoded as values are
-  (:class:`~chandy.connectors.spark.decode.ValueDecoder`): Avro with ``--key-schema`` or, with a
+  (:class:`~chandy.formats.decoder.ValueDecoder`): Avro with ``--key-schema`` or, with a
   Schema Registry, each key read with its own writer schema (the ``<topic>-key`` subject's latest
   version gives the columns at start); JSON objects with their fields' types inferred, new fields
   adding columns with schema evolution. ``protobuf`` / ``json-schema``: Confluent-framed keys read
@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from chandy.connectors.spark.records import KAFKA_COLUMNS
+from chandy.formats.records import KAFKA_COLUMNS
 
 #: the prefix of a key field's column (Flink's ``key.fields-prefix``)
 KEY_PREFIX = "key_"
@@ -59,7 +59,7 @@ def split_key_columns(columns: pa.Schema, names: tuple[str, ...], key_schema: st
     """
     keys: list[tuple[pa.Field, str]] = []
     if key_schema:
-        from chandy.connectors.spark.avro import avro_columns
+        from chandy.formats.avro import avro_columns
 
         written, written_names = avro_columns(key_schema)
         keys = [(f.with_name(f"{KEY_PREFIX}{f.name}"), n) for f, n in zip(written, written_names, strict=True)]

@@ -48,52 +48,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from chandy.coordinator.errors import ChandyError
+from chandy.formats.errors import FormatError
+from chandy.formats.framing import FramingError, split_protobuf
 
 
-class ProtobufSchemaError(ChandyError):
+class ProtobufSchemaError(FormatError):
     """A Protobuf schema Chandy cannot read from the registry or map to columns (the message
     says which schema ID or field)."""
 
 
-class ProtobufFramingError(ValueError):
-    """A value that is not Confluent-framed Protobuf (a bad record)."""
-
-
-def _zigzag_varint(raw: bytes, position: int) -> tuple[int, int]:
-    """(the zigzag-decoded varint at ``position``, the position after it)."""
-    shift = result = 0
-    while True:
-        if position >= len(raw) or shift > 63:
-            raise ProtobufFramingError("the message indexes end before their last varint")
-        byte = raw[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), position
-        shift += 7
-
-
-def split_framing(raw: bytes) -> tuple[int, list[int], bytes]:
-    """(schema ID, message indexes, Protobuf binary) of a Confluent-framed Protobuf value.
-
-    Raises:
-        ProtobufFramingError: no magic byte 0, or message indexes that do not parse.
-    """
-    if len(raw) < 6 or raw[0] != 0:
-        raise ProtobufFramingError(f"not the Confluent wire format: magic byte {raw[:1].hex() or 'missing'}, "
-                                   "expected 00, a 4-byte schema ID and the message indexes")
-    schema_id = int.from_bytes(raw[1:5], "big")
-    count, position = _zigzag_varint(raw, 5)
-    if count < 0 or count > 100:
-        raise ProtobufFramingError(f"{count} message indexes")
-    if count == 0:
-        return schema_id, [0], raw[position:]
-    indexes = []
-    for _ in range(count):
-        index, position = _zigzag_varint(raw, position)
-        indexes.append(index)
-    return schema_id, indexes, raw[position:]
+class ProtobufFramingError(FramingError):
+    """A value that is not Confluent-framed Protobuf: its header (:mod:`chandy.formats.framing`)
+    or its bytes after it, not a message of the writer's type (a bad record)."""
 
 
 #: imports every registry serializer leaves out of a schema's references (the runtime's own)
@@ -216,7 +182,7 @@ def arrow_columns(message: Any) -> tuple[pa.Schema, tuple[str, ...]]:
     Raises:
         ProtobufSchemaError: a message that contains itself.
     """
-    from chandy.connectors.spark.records import ARROW_SCHEMA
+    from chandy.formats.records import ARROW_SCHEMA
 
     fields = [pa.field(f.name, _field_type(f, (message.full_name,))) for f in message.fields]
     renamed = [f.with_name(f"value_{f.name}") if f.name in ARROW_SCHEMA.names else f for f in fields]
@@ -355,12 +321,12 @@ class ProtobufReader:
         new to this reader).
 
         Raises:
-            ProtobufFramingError: not framed, or bytes that are not a message of the writer's type.
+            FramingError: not framed; ProtobufFramingError: bytes that are not a message of the writer's type.
             ProtobufSchemaError: the writer's schema cannot be read (see :func:`message_descriptor`).
         """
         from google.protobuf.message import DecodeError
 
-        schema_id, indexes, body = split_framing(raw)
+        schema_id, indexes, body = split_protobuf(raw)
         cls, new = self.writer(schema_id, indexes)
         message = cls()
         try:

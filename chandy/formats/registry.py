@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from chandy.connectors.spark.options import PipelineError
+from chandy.formats.errors import FormatError
+
+
+class RegistryError(FormatError):
+    """The Schema Registry refused Chandy's settings or request, or could not be reached (the
+    message names its URL and the subject); the pipeline's start fails with it."""
+
 
 _REGISTRY_CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
 #: the client's settings that must be numbers (the CLI gives every value as text)
@@ -23,7 +29,7 @@ def registry_client(settings: Mapping[str, str]) -> Any:
     numeric settings (``max.retries``, ``retries.wait.ms``, ``timeout``, ...) may be given as text.
 
     Raises:
-        PipelineError: a setting the client does not know, or a numeric one that is not a number.
+        RegistryError: a setting the client does not know, or a numeric one that is not a number.
     """
     key = tuple(sorted((k, str(v)) for k, v in settings.items()))
     if key not in _REGISTRY_CLIENTS:
@@ -37,7 +43,7 @@ def registry_client(settings: Mapping[str, str]) -> Any:
                     conf[name] = float(text) if "." in text else int(text)
             _REGISTRY_CLIENTS[key] = SchemaRegistryClient.new_client(conf)
         except (TypeError, ValueError) as exc:  # the client's own checks, a number that does not parse
-            raise PipelineError(f"Schema Registry {settings.get('url')}: bad settings (--schema-registry-property, "
+            raise RegistryError(f"Schema Registry {settings.get('url')}: bad settings (--schema-registry-property, "
                                 f"SchemaRegistryClient's names): {exc}") from exc
     return _REGISTRY_CLIENTS[key]
 
@@ -62,7 +68,7 @@ def latest_schema(settings: Mapping[str, str], subject: str, schema_type: str = 
     /subjects/{subject}/versions/latest``.
 
     Raises:
-        PipelineError: the registry unreachable or refusing (its URL, the subject and why), the
+        RegistryError: the registry unreachable or refusing (its URL, the subject and why), the
             subject unknown, or its latest version of another type.
     """
     from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -74,11 +80,11 @@ def latest_schema(settings: Mapping[str, str], subject: str, schema_type: str = 
     except SchemaRegistryError as exc:
         known = (" (no such subject: producers register <topic>-value under TopicNameStrategy; name another with "
                  "--value-subject)") if exc.http_status_code == 404 else ""
-        raise PipelineError(f"Schema Registry {url}: the latest version of subject {subject}: {exc}{known}") from exc
+        raise RegistryError(f"Schema Registry {url}: the latest version of subject {subject}: {exc}{known}") from exc
     except Exception as exc:  # the HTTP client's connection errors, a bad URL: say which registry
-        raise PipelineError(f"Schema Registry {url} is unreachable ({type(exc).__name__}: {exc}): the table's "
+        raise RegistryError(f"Schema Registry {url} is unreachable ({type(exc).__name__}: {exc}): the table's "
                             f"schema comes from its subject {subject}") from exc
     found = getattr(latest.schema, "schema_type", None) or "AVRO"
     if found != schema_type:
-        raise PipelineError(f"Schema Registry {url}: subject {subject} holds a {found} schema, not {schema_type}")
+        raise RegistryError(f"Schema Registry {url}: subject {subject} holds a {found} schema, not {schema_type}")
     return latest

@@ -4,7 +4,7 @@ columns, and the Confluent framing of the values.
 Confluent's ``JSONSerializer`` (and Kafka Connect's ``JsonSchemaConverter``) write a value as the
 magic byte ``0``, the 4-byte big-endian schema ID, then the JSON text. The registry's schema of
 the subject gives the table's columns; values are then decoded as JSON (Arrow's JSON reader, or
-value by value, :mod:`chandy.connectors.spark.decode`), exactly as ``--value-format json``.
+value by value, :mod:`chandy.formats.decoder`), exactly as ``--value-format json``.
 
 The mapping, as Kafka Connect's ``JsonSchemaData`` maps JSON Schema to Connect types (and so as a
 Connect sink lands them), with the spec's formats Spark reads as dates and timestamps:
@@ -41,14 +41,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from chandy.coordinator.errors import ChandyError
+from chandy.formats.errors import FormatError
 
 #: Kafka Connect's ``connect.type`` hints on ``integer`` and ``number``
 _CONNECT_TYPES = {"int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
                   "float32": pa.float32(), "float64": pa.float64()}
 
 
-class JsonSchemaError(ChandyError):
+class JsonSchemaError(FormatError):
     """A JSON Schema that has no columns: not an object with properties, or a property whose
     schema has no column type (the message names its path)."""
 
@@ -61,7 +61,7 @@ def json_schema_columns(schema: str | dict[str, Any]) -> tuple[pa.Schema, tuple[
         JsonSchemaError: not JSON, not an object with properties, or a property without a
             column type (see the module docstring).
     """
-    from chandy.connectors.spark.records import ARROW_SCHEMA
+    from chandy.formats.records import ARROW_SCHEMA
 
     if isinstance(schema, str):
         try:
@@ -172,29 +172,3 @@ def _arrow_type(node: dict[str, Any], document: dict[str, Any], path: str, stack
 
 def _is_null(node: dict[str, Any], document: dict[str, Any]) -> bool:
     return _resolve(node, document, "", ())[0].get("type") == "null"
-
-
-def unframe(raw: bytes) -> bytes:
-    """The JSON text of a Confluent-framed value (magic byte 0, 4-byte schema ID, JSON).
-
-    Raises:
-        ValueError: not the Confluent framing (says what the first bytes are).
-    """
-    if len(raw) < 5 or raw[0] != 0:
-        raise ValueError(f"not the Confluent wire format: magic byte {raw[:1].hex() or 'missing'}, expected 00 "
-                         "followed by a 4-byte schema ID")
-    return raw[5:]
-
-
-def unframe_column(values: pa.Array) -> pa.Array | None:
-    """``values`` (binary) without their 5-byte Confluent header, at Arrow speed; None when a
-    non-null value is not framed (the caller then reads value by value, naming it)."""
-    import pyarrow.compute as pc
-
-    if len(values) == 0:
-        return values
-    present = values.drop_null()
-    if len(present) and not (pc.all(pc.greater_equal(pc.binary_length(present), 5)).as_py()
-                             and pc.all(pc.equal(pc.binary_slice(present, 0, 1), b"\x00")).as_py()):
-        return None
-    return pc.binary_slice(values, 5, (1 << 31) - 1)  # to the end (pyarrow needs a stop)

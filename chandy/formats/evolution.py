@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from chandy.connectors.type_mapping import wider
-from chandy.coordinator.errors import ChandyError
+from chandy.formats.errors import FormatError
+from chandy.formats.type_mapping import wider
 
 
 def concat_evolving(batches: list[pa.RecordBatch], *, where: str = "") -> pa.Table:
     """One table of batches whose schemas may differ by added columns (schema evolution): the
     union of their columns, in order of first appearance, missing ones as nulls; a column one
-    batch has widened (int to long, ...: :func:`~chandy.connectors.type_mapping.widens`, which
+    batch has widened (int to long, ...: :func:`~chandy.formats.type_mapping.widens`, which
     the decoder only does for a table that can widen) is the wider type in all.
 
     Raises:
@@ -54,6 +54,6 @@ def offset_ranges(data: pa.RecordBatch | pa.Table) -> str:
                      for r in sorted(grouped.to_pylist(), key=lambda r: (r["topic"], r["partition"])))
 
 
-class SchemaChangeError(ChandyError):
+class SchemaChangeError(FormatError):
     """A field whose type changed incompatibly within a micro-batch: the message names the
     field, both types and the offset ranges."""

@@ -19,12 +19,21 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from chandy.formats.errors import FormatError
+
 #: the operations that land a row, and the one that deletes it
 UPSERT_OPS = ("c", "u", "r")
 DELETE_OP = "d"
 
 
-class ChangeEventError(ValueError):
+#: the change column holding a change's operation (the name Debezium's ExtractNewRecordState gives
+#: it): ``c``, ``u``, ``r`` or :data:`DELETE`; the lake's merge reads it
+OP_COLUMN = "__op"
+#: the operation of a delete
+DELETE = "d"
+
+
+class ChangeEventError(FormatError, ValueError):
     """A value that is not a Debezium change event this pipeline can land (the message says why)."""
 
 

@@ -7,7 +7,7 @@ The column types follow Spark: Avro as spark-avro's ``SchemaConverters.toSqlType
 ``from_avro`` returns), JSON as ``from_json`` reads a DDL schema (Spark's ``JacksonParser``).
 Values are converted here, in the Spark tasks, strictly: a value that does not fit its column
 is a *bad record* (``--errors-tolerance`` decides what happens to it, see
-:mod:`chandy.connectors.spark.decode`), never rounded, truncated or landed as NULL. Where ``from_json``
+:mod:`chandy.formats.decoder`), never rounded, truncated or landed as NULL. Where ``from_json``
 converts a value (an integer into ``DOUBLE``, a decimal with more fractional digits than the
 scale), Chandy converts it the same way; the table's last column says so.
 

@@ -23,12 +23,6 @@ ARROW_SCHEMA = pa.schema([
 #: The Kafka record's columns, in the order they are landed (:data:`ARROW_SCHEMA`'s).
 KAFKA_COLUMNS = tuple(ARROW_SCHEMA.names)
 
-#: Arrow bytes a subtask holds before it writes them as lake files (``--write-buffer-bytes``): small
-#: enough that a Python worker's peak RSS is the same at 50,000 and 2,000,000 records per checkpoint
-#: (measured: 297 and 294 MiB; 365 MiB holding a whole 2,000,000-record checkpoint), large enough
-#: that a part is a file of several MB.
-DEFAULT_WRITE_BUFFER_BYTES = 16 * 1024 * 1024
-
 #: ``Message.timestamp()``'s (type, ms) pair, converted in one call.
 _STAMP_PAIR = pa.struct([("type", pa.int32()), ("ms", pa.int64())])
 

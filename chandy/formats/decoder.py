@@ -30,12 +30,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from chandy.connectors.lake.changes import OP_COLUMN
-from chandy.connectors.spark.evolution import SchemaChangeError, offset_ranges
-from chandy.connectors.spark.records import KAFKA_COLUMNS as KAFKA_COLUMNS  # re-exported
-from chandy.connectors.spark.value_parsers import _Bad, _TypeChange, avro_parser, protobuf_parser
-from chandy.connectors.type_mapping import Unfit, json_converter, parse_json, plain_numbers
-from chandy.coordinator.errors import ChandyError
+from chandy.formats.debezium import OP_COLUMN
+from chandy.formats.errors import FormatError
+from chandy.formats.evolution import SchemaChangeError, offset_ranges
+from chandy.formats.records import KAFKA_COLUMNS as KAFKA_COLUMNS  # re-exported
+from chandy.formats.type_mapping import Unfit, json_converter, parse_json, plain_numbers
+from chandy.formats.value_parsers import BadValue, WriterTypeChange, avro_parser, protobuf_parser
 
 #: A bad record, raw, with why it was bad (the columns of a dead-letter file).
 BAD_RECORDS_SCHEMA = pa.schema([
@@ -46,7 +46,7 @@ BAD_RECORDS_SCHEMA = pa.schema([
 ])
 
 
-class BadRecordError(ChandyError):
+class BadRecordError(FormatError):
     """A record that does not decode, under ``errors_tolerance="none"``: the message names its
     topic, partition and offset and what was wrong."""
 
@@ -81,9 +81,9 @@ class ValueDecoder:
         errors_tolerance: ``"none"`` or ``"all"`` (Kafka Connect's ``errors.tolerance``).
         session_time_zone: the zone of JSON timestamps without an offset (Spark's
             ``spark.sql.session.timeZone``, as ``from_json``).
-        cdc: ``"debezium"``: values are Debezium change events (:mod:`chandy.connectors.spark.debezium`);
+        cdc: ``"debezium"``: values are Debezium change events (:mod:`chandy.formats.debezium`);
             ``columns`` are the *row*'s (``after``/``before``) and each decoded row gets the
-            change's operation in :data:`~chandy.connectors.lake.changes.OP_COLUMN`; a tombstone
+            change's operation in :data:`~chandy.formats.debezium.OP_COLUMN`; a tombstone
             is a delete of the row its key names (``tombstones`` does not apply). None: plain values.
         key_schema: with ``cdc``, the Avro schema of the keys (JSON), read with ``avro_framing``;
             None: keys are JSON, or, with the Confluent framing and a Schema Registry, Avro
@@ -103,19 +103,19 @@ class ValueDecoder:
         columns_schema_id: with ``as_written``, the registry ID of the schema the columns came
             from (for messages).
         key_format: ``"raw"`` (the ``key`` column as Kafka's bytes), ``"string"`` (UTF-8 text) or
-            ``"json"``/``"avro"``: the key's fields become columns (:mod:`chandy.connectors.spark.keys`).
+            ``"json"``/``"avro"``: the key's fields become columns (:mod:`chandy.formats.keys`).
         key_columns: with ``key_format`` json or avro, the key's columns (named ``key_<field>``)
             known at start; ``key_names`` their fields in the key.
         key_as_written: Avro keys read with their own writer schemas from the registry.
         widen_columns: with ``as_written``, a writer type a column's type widens to (int to long,
-            float to double, a decimal's precision up: :func:`~chandy.connectors.type_mapping.widens`)
+            float to double, a decimal's precision up: :func:`~chandy.formats.type_mapping.widens`)
             widens the column in the decoded batch instead of failing the micro-batch; the table
             widens it in the checkpoint's commit (Iceberg's type promotion; Delta tables cannot).
         json_framing: ``"plain"`` JSON text, or ``"confluent"``: Confluent's JSON Schema
             serializer's framing (magic byte 0, 4-byte schema ID, then the JSON text), checked and
             stripped before the JSON is read (``--value-format json-schema``).
 
-    Values become columns as :mod:`chandy.connectors.type_mapping` says, exactly: a value that
+    Values become columns as :mod:`chandy.formats.type_mapping` says, exactly: a value that
     does not fit its column (a fraction into an integer, a number beyond its column's range) is
     a bad record naming the field, never rounded, truncated or landed as NULL.
     """
@@ -148,16 +148,16 @@ class ValueDecoder:
     @property
     def output_schema(self) -> pa.Schema:
         """The decoded batches' schema: the kept Kafka columns, then the key's columns
-        (``key_format``, :mod:`chandy.connectors.spark.keys`), then the value columns (and, with
+        (``key_format``, :mod:`chandy.formats.keys`), then the value columns (and, with
         ``cdc``, the operation column)."""
-        from chandy.connectors.spark.keys import with_key_fields
+        from chandy.formats.keys import with_key_fields
 
         return with_key_fields(self, self.values_schema)
 
     @property
     def values_schema(self) -> pa.Schema:
         """:attr:`output_schema` without the key's columns."""
-        from chandy.connectors.spark.records import ARROW_SCHEMA
+        from chandy.formats.records import ARROW_SCHEMA
 
         fields = [ARROW_SCHEMA.field(c) for c in self.keep] + list(self.columns)
         return pa.schema(fields + ([_op_field()] if self.cdc else []))
@@ -179,7 +179,7 @@ class ValueDecoder:
         """With ``cdc``: a function from a record's key to its fields (see ``key_schema``).
 
         It raises ``ChangeEventError`` for a missing or unreadable key."""
-        from chandy.connectors.spark.debezium import ChangeEventError, json_key
+        from chandy.formats.debezium import ChangeEventError, json_key
 
         avro = None
         if self.key_schema is not None:
@@ -192,7 +192,7 @@ class ValueDecoder:
                 return json_key(raw)
             try:
                 return avro(raw)
-            except _Bad as exc:
+            except BadValue as exc:
                 raise ChangeEventError(f"the key is not Avro of the key schema: {exc}") from exc
 
         return parse
@@ -203,14 +203,14 @@ class ValueDecoder:
         return self.id_columns or tuple(self.key_parser()(raw))
 
     def decode(self, batch: pa.RecordBatch, *, vectorized: bool = True) -> tuple[pa.RecordBatch, pa.RecordBatch | None, int]:
-        """One batch of Kafka records (:data:`~chandy.connectors.spark.records.ARROW_SCHEMA`): returns
+        """One batch of Kafka records (:data:`~chandy.formats.records.ARROW_SCHEMA`): returns
         (decoded rows, bad records as :data:`BAD_RECORDS_SCHEMA` or None, tombstones skipped).
 
         JSON batches are read by Arrow's JSON reader when that gives the same values
-        (:mod:`chandy.connectors.spark.json_batch`), Avro batches by the batch decoder
-        (:mod:`chandy.connectors.spark.avro_batch`), else, and with ``vectorized=False``, record
+        (:mod:`chandy.formats.json_batch`), Avro batches by the batch decoder
+        (:mod:`chandy.formats.avro_batch`), else, and with ``vectorized=False``, record
         by record. With a ``key_format``, the kept records' keys are decoded too
-        (:mod:`chandy.connectors.spark.keys`; a key that does not decode makes its record bad).
+        (:mod:`chandy.formats.keys`; a key that does not decode makes its record bad).
 
         Raises:
             BadRecordError: a bad record under ``errors_tolerance="none"``.
@@ -218,11 +218,11 @@ class ValueDecoder:
         decoded, bad, skipped, kept = self._decode_values(batch, vectorized)
         if self.key_format == "raw":
             return decoded, bad, skipped
-        from chandy.connectors.spark.keys import with_keys
+        from chandy.formats.keys import with_keys
 
         decoded, failed = with_keys(self, batch, decoded, kept)
         if failed:
-            key_bad = {row: _Bad("KeyError", f"key: {why}") for row, why in failed.items()}
+            key_bad = {row: BadValue("KeyError", f"key: {why}") for row, why in failed.items()}
             first = min(key_bad)
             self._check_tolerance(batch, first, key_bad[first])
             bad = pa.Table.from_batches([b for b in (bad, _bad_batch(batch, key_bad)) if b is not None]
@@ -237,12 +237,12 @@ class ValueDecoder:
             return pa.RecordBatch.from_arrays([batch.column(c) for c in self.keep], schema=self.values_schema), None, 0, None
         values = batch.column("value")
         if self.value_format == "json" and self.json_framing == "confluent":
-            from chandy.connectors.spark.json_schema import unframe_column
+            from chandy.formats.framing import payloads
 
-            values = unframe_column(values)  # None: a value is not framed, read value by value
+            values = payloads(values)  # None: a value is not framed, read value by value
             vectorized = vectorized and values is not None
         if vectorized and self.value_format == "json" and self.cdc == "debezium" and self.unknown_fields == "ignore":
-            from chandy.connectors.spark.json_batch import decode_json_change_batch
+            from chandy.formats.json_batch import decode_json_change_batch
 
             changes = decode_json_change_batch(values, self.columns, self.source_names,
                                                session_time_zone=self.session_time_zone, keys=batch.column("key"),
@@ -251,20 +251,20 @@ class ValueDecoder:
                 kafka = [batch.column(c) for c in self.keep]
                 return pa.RecordBatch.from_arrays(kafka + changes[0] + [changes[1]], schema=self.values_schema), None, 0, None
         if vectorized and self.value_format == "json" and self.cdc is None:
-            from chandy.connectors.spark.json_batch import decode_json_batch
+            from chandy.formats.json_batch import decode_json_batch
 
             columns = decode_json_batch(values, self.columns, self.source_names,
                                         unknown_fields=self.unknown_fields, session_time_zone=self.session_time_zone)
             if columns is not None:
                 return self._with_kafka(batch, columns), None, 0, None
         if vectorized and self.value_format == "avro" and self.cdc is None:
-            from chandy.connectors.spark.avro_batch import decode_avro_batch
+            from chandy.formats.avro_batch import decode_avro_batch
 
             columns = decode_avro_batch(values, self)
             if columns is not None:
                 return self._with_kafka(batch, columns), None, 0, None
         if vectorized and self.value_format == "protobuf" and self.cdc is None:
-            from chandy.connectors.spark.protobuf_batch import decode_protobuf_batch
+            from chandy.formats.protobuf_batch import decode_protobuf_batch
 
             columns = decode_protobuf_batch(values, self)
             if columns is not None:
@@ -278,7 +278,7 @@ class ValueDecoder:
         rows: list[dict[str, Any] | None] = []
         ops: list[str] = []  # with cdc: each row's operation
         keep_rows: list[int] = []
-        bad: dict[int, _Bad] = {}
+        bad: dict[int, BadValue] = {}
         skipped = 0
         change = self._change_reader(batch) if self.cdc else None
         for i, raw in enumerate(raws):
@@ -298,16 +298,16 @@ class ValueDecoder:
                         rows.append(None)
                         keep_rows.append(i)
                         continue
-                    raise _Bad("Tombstone", "a tombstone (null value); choose what tombstones do with --tombstones skip|null")
+                    raise BadValue("Tombstone", "a tombstone (null value); choose what tombstones do with --tombstones skip|null")
                 if not raw:
-                    raise _Bad("EmptyValue", "an empty value")
+                    raise BadValue("EmptyValue", "an empty value")
                 value = self._checked_fields(parse(raw), known, extra_names)
                 rows.append(value)
                 keep_rows.append(i)
-            except _Bad as exc:
+            except BadValue as exc:
                 bad[i] = exc
                 self._check_tolerance(batch, i, exc)
-            except _TypeChange as exc:
+            except WriterTypeChange as exc:
                 raise SchemaChangeError(f"{location(batch, i)}: {exc}; the micro-batch read {offset_ranges(batch)} "
                                         "and lands nothing of it") from None
         fields = [f.with_type(widened[n]) if n in widened else f for f, n in zip(self.columns, self.source_names,
@@ -347,12 +347,12 @@ class ValueDecoder:
                       ) -> Callable[[int, pa.Schema, tuple[str, ...]], None]:
         """``as_written``: what to do with a writer schema read the first time (its columns and
         their names in the value): its fields the columns lack are noted in ``new_types`` (their
-        column types); a field of another type than its column raises :class:`_TypeChange`
+        column types); a field of another type than its column raises :class:`WriterTypeChange`
         unless Avro's resolution (Protobuf's wire compatibility is the same) promotes it, it
         widens to the column's type (a writer older than the column's widening), or, with
         ``widen_columns``, the column widens to it (noted in ``widened``, the widest seen)."""
-        from chandy.connectors.spark.avro import promotes
-        from chandy.connectors.type_mapping import widens, wider
+        from chandy.formats.avro import promotes
+        from chandy.formats.type_mapping import widens, wider
 
         known = {name: field for name, field in zip(self.source_names, self.columns, strict=True)}
         first: dict[str, int] = {}
@@ -364,14 +364,14 @@ class ValueDecoder:
                     earlier = new_types.setdefault(name, field.type)
                     first.setdefault(name, schema_id)
                     if not earlier.equals(field.type):
-                        raise _TypeChange(f"new field {name} is {earlier} in schema ID {first[name]} but {field.type} "
+                        raise WriterTypeChange(f"new field {name} is {earlier} in schema ID {first[name]} but {field.type} "
                                           f"in schema ID {schema_id}")
                 elif self.widen_columns and widens(column.type, field.type):
                     widest = wider(widened.get(name, field.type), field.type)
                     widened[name] = field.type if widest is None else widest
                 elif not column.type.equals(field.type) and not promotes(field.type, column.type) \
                         and not widens(field.type, column.type):  # an older, narrower writer into a widened column
-                    raise _TypeChange(
+                    raise WriterTypeChange(
                         f"field {name} changed type: its column is {column.type} (schema ID {self.columns_schema_id}) "
                         f"but schema ID {schema_id} writes {field.type}, which Avro's schema resolution does not read "
                         "as the column's type (a narrowing or another type; " + (
@@ -391,14 +391,14 @@ class ValueDecoder:
         elif self.unknown_fields == "error":
             extra = sorted(set(value) - known)
             if extra:
-                raise _Bad("UnknownField", f"field(s) {', '.join(extra)} have no column in the table "
+                raise BadValue("UnknownField", f"field(s) {', '.join(extra)} have no column in the table "
                                            "(--schema-evolution adds them; a transform fixes the columns)")
         return value
 
     def _change_reader(self, batch: pa.RecordBatch) -> Callable[[int, bytes | None, Callable], tuple[dict, str]]:
         """With ``cdc``: (row index, raw value, value parser) -> (the change's row, its operation),
-        raising ``_Bad`` for what is not a change event (see :mod:`chandy.connectors.spark.debezium`)."""
-        from chandy.connectors.spark.debezium import (
+        raising ``BadValue`` for what is not a change event (see :mod:`chandy.formats.debezium`)."""
+        from chandy.formats.debezium import (
             DELETE_OP,
             ChangeEventError,
             change_row,
@@ -433,7 +433,7 @@ class ValueDecoder:
                 if raw is None:
                     return key_row(i), DELETE_OP  # a tombstone: the key's row is gone
                 if not raw:
-                    raise _Bad("EmptyValue", "an empty value")
+                    raise BadValue("EmptyValue", "an empty value")
                 if self.value_format != "json":
                     value = parse(raw)
                 else:
@@ -442,7 +442,7 @@ class ValueDecoder:
                 if envelope is None:  # the JSON converter's tombstone with schemas: a null payload
                     return key_row(i), DELETE_OP
                 if not isinstance(envelope, dict):
-                    raise _Bad("JsonParseError", f"not a JSON object but {type(envelope).__name__}")
+                    raise BadValue("JsonParseError", f"not a JSON object but {type(envelope).__name__}")
                 if self.cdc == "upsert":
                     row, op = upsert_row(envelope, self.op_field)
                 else:
@@ -454,7 +454,7 @@ class ValueDecoder:
                     raise ChangeEventError(f"the {op!r} change's row has no value for key column(s) {missing}")
                 return row, op
             except ChangeEventError as exc:
-                raise _Bad("ChangeEventError", str(exc)) from exc
+                raise BadValue("ChangeEventError", str(exc)) from exc
 
         return read
 
@@ -465,21 +465,21 @@ class ValueDecoder:
         Raises:
             BadRecordError: under ``errors_tolerance="none"``, naming the first of them.
         """
-        bad = {row: _Bad(kind, message) for row in rows}
+        bad = {row: BadValue(kind, message) for row in rows}
         for row in rows[:1]:
             self._check_tolerance(batch, row, bad[row])
         return _bad_batch(batch, bad)
 
-    def _check_tolerance(self, batch: pa.RecordBatch, row: int, exc: _Bad) -> None:
+    def _check_tolerance(self, batch: pa.RecordBatch, row: int, exc: BadValue) -> None:
         if self.errors_tolerance == "none":
             raise BadRecordError(f"{location(batch, row)}: {exc.kind}: {exc} "
                                  "(--errors-tolerance all skips bad records; --dead-letter-topic keeps them)")
 
     def _columns(self, rows: list[dict[str, Any] | None], fields: list[pa.Field],
-                 names: list[str]) -> tuple[list[pa.Array], dict[int, _Bad]]:
+                 names: list[str]) -> tuple[list[pa.Array], dict[int, BadValue]]:
         """The value columns of ``rows``; on a type error, which rows (by position) are bad."""
         arrays: list[pa.Array] = []
-        bad: dict[int, _Bad] = {}
+        bad: dict[int, BadValue] = {}
         for field, name in zip(fields, names, strict=True):
             values = [None if r is None else r.get(name) for r in rows]
             try:
@@ -489,10 +489,10 @@ class ValueDecoder:
                     try:
                         to_arrow([v], field.type, self.value_format, self.session_time_zone)
                     except Unfit as exc:
-                        bad.setdefault(position, _Bad("TypeMismatch", f"field {name}{exc.path}: {exc}"))
+                        bad.setdefault(position, BadValue("TypeMismatch", f"field {name}{exc.path}: {exc}"))
                     except _UNFIT as exc:
                         shown = json.dumps(v, default=str)[:80]
-                        bad.setdefault(position, _Bad("TypeMismatch", f"field {name}: {shown} is not {field.type}: "
+                        bad.setdefault(position, BadValue("TypeMismatch", f"field {name}: {shown} is not {field.type}: "
                                                                        f"{str(exc).splitlines()[0]}"))
                 arrays.append(pa.nulls(len(values), field.type))
         return arrays, bad
@@ -529,25 +529,25 @@ def _parse_json_any(raw: bytes) -> Any:
     try:
         return parse_json(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _Bad("JsonParseError", f"invalid JSON: {exc}") from exc
+        raise BadValue("JsonParseError", f"invalid JSON: {exc}") from exc
 
 
 def _parse_json(raw: bytes) -> dict[str, Any]:
     try:
         value = parse_json(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _Bad("JsonParseError", f"invalid JSON: {exc}") from exc
+        raise BadValue("JsonParseError", f"invalid JSON: {exc}") from exc
     if not isinstance(value, dict):
-        raise _Bad("JsonParseError", f"not a JSON object but {type(value).__name__}")
+        raise BadValue("JsonParseError", f"not a JSON object but {type(value).__name__}")
     return value
 
 
 def to_arrow(values: list[Any], arrow_type: pa.DataType, value_format: str = "json",
              session_time_zone: str = "UTC") -> pa.Array:
     """``values`` (decoded JSON / Avro) as an Arrow array of ``arrow_type``, following the type
-    mapping (:mod:`chandy.connectors.type_mapping`): JSON values go through its exact, strict
+    mapping (:mod:`chandy.formats.type_mapping`): JSON values go through its exact, strict
     converter; Avro values, already of their column's Python types (see
-    :func:`chandy.connectors.spark.avro.reader_schema`), through pyarrow's strict conversion.
+    :func:`chandy.formats.avro.reader_schema`), through pyarrow's strict conversion.
 
     Raises:
         Unfit: a JSON value does not fit (``path`` says where inside the column).
@@ -562,15 +562,15 @@ def to_arrow(values: list[Any], arrow_type: pa.DataType, value_format: str = "js
 
 def _unframed(raw: bytes) -> bytes:
     """The JSON text of a Confluent-framed value; a bad record when it is not framed."""
-    from chandy.connectors.spark.json_schema import unframe
+    from chandy.formats.framing import FramingError, split
 
     try:
-        return unframe(raw)
-    except ValueError as exc:
-        raise _Bad("WireFormatError", str(exc)) from exc
+        return split(raw)[1]
+    except FramingError as exc:
+        raise BadValue("WireFormatError", str(exc)) from exc
 
 
-def _bad_batch(batch: pa.RecordBatch, bad: dict[int, _Bad]) -> pa.RecordBatch:
+def _bad_batch(batch: pa.RecordBatch, bad: dict[int, BadValue]) -> pa.RecordBatch:
     rows = sorted(bad)
     taken = pa.array(rows, pa.int64())
     columns = [batch.column(c).take(taken) for c in ("key", "value", "topic", "partition", "offset", "timestamp", "headers")]

@@ -1,9 +1,9 @@
 """Protobuf values a batch at a time, column by column, for
-:meth:`chandy.connectors.spark.decode.ValueDecoder.decode`.
+:meth:`chandy.formats.decoder.ValueDecoder.decode`.
 
 Each value is parsed by protobuf's runtime with its writer's message class (as record by record),
 but the columns are then built one at a time from all the batch's messages, each field read by
-the reader :mod:`chandy.connectors.spark.protobuf` compiles once per message type, with no dict
+the reader :mod:`chandy.formats.protobuf` compiles once per message type, with no dict
 per record (1.7 times as fast as record by record on the benchmark's 50,000 records: benchmarks/json_decode.py).
 
 The batch path reads a batch only when every value of it is framed, parses, and was written with
@@ -30,14 +30,9 @@ def decode_protobuf_batch(values: pa.Array, options: Any) -> list[pa.Array] | No
     from confluent_kafka.schema_registry.error import SchemaRegistryError
     from google.protobuf.message import DecodeError
 
-    from chandy.connectors.spark.protobuf import (
-        ProtobufFramingError,
-        ProtobufReader,
-        ProtobufSchemaError,
-        arrow_columns,
-        split_framing,
-    )
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.framing import FramingError, split_protobuf
+    from chandy.formats.protobuf import ProtobufReader, ProtobufSchemaError, arrow_columns
+    from chandy.formats.registry import registry_client
 
     if values.null_count:
         return None
@@ -51,14 +46,14 @@ def decode_protobuf_batch(values: pa.Array, options: Any) -> list[pa.Array] | No
             if cls is not None:  # the usual header: magic 0, the schema ID, one 0 byte (the first message)
                 body = raw[6:]
             else:
-                schema_id, indexes, body = split_framing(raw)
+                schema_id, indexes, body = split_protobuf(raw)
                 cls, _ = reader.writer(schema_id, indexes)
                 if indexes == [0] and raw[5] == 0:
                     first_messages[header] = cls
             rows, messages = groups.setdefault(cls, ([], []))
             rows.append(row)
             messages.append(cls.FromString(body))
-    except (ProtobufFramingError, ProtobufSchemaError, DecodeError, SchemaRegistryError):
+    except (FramingError, ProtobufSchemaError, DecodeError, SchemaRegistryError):
         return None  # record by record names the bad record (an unknown schema ID among them)
     per_group: list[list[pa.Array]] = []
     for cls, (_, messages) in groups.items():
@@ -96,7 +91,7 @@ _MIN_S, _MAX_S = -62_135_596_800, 253_402_300_799
 def _column(messages: list[Any], field: Any, column_type: pa.DataType) -> pa.Array:
     """The column of ``field`` (a field descriptor) over ``messages``, of ``column_type``: a
     singular Timestamp from its seconds and nanos at once, a singular message as a struct of its
-    fields' columns, anything else through :func:`~chandy.connectors.spark.protobuf.field_reader`.
+    fields' columns, anything else through :func:`~chandy.formats.protobuf.field_reader`.
 
     Raises:
         ValueError: a Timestamp beyond ``datetime``'s range (record by record decides);
@@ -104,7 +99,7 @@ def _column(messages: list[Any], field: Any, column_type: pa.DataType) -> pa.Arr
     """
     import numpy as np
 
-    from chandy.connectors.spark.protobuf import TIMESTAMP, field_reader, is_repeated
+    from chandy.formats.protobuf import TIMESTAMP, field_reader, is_repeated
 
     name = field.name
     if field.type not in _CONVERTED and not is_repeated(field) and not field.has_presence:
@@ -128,8 +123,8 @@ def _column(messages: list[Any], field: Any, column_type: pa.DataType) -> pa.Arr
 def _fits(fields: dict[str, tuple[pa.Field, Any]], options: Any) -> bool:
     """Whether every field of a writer has a column its values read into as record by record
     would read them (the same type, a promotion, a widening), with no new field."""
-    from chandy.connectors.spark.avro import promotes
-    from chandy.connectors.type_mapping import widens
+    from chandy.formats.avro import promotes
+    from chandy.formats.type_mapping import widens
 
     columns = dict(zip(options.source_names, options.columns, strict=True))
     for name, (written, _) in fields.items():

@@ -1,10 +1,10 @@
 """Avro value schemas for the pipeline: which Avro schemas become which columns. Values are
-decoded in the Spark tasks with fastavro (no spark-avro jar needed), see :mod:`chandy.connectors.spark.decode`.
+decoded in the Spark tasks with fastavro (no spark-avro jar needed), see :mod:`chandy.formats.decoder`.
 
 The value schema must be a record; each field becomes a column, as spark-avro's
 ``SchemaConverters.toSqlType`` maps it (so as ``from_avro`` would read it): the table, with the
 Delta and Iceberg types and what happens to values that do not fit, is
-:data:`chandy.connectors.type_mapping.AVRO_TYPES` (``docs/type-mapping.md``). In short: records
+:data:`chandy.formats.type_mapping.AVRO_TYPES` (``docs/type-mapping.md``). In short: records
 are structs, arrays arrays, maps ``map<string, ...>``, enums and ``uuid`` strings, ``fixed`` and
 ``bytes`` binary, ``decimal`` decimal(p, s) at any depth, ``date`` date, ``timestamp-*`` UTC
 timestamps, ``local-timestamp-*`` timestamp_ntz, ``time-millis`` int and ``time-micros`` long
@@ -24,20 +24,30 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chandy.coordinator.errors import ChandyError
+import pyarrow as pa
 
-_PRIMITIVES = {"boolean": "BooleanType", "int": "IntegerType", "long": "LongType", "float": "FloatType",
-               "double": "DoubleType", "bytes": "BinaryType", "string": "StringType"}
+from chandy.formats.errors import FormatError
+
+#: Avro's primitive types as spark-avro's ``SchemaConverters.toSqlType`` maps them, in Arrow (as
+#: pyspark's ``to_arrow_type`` turns those Spark types into Arrow)
+_PRIMITIVES = {"boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
+               "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
+_UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 
-class AvroValueSchemaError(ChandyError):
+class AvroValueSchemaError(FormatError):
     """The value schema is not a record, or has a type that has no column type."""
 
 
-def _spark_type(avro_type: Any, named: dict[str, Any], path: str, stack: tuple[str, ...] = ()) -> Any:
-    """The Spark type of ``avro_type`` (at field ``path``, for errors)."""
-    from pyspark.sql import types as T
+def _struct(fields: list[tuple[str, pa.DataType]]) -> pa.DataType:
+    """A struct of nullable fields (Spark's ``StructField`` default)."""
+    return pa.struct([pa.field(name, kind, nullable=True) for name, kind in fields])
 
+
+def _arrow_type(avro_type: Any, named: dict[str, Any], path: str, stack: tuple[str, ...] = ()) -> pa.DataType:
+    """The Arrow type of ``avro_type`` (at field ``path``, for errors): spark-avro's Spark type,
+    as pyspark's ``to_arrow_type`` gives it in Arrow (UTC timestamps, nullable struct fields, list
+    elements ``element`` and map values nullable, map keys not)."""
     if isinstance(avro_type, list):
         seen: dict[str, Any] = {}
         for branch in avro_type:
@@ -50,20 +60,20 @@ def _spark_type(avro_type: Any, named: dict[str, Any], path: str, stack: tuple[s
         if not kinds:
             raise AvroValueSchemaError(f"field {path}: a union of null alone has no column type")
         if len(kinds) == 1:
-            return _spark_type(kinds[0], named, path, stack)
+            return _arrow_type(kinds[0], named, path, stack)
         widened = _widened_union(kinds)
         if widened is not None:
-            return getattr(T, _PRIMITIVES[widened])()
-        return T.StructType([T.StructField(f"member{i}", _spark_type(k, named, f"{path}.member{i}", stack))
-                             for i, k in enumerate(kinds)])
+            return _PRIMITIVES[widened]
+        return _struct([(f"member{i}", _arrow_type(k, named, f"{path}.member{i}", stack))
+                        for i, k in enumerate(kinds)])
     if isinstance(avro_type, str):
         if avro_type in _PRIMITIVES:
-            return getattr(T, _PRIMITIVES[avro_type])()
+            return _PRIMITIVES[avro_type]
         if avro_type in named:
             if avro_type in stack:
                 raise AvroValueSchemaError(f"field {path}: record {avro_type} contains itself (recursive types "
                                            "have no column type)")
-            return _spark_type(named[avro_type], named, path, stack)
+            return _arrow_type(named[avro_type], named, path, stack)
         raise AvroValueSchemaError(f"field {path}: unknown Avro type {avro_type!r}")
     if not isinstance(avro_type, dict):
         raise AvroValueSchemaError(f"field {path}: unsupported Avro type {avro_type!r}")
@@ -75,19 +85,19 @@ def _spark_type(avro_type: Any, named: dict[str, Any], path: str, stack: tuple[s
         if not 0 < precision <= 38 or not 0 <= scale <= precision:
             raise AvroValueSchemaError(f"field {path}: decimal({precision}, {scale}) has no column type "
                                        "(Spark's decimals hold 1 to 38 digits, a scale of 0 to the precision)")
-        return T.DecimalType(precision, scale)
+        return pa.decimal128(precision, scale)
     if logical == "date" and kind == "int":
-        return T.DateType()
+        return pa.date32()
     if logical in ("timestamp-millis", "timestamp-micros") and kind == "long":
-        return T.TimestampType()
+        return _UTC_MICROS
     if logical in ("local-timestamp-millis", "local-timestamp-micros") and kind == "long":
-        return T.TimestampNTZType()
+        return pa.timestamp("us")
     if logical == "time-millis" and kind == "int":
-        return T.IntegerType()  # milliseconds after midnight, as from_avro
+        return pa.int32()  # milliseconds after midnight, as from_avro
     if logical == "time-micros" and kind == "long":
-        return T.LongType()  # microseconds after midnight, as from_avro
+        return pa.int64()  # microseconds after midnight, as from_avro
     if logical == "uuid" and kind == "string":
-        return T.StringType()
+        return pa.string()
     if kind == "record":
         name = avro_type.get("name", "")
         if name in stack:
@@ -95,20 +105,21 @@ def _spark_type(avro_type: Any, named: dict[str, Any], path: str, stack: tuple[s
         named[name] = avro_type
         if "namespace" in avro_type:
             named[f"{avro_type['namespace']}.{name}"] = avro_type
-        return T.StructType([T.StructField(f["name"], _spark_type(f["type"], named, f"{path}.{f['name']}", (*stack, name)))
-                             for f in avro_type.get("fields", [])])
+        return _struct([(f["name"], _arrow_type(f["type"], named, f"{path}.{f['name']}", (*stack, name)))
+                        for f in avro_type.get("fields", [])])
     if kind == "enum":
         named[avro_type.get("name", "")] = avro_type
-        return T.StringType()
+        return pa.string()
     if kind == "fixed":
         named[avro_type.get("name", "")] = avro_type
-        return T.BinaryType()
+        return pa.binary()
     if kind == "array":
-        return T.ArrayType(_spark_type(avro_type["items"], named, f"{path}[]", stack))
+        return pa.list_(pa.field("element", _arrow_type(avro_type["items"], named, f"{path}[]", stack)))
     if kind == "map":
-        return T.MapType(T.StringType(), _spark_type(avro_type["values"], named, f"{path}{{}}", stack))
+        return pa.map_(pa.field("key", pa.string(), nullable=False),
+                       pa.field("value", _arrow_type(avro_type["values"], named, f"{path}{{}}", stack)))
     if isinstance(kind, (str, list, dict)):
-        return _spark_type(kind, named, path, stack)  # {"type": "string"} and the like
+        return _arrow_type(kind, named, path, stack)  # {"type": "string"} and the like
     raise AvroValueSchemaError(f"field {path}: unsupported Avro type {avro_type!r}")
 
 
@@ -134,17 +145,18 @@ def _record(schema_json: str) -> dict[str, Any]:
     return schema
 
 
-def value_struct(schema_json: str) -> Any:
-    """The value schema's fields as a :class:`pyspark.sql.types.StructType` (see the module
-    docstring for the mapping; decoding itself happens record by record in
-    :mod:`chandy.connectors.spark.decode`).
+def value_schema(schema_json: str) -> pa.Schema:
+    """The value schema's fields as Arrow columns, named as in the value (see the module
+    docstring for the mapping: spark-avro's Spark types, as pyspark's ``to_arrow_schema`` gives
+    them with ``timezone="UTC"``; decoding itself is :mod:`chandy.formats.decoder`'s).
 
     Raises:
         AvroValueSchemaError: not JSON, not a record, or a field of a type without a column type
             (the message names the field's path, e.g. ``address.lines[]``).
     """
     schema = _record(schema_json)
-    return _spark_type(schema, {}, schema.get("name", "value"))
+    struct = _arrow_type(schema, {}, schema.get("name", "value"))
+    return pa.schema(list(struct))
 
 
 def change_row_schema(schema_json: str) -> str:
@@ -167,15 +179,6 @@ def change_row_schema(schema_json: str) -> str:
                                "is a union of null and a record (the row)")
 
 
-def value_fields(schema_json: str) -> list[tuple[str, str]]:
-    """(field name, Spark type as ``simpleString``) of the value schema's fields.
-
-    Raises:
-        AvroValueSchemaError: see :func:`value_struct`.
-    """
-    return [(f.name, f.dataType.simpleString()) for f in value_struct(schema_json).fields]
-
-
 def _widened_union(kinds: list[Any]) -> str | None:
     """spark-avro's two unions that widen to one type: int and long (long), float and double (double)."""
     if len(kinds) == 2 and all(isinstance(k, str) for k in kinds):
@@ -191,7 +194,7 @@ _PLAIN_LOGICAL = ("time-millis", "time-micros", "uuid")
 
 def reader_schema(schema: Any) -> Any:
     """``schema`` (parsed JSON) rewritten for fastavro so that it decodes the same bytes into the
-    values of the columns :func:`value_struct` gives:
+    values of the columns :func:`value_schema` gives:
 
     - ``time-millis``, ``time-micros`` and ``uuid`` lose their logical type (fastavro would
       return ``datetime.time`` and ``uuid.UUID``; the columns are int, long and string);
@@ -252,7 +255,6 @@ def promotes(written: Any, column: Any) -> bool:
     """Whether Avro's schema resolution reads a value written as Arrow type ``written`` into a
     column of Arrow type ``column``: int to long, float or double; long to float or double;
     float to double (the spec's promotions between types that have distinct columns)."""
-    import pyarrow as pa
 
     promotions = {pa.int32(): (pa.int64(), pa.float32(), pa.float64()), pa.int64(): (pa.float32(), pa.float64()),
                   pa.float32(): (pa.float64(),)}
@@ -261,18 +263,15 @@ def promotes(written: Any, column: Any) -> bool:
 
 def avro_columns(schema: Any) -> tuple[Any, tuple[str, ...]]:
     """An Avro record schema (JSON text or parsed) as landed columns: (a ``pyarrow.Schema``, each
-    field's name in the value), as spark-avro maps it (:func:`value_struct`); a field named like a
+    field's name in the value), as spark-avro maps it (:func:`value_schema`); a field named like a
     Kafka column lands as ``value_<name>``.
 
     Raises:
         AvroValueSchemaError: not a record, or a field without a column type.
     """
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from chandy.formats.records import ARROW_SCHEMA
 
-    from chandy.connectors.spark.records import ARROW_SCHEMA
-
-    arrow = to_arrow_schema(value_struct(schema if isinstance(schema, str) else json.dumps(schema)), timezone="UTC")
+    arrow = value_schema(schema if isinstance(schema, str) else json.dumps(schema))
     renamed = [f.with_name(f"value_{f.name}") if f.name in ARROW_SCHEMA.names else f for f in arrow]
     return pa.schema(renamed), tuple(f.name for f in arrow)
 

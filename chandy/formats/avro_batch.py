@@ -1,5 +1,5 @@
 """Avro values decoded a batch at a time, straight into Arrow columns (issue 45's "Avro at batch
-speed"), for :meth:`chandy.connectors.spark.decode.ValueDecoder.decode`.
+speed"), for :meth:`chandy.formats.decoder.ValueDecoder.decode`.
 
 fastavro reads one record at a time into Python dicts (about 7 µs a record), and building Arrow
 columns from the dicts costs about as much again. Here a batch of Kafka values (one Arrow binary
@@ -9,7 +9,7 @@ branch, an array's block) advances the cursors of the records that take it. Ever
 within its own bytes (its Kafka value), so a bad record can never shift the next one.
 
 The batch path reads a batch only when it can read every record of it exactly as fastavro would
-(:func:`chandy.connectors.spark.avro.reader_schema` for the column types, then pyarrow's strict
+(:func:`chandy.formats.avro.reader_schema` for the column types, then pyarrow's strict
 conversion); anything else is :class:`_Fallback` and the whole batch goes record by record, where
 bad records are found, named and kept as before. It falls back on: a tombstone or empty value; a
 framing, fingerprint or schema ID that is not the expected one; a writer schema the registry gives
@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from chandy.connectors.spark.value_parsers import ValueDecoder as ParserOptions
+from chandy.formats.value_parsers import ValueDecoder as ParserOptions
 
 #: Python's ``datetime`` range in microseconds from the epoch (fastavro builds ``datetime``s).
 _MIN_US, _MAX_US = -62_135_596_800_000_000, 253_402_300_799_999_999
@@ -54,7 +54,7 @@ class _Fallback(Exception):
 
 
 class AvroBatchOptions(ParserOptions, Protocol):
-    """What the batch path reads of :class:`~chandy.connectors.spark.decode.ValueDecoder`: the
+    """What the batch path reads of :class:`~chandy.formats.decoder.ValueDecoder`: the
     framing and registry the record-by-record parsers read, and the schema and columns."""
 
     @property
@@ -112,9 +112,12 @@ def _decode(values: pa.Array, options: AvroBatchOptions, writer_text: Callable[[
         _expect_header(data, start, end, b"\xc3\x01" + fingerprint(reader))
         header, groups = 10, [(reader, np.arange(n))]
     elif framing == "confluent":
-        _expect_header(data, start, end, b"\x00")
-        ids = _big_endian_u32(data, start + 1)
-        header = 5
+        from chandy.formats.framing import HEADER_BYTES, schema_ids
+
+        found_ids = schema_ids(data, start, end)
+        if found_ids is None:
+            raise _Fallback("framing")
+        ids, header = found_ids, HEADER_BYTES
         if options.avro_schema_id is not None and not (ids == options.avro_schema_id).all():
             raise _Fallback("schema ID")
         if not options.schema_registry:
@@ -145,7 +148,7 @@ def _decode(values: pa.Array, options: AvroBatchOptions, writer_text: Callable[[
 
 
 def _registry_text(options: AvroBatchOptions) -> Callable[[int], str]:
-    from chandy.connectors.spark.registry import registry_client
+    from chandy.formats.registry import registry_client
 
     client = registry_client(dict(options.schema_registry))
 
@@ -159,7 +162,7 @@ def _registry_text(options: AvroBatchOptions) -> Callable[[int], str]:
 
 
 def _expect_header(data: np.ndarray, start: np.ndarray, end: np.ndarray, header: bytes) -> None:
-    if not (end - start >= len(header) + (1 if header == b"\x00" else 0)).all():
+    if not (end - start >= len(header)).all():
         raise _Fallback("short value")
     expected = np.frombuffer(header, np.uint8)
     found = data[start[:, None] + np.arange(len(header))]
@@ -167,16 +170,11 @@ def _expect_header(data: np.ndarray, start: np.ndarray, end: np.ndarray, header:
         raise _Fallback("framing")
 
 
-def _big_endian_u32(data: np.ndarray, at: np.ndarray) -> np.ndarray:
-    raw = data[at[:, None] + np.arange(4)].astype(np.uint32)
-    return (raw[:, 0] << 24) | (raw[:, 1] << 16) | (raw[:, 2] << 8) | raw[:, 3]
-
-
 def _top_level(cursor: _Cursor, writer: Any, rows: np.ndarray, options: AvroBatchOptions) -> list[pa.Array]:
     """The columns of ``rows`` read with ``writer`` (a record schema): each column its writer
     field, promoted losslessly where the column is wider, or null where the writer lacks it."""
-    from chandy.connectors.spark.avro import AvroValueSchemaError, avro_columns
-    from chandy.connectors.type_mapping import widens
+    from chandy.formats.avro import AvroValueSchemaError, avro_columns
+    from chandy.formats.type_mapping import widens
 
     try:
         written, names = avro_columns(writer)
@@ -252,7 +250,7 @@ class _Cursor:
 
 class _Reader:
     """Reads values of a writer schema at a set of records' cursors into Arrow arrays of the types
-    :func:`chandy.connectors.spark.avro.avro_columns` gives them (so as fastavro reads them through
+    :func:`chandy.formats.avro.avro_columns` gives them (so as fastavro reads them through
     ``reader_schema``, then pyarrow converts them)."""
 
     def __init__(self, cursor: _Cursor, named: dict[str, Any]) -> None:
@@ -376,7 +374,7 @@ class _Reader:
         return array
 
     def _union(self, branches: list[Any], rows: np.ndarray) -> pa.Array:
-        from chandy.connectors.spark.avro import _widened_union
+        from chandy.formats.avro import _widened_union
 
         index = self.cursor.long(rows)
         if ((index < 0) | (index >= len(branches))).any():

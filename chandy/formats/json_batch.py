@@ -1,9 +1,9 @@
 """JSON values decoded a batch at a time by Arrow's own JSON reader (``pyarrow.json``), for the
 batches where that gives exactly what the record-by-record path
-(:meth:`chandy.connectors.spark.decode.ValueDecoder.decode`) gives.
+(:meth:`chandy.formats.decoder.ValueDecoder.decode`) gives.
 
 The record-by-record path parses each value with ``json.loads`` and converts each field through
-:func:`chandy.connectors.type_mapping.json_converter`: one Python object per field, about a fifth
+:func:`chandy.formats.type_mapping.json_converter`: one Python object per field, about a fifth
 of the raw-bytes rate. Arrow's reader parses a whole batch in C++ into typed columns, and keeps
 numbers as their text until it converts them, so decimals are exact. Its rules are stricter than
 the type mapping's, never looser, for the column types it is used for (a unit test compares the
@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from chandy.connectors.type_mapping import FLOAT32_OVERFLOW, Unfit, json_converter
+from chandy.formats.type_mapping import FLOAT32_OVERFLOW, Unfit, json_converter
 
 #: Column types Arrow's reader converts exactly as the type mapping does, at any depth.
 _NESTABLE = (pa.types.is_boolean, pa.types.is_integer, pa.types.is_float64, pa.types.is_decimal,
@@ -94,7 +94,7 @@ def decode_json_batch(values: pa.Array, columns: pa.Schema, source_names: Sequen
         values: the Kafka values, ``binary``.
         columns: the value columns as landed; ``source_names`` their field names in the value.
         unknown_fields: ``"ignore"``, ``"error"`` or ``"add"`` (a field without a column: see
-            :class:`~chandy.connectors.spark.decode.ValueDecoder`); with ``"add"``, a batch
+            :class:`~chandy.formats.decoder.ValueDecoder`); with ``"add"``, a batch
             with such a field is decoded record by record (None), which adds its column.
         session_time_zone: the zone of timestamps without an offset.
     """

@@ -1,0 +1,20 @@
+"""The errors of :mod:`chandy.formats`: one family, :class:`FormatError`, under
+:class:`~chandy.coordinator.errors.ChandyError`.
+
+A format error is deterministic: the same bytes, schema or setting fail the same way on every
+attempt, so no restart cures it (Flink's ``SuppressRestartsException``); the pipeline fails the
+job with it, or routes the record to the dead-letter table when ``--errors-tolerance all`` says
+so. The registry's *unreachable* (a network failure) is not a format error: it is
+:class:`~chandy.formats.registry.RegistryUnavailableError`, which a restart can cure.
+"""
+
+from __future__ import annotations
+
+from chandy.coordinator.errors import ChandyError, SuppressRestartsError
+
+
+class FormatError(SuppressRestartsError):
+    """A key, value or schema that Chandy cannot turn into columns; a restart does not cure it."""
+
+
+__all__ = ["ChandyError", "FormatError"]
