@@ -10,7 +10,7 @@ errors. What happens to bad records follows Kafka Connect's error handling:
   naming the first bad record's topic, partition, offset and the parse error;
 - ``errors_tolerance="all"``: bad records are left out of the table and kept, raw, as
   :data:`BAD_RECORDS_SCHEMA` rows (the pipeline counts them, logs them and, with a dead-letter
-  topic, publishes them exactly once with the checkpoint, see :mod:`chandy.connectors.spark.dead_letters`).
+  topic, publishes them exactly once with the checkpoint, see :mod:`chandy.connectors.spark.task.dead_letters`).
 
 Tombstones have their own setting: ``"error"`` (a bad record, the default), ``"skip"`` (left out,
 counted) or ``"null"`` (a row whose value columns are null).

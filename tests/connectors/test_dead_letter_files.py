@@ -1,4 +1,4 @@
-"""Dead-letter files (chandy/connectors/spark/dead_letters.py), without servers: a subtask's bad
+"""Dead-letter files (chandy/connectors/spark/task/dead_letters.py), without servers: a subtask's bad
 records and its skipped tombstones are read back once per checkpoint, the count riding in the
 file's schema metadata (no Spark accumulator: Spark Connect has none)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from chandy.connectors.spark.dead_letters import DeadLetterFile, delete_dead_letters_before, read_dead_letters
+from chandy.connectors.spark.task.dead_letters import DeadLetterFile, delete_dead_letters_before, read_dead_letters
 from chandy.formats.decoder import BAD_RECORDS_SCHEMA
 
 

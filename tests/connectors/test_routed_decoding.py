@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from chandy.connectors.lake.routing import Router
-from chandy.connectors.spark.routed_decoding import (
+from chandy.connectors.spark.task.route import (
     ROUTE_KEY,
     by_destination,
     decode_routed,

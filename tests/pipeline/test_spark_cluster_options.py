@@ -53,13 +53,13 @@ def test_task_code_zip_imports_with_its_schemas_where_chandy_is_not_installed(tm
     names = zipfile.ZipFile(code).namelist()
     assert {".".join(n.split("/")[:2]) for n in names if n.count("/") >= 2} == set(TASK_PACKAGES)
     assert "chandy/__init__.py" in names
-    assert "chandy/schemas/chandy.v1.AcknowledgeCheckpoint.avsc" in names and "chandy/connectors/spark/datasource.py" in names
+    assert "chandy/schemas/chandy.v1.AcknowledgeCheckpoint.avsc" in names and "chandy/connectors/spark/task/run.py" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert not [n for n in names if n.startswith(("chandy/cli", "chandy/ui/", "chandy/broker"))]  # the tasks' code only
     # -S: no site-packages .pth files, so not the editable install's finder; the dependencies come
     # from our site-packages as a plain path, Chandy only from the zip
     script = ("import sys; sys.path[:0] = sys.argv[1:3]\n"
-              "import chandy.connectors.spark.datasource, chandy.coordinator.kafka.participant\n"
+              "import chandy.connectors.spark.task.run, chandy.coordinator.kafka.participant\n"
               "from chandy.schemas.codec import default_repository\n"
               "print(chandy.connectors.__file__); print(len(default_repository().names()))\n")
     probe = subprocess.run([sys.executable, "-S", "-c", script, code, sysconfig.get_paths()["purelib"]],

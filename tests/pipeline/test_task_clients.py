@@ -1,4 +1,4 @@
-"""The Spark tasks' Kafka clients, pooled per Python worker process (connectors/spark/clients.py),
+"""The Spark tasks' Kafka clients, pooled per Python worker process (connectors/spark/task/clients.py),
 against a real broker: a second task's read reuses the first one's consumer and reads exactly its
 own range, acks share one producer, and a failed task's clients are not handed out again."""
 
@@ -9,8 +9,9 @@ import uuid
 import pytest
 from confluent_kafka.admin import NewTopic
 
-from chandy.connectors.spark import clients
-from chandy.connectors.spark.datasource import TaskOptions, read_ranges
+from chandy.connectors.spark.task import clients
+from chandy.connectors.spark.task.options import TaskOptions
+from chandy.connectors.spark.task.read import read_ranges
 from chandy.coordinator.kafka import config as kafka_config
 
 pytestmark = pytest.mark.integration

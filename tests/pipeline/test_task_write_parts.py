@@ -1,4 +1,4 @@
-"""A subtask's bounded-memory write (connectors/spark/datasource.py): batches regrouped into parts
+"""A subtask's bounded-memory write (connectors/spark/task/write.py): batches regrouped into parts
 of at least write_buffer_bytes, and a column's type checked across the parts of one checkpoint as
 concat_evolving checks it within one part."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from chandy.connectors.spark.datasource import _check_same_types, buffered
+from chandy.connectors.spark.task.write import buffered
+from chandy.connectors.spark.task.write import check_same_types as _check_same_types
 from chandy.formats.evolution import SchemaChangeError
 
 
@@ -42,7 +43,7 @@ def test_a_type_change_between_parts_is_refused_naming_the_column_and_both_range
 def test_a_worker_opens_the_sink_once_per_table_and_settings(tmp_path) -> None:
     """Issue 26: the lake sink is opened once per Python worker and reused by every task and
     micro-batch after (its table URI parsed once), and a sink of other settings is another one."""
-    from chandy.connectors.spark import clients
+    from chandy.connectors.spark.task import clients
 
     before = clients.stats["sinks_opened"]
     uri = str(tmp_path / "t")

@@ -120,7 +120,7 @@ class Router:
 
     ``field``: the column whose value is the route key (None: ``by``); ``by``: ``"topic"``, or
     ``"record-name"``: the full name of the record's writer schema (``--route-by record-name``,
-    read from the registry before the value is decoded, see :mod:`chandy.connectors.spark.routed_decoding`).
+    read from the registry before the value is decoded, see :mod:`chandy.connectors.spark.task.route`).
     """
 
     rules: tuple[RouteRule, ...]

@@ -38,7 +38,7 @@ SCHEMA_KIND = "lake-schema"
 #: key: the first 16 hex digits (64 bits) of the SHA-256 of its IPC bytes
 SCHEMA_HASH = "schema_hash"
 #: the kind of the state handle a pipeline task acknowledges besides its files: the newest Kafka
-#: record timestamp it fetched and when (``chandy.connectors.spark.datasource.FetchClock``), for
+#: record timestamp it fetched and when (``chandy.connectors.spark.task.read.FetchClock``), for
 #: Flink's ``currentFetchEventTimeLag``, and per partition the newest it read (``partition_event_time_ms``,
 #: JSON as ``chandy.offsets``), for the completeness watermark
 SOURCE_METRICS_KIND = "source-metrics"

@@ -138,16 +138,16 @@ def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrid
     with the reader's metadata of ``topics`` (librdkafka otherwise asks for a topic's metadata
     only at its next topic scan, up to a second after the first assignment: measured 0.7 s of a
     first read, 0.2 s with it) and, with ``sink`` (the keyword arguments of
-    :func:`~chandy.connectors.spark.clients.task_sink`), its pooled lake sink, so the first
+    :func:`~chandy.connectors.spark.task.clients.task_sink`), its pooled lake sink, so the first
     micro-batch (after a start, a take-over or an idle spell) finds them ready. Yields one
     ``warm boolean`` row."""
     import importlib
 
     import pyarrow as pa
 
-    from chandy.connectors.spark.clients import ack_sender, range_reader, task_sink
+    from chandy.connectors.spark.task.clients import ack_sender, range_reader, task_sink
 
-    for module in ("chandy.connectors.lake.sinks", "chandy.connectors.spark.datasource",
+    for module in ("chandy.connectors.lake.sinks", "chandy.connectors.spark.task.run",
                    "chandy.formats.json_batch", "pyarrow.parquet", "pyarrow.dataset"):
         importlib.import_module(module)  # loaded now, not in the first micro-batch's task
 

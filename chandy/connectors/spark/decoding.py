@@ -101,7 +101,7 @@ class PipelineDecoding(PipelineCore):
 
     def _table_columns(self) -> tuple[pa.Schema, tuple[str, ...]]:
         """The existing table's value columns (Arrow) and each one's name in the value."""
-        from chandy.connectors.spark.routed_decoding import value_columns
+        from chandy.connectors.spark.task.route import value_columns
 
         assert self.table_fields is not None
         return value_columns(self.table_fields)
@@ -294,7 +294,8 @@ class PipelineDecoding(PipelineCore):
     def _decode_frame(df: Any, task: Any) -> Any:
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from chandy.connectors.spark.datasource import decode_with_dead_letters, task_context
+        from chandy.connectors.spark.task.decode import decode_with_dead_letters
+        from chandy.connectors.spark.task.run import task_context
 
         def decode(batches: Any) -> Any:
             yield from decode_with_dead_letters(task, batches, task_context().partitionId())

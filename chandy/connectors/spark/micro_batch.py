@@ -169,7 +169,7 @@ class PipelineMicroBatch(PipelineCore):
         raise PipelineError(f"the offset ranges of checkpoint {checkpoint_id} were not fixed within {timeout_s} s")
 
     def _task_options(self, spark: Any, checkpoint_id: int) -> Any:
-        from chandy.connectors.spark.datasource import TaskOptions
+        from chandy.connectors.spark.task.options import TaskOptions
 
         opts = self.options
         if self.table_fields is None or self.add_columns:  # columns added by the last commit count
@@ -193,13 +193,9 @@ class PipelineMicroBatch(PipelineCore):
             log_id=coordinator_log_id(opts.prefix, self.job_id, self.service.log_incarnation))
 
     def _run_micro_batch(self, spark: Any, checkpoint_id: int, ranges: dict) -> None:
-        from chandy.connectors.spark.datasource import (
-            LAKE_FILES_FORMAT,
-            RANGES_FORMAT,
-            TASK_OPTION,
-            TASK_RESULT_DDL,
-            read_write_and_acknowledge,
-        )
+        from chandy.connectors.spark.task.datasources import LAKE_FILES_FORMAT, RANGES_FORMAT
+        from chandy.connectors.spark.task.options import TASK_OPTION
+        from chandy.connectors.spark.task.run import TASK_RESULT_DDL, read_write_and_acknowledge
 
         assignment = self._enumerator_call(lambda e: e.assignment())
         per_subtask = [[[s.topic, s.partition, ranges[s.topic_partition].starting_offset,

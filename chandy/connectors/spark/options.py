@@ -19,6 +19,7 @@ from chandy.connectors.spark.progress import CHECKPOINT_PHASES as CHECKPOINT_PHA
 from chandy.connectors.spark.progress import PipelineProgress as PipelineProgress
 from chandy.connectors.spark.progress import PipelineSummary as PipelineSummary
 from chandy.connectors.spark.spark_urls import is_local_master, redact_remote
+from chandy.connectors.spark.task.options import DEFAULT_WRITE_BUFFER_BYTES
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.restart_strategy import RestartStrategyConfigError, RestartStrategyOptions
@@ -34,12 +35,6 @@ SINK_OPERATOR = "lake-sink"
 DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError", "SchemaChangeError",
                         "KafkaDataLossError", "ProtobufSchemaError",
                         "ModuleNotFoundError")
-
-#: Arrow bytes a subtask holds before it writes them as lake files (``--write-buffer-bytes``): small
-#: enough that a Python worker's peak RSS is the same at 50,000 and 2,000,000 records per checkpoint
-#: (measured: 297 and 294 MiB; 365 MiB holding a whole 2,000,000-record checkpoint), large enough
-#: that a part is a file of several MB.
-DEFAULT_WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 
 
 class PipelineError(ChandyError):
@@ -315,7 +310,7 @@ class PipelineOptions:
         "Ship Chandy's task code (a zip: SparkContext.addPyFile, or a pyfile artifact under --remote) to the executors, "
         "whose Python then needs only Chandy's dependencies  [default: with --remote, or --master not local]"))
     #: a subtask writes lake files whenever the Arrow batches it holds reach this many bytes, so its
-    #: memory is bounded whatever the checkpoint's size (connectors/spark/datasource.py)
+    #: memory is bounded whatever the checkpoint's size (connectors/spark/task/write.py)
     write_buffer_bytes: int = _opt(DEFAULT_WRITE_BUFFER_BYTES, "--write-buffer-bytes", minimum=1, metavar="BYTES", help=(
         "A subtask writes its records as lake files whenever it holds this many bytes of Arrow data: memory stays "
         "bounded however large a checkpoint is."))

@@ -110,8 +110,8 @@ class Pipeline(PipelinePreflight, PipelineDecoding, PipelineSession, PipelineReq
 
     def completion_outputs(self, metadata: CheckpointMetadata) -> list[OutboundMessage]:
         """On the I/O executor, before checkpoint N completes: its bad records, as dead letters
-        published in N's completion transaction (see :mod:`chandy.connectors.spark.dead_letters`)."""
-        from chandy.connectors.spark.dead_letters import delete_dead_letters_before, read_dead_letters, to_messages
+        published in N's completion transaction (see :mod:`chandy.connectors.spark.task.dead_letters`)."""
+        from chandy.connectors.spark.task.dead_letters import delete_dead_letters_before, read_dead_letters, to_messages
 
         opts = self.options
         if opts.value_format is None:

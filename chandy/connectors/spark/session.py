@@ -162,7 +162,7 @@ class PipelineSession(PipelineCore):
         in a Python worker: about two seconds a warm standby spends before it leads, not after)."""
         if self._data_sources_registered:
             return
-        from chandy.connectors.spark.datasource import KafkaRangesDataSource, LakeFilesDataSource
+        from chandy.connectors.spark.task.datasources import KafkaRangesDataSource, LakeFilesDataSource
 
         spark.dataSource.register(KafkaRangesDataSource)
         spark.dataSource.register(LakeFilesDataSource)

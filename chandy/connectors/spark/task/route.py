@@ -37,7 +37,7 @@ ROUTE_BY = ("topic", "record-name")
 
 
 class RoutedTask(Protocol):
-    """What this module reads of a task's options (``datasource.TaskOptions``)."""
+    """What this module reads of a task's options (:class:`~chandy.connectors.spark.task.options.TaskOptions`)."""
 
     @property
     def router(self) -> Router | None: ...
