@@ -205,9 +205,9 @@ class LeaderElection:
         """The other members of the group that own the requests partition now.
 
         Raises:
-            KafkaException, concurrent.futures.TimeoutError: the group could not be described.
+            KafkaException: the group could not be described within 10 s (:func:`describe_group`).
         """
-        description = self._admin.describe_consumer_groups([self.group_id], request_timeout=10)[self.group_id].result(10)
+        description = describe_group(self._admin, self.group_id, 10.0)
         me = self.consumer.memberid()
         return [m for m in description.members if m.member_id != me and m.assignment is not None
                 and any(tp.topic == self.topics.requests for tp in m.assignment.topic_partitions)]
@@ -260,24 +260,58 @@ ACTIVE_CLIENT_ID = "chandy-election-active"
 STANDBY_CLIENT_ID = "chandy-election-standby"
 
 
+#: seconds one DescribeConsumerGroups attempt may take before it is sent again
+DESCRIBE_ATTEMPT_S = 2.0
+#: the errors of a group coordinator that is not ready yet: a broker that has just started creates
+#: ``__consumer_offsets`` on the first group request and answers these meanwhile (and librdkafka
+#: may hold such a request until its whole timeout instead of asking again)
+_COORDINATOR_NOT_READY = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                          KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT)
+
+
+def describe_group(admin: Any, group: str, timeout_s: float = 10.0) -> Any:
+    """Consumer group ``group``'s description (``confluent_kafka.ConsumerGroupDescription``; an
+    unknown group is described with no member) through ``admin`` (an ``AdminClient``), within
+    ``timeout_s`` seconds: each attempt is bounded by :data:`DESCRIBE_ATTEMPT_S` and a coordinator
+    not ready yet (a broker that has just started) is asked again, as Kafka's Java admin client
+    retries these errors.
+
+    Raises:
+        KafkaException: another error, or the coordinator still not ready at ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        attempt_s = max(0.1, min(DESCRIBE_ATTEMPT_S, deadline - time.monotonic()))
+        future = admin.describe_consumer_groups([group], request_timeout=attempt_s)[group]
+        try:
+            return future.result(attempt_s + 1)
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            not_ready = error is None or (isinstance(error, KafkaError) and error.code() in _COORDINATOR_NOT_READY)
+            if not not_ready or time.monotonic() + 0.2 >= deadline:
+                if isinstance(exc, KafkaException):
+                    raise
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"describing group {group}")) from exc
+            time.sleep(0.2)
+
+
 def active_members(admin: Any, group: str, timeout_s: float = 10.0) -> int:
     """How many members of election group ``group`` are active runs (``client.id``
     :data:`ACTIVE_CLIENT_ID`), through ``admin`` (an ``AdminClient``); an unknown group has none.
 
     Raises:
-        KafkaException: the group could not be described (a retriable error included).
+        KafkaException: the group could not be described within ``timeout_s`` (see :func:`describe_group`).
     """
-    description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
+    description = describe_group(admin, group, timeout_s)
     return sum(1 for m in description.members if m.client_id == ACTIVE_CLIENT_ID)
 
 
 def group_has_members(admin: Any, group: str, timeout_s: float = 10.0) -> bool:
-    """Whether consumer group ``group`` has a member (an unknown group has none), through
-    ``admin`` (an ``AdminClient``)."""
-    futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
+    """Whether consumer group ``group`` has a member (an unknown group, or one that cannot be
+    described within ``timeout_s``, has none), through ``admin`` (an ``AdminClient``)."""
     try:
-        description = futures[group].result(timeout_s)
-    except Exception as exc:  # noqa: BLE001 - an unknown group is a job with no coordinator
+        description = describe_group(admin, group, timeout_s)
+    except KafkaException as exc:  # a group that cannot be described is a job with no coordinator known
         log.debug("describing group %s: %s", group, exc)
         return False
     return bool(description.members)
