@@ -51,6 +51,30 @@ class BadRecordError(FormatError):
     topic, partition and offset and what was wrong."""
 
 
+@dataclasses.dataclass
+class _ParsedRows:
+    """What :meth:`ValueDecoder._parse_rows` read of a batch, record by record: each kept row's
+    fields (None: a null tombstone) and its position in the batch, with ``cdc`` its operation;
+    the bad records by position; the tombstones skipped; the fields no column has (in the
+    order first seen), and (``as_written``) new fields' and widened columns' writer types."""
+
+    rows: list[dict[str, Any] | None] = dataclasses.field(default_factory=list)
+    keep_rows: list[int] = dataclasses.field(default_factory=list)
+    ops: list[str] = dataclasses.field(default_factory=list)
+    bad: dict[int, BadValue] = dataclasses.field(default_factory=dict)
+    skipped: int = 0
+    extra_names: list[str] = dataclasses.field(default_factory=list)
+    writer_types: dict[str, pa.DataType] = dataclasses.field(default_factory=dict)
+    widened: dict[str, pa.DataType] = dataclasses.field(default_factory=dict)
+
+    def add(self, position: int, row: dict[str, Any] | None, op: str | None = None) -> None:
+        """Keep ``row``, the batch's row ``position`` (with ``cdc``: its operation ``op``)."""
+        self.rows.append(row)
+        self.keep_rows.append(position)
+        if op is not None:
+            self.ops.append(op)
+
+
 @dataclasses.dataclass(frozen=True)
 class ValueDecoder:
     """How values become columns (picklable: it travels to the Spark tasks).
@@ -232,89 +256,109 @@ class ValueDecoder:
     def _decode_values(self, batch: pa.RecordBatch, vectorized: bool
                        ) -> tuple[pa.RecordBatch, pa.RecordBatch | None, int, list[int] | None]:
         """:meth:`decode` of the values: (decoded rows, bad records, tombstones skipped, the
-        batch's rows decoded, in order; None: all of them)."""
+        batch's rows decoded, in order; None: all of them). A batch path first
+        (:meth:`_decode_batch`), else record by record (:meth:`_parse_rows`, then
+        :meth:`_assemble`)."""
         if self.value_format == "raw":  # raw values, decoded keys (key_format)
             return pa.RecordBatch.from_arrays([batch.column(c) for c in self.keep], schema=self.values_schema), None, 0, None
+        if vectorized:
+            decoded = self._decode_batch(batch)
+            if decoded is not None:
+                return decoded, None, 0, None
+        parsed = self._parse_rows(batch)
+        decoded = self._assemble(batch, parsed)
+        return decoded, (_bad_batch(batch, parsed.bad) if parsed.bad else None), parsed.skipped, parsed.keep_rows
+
+    def _decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """``batch`` decoded a column at a time by its format's batch path (JSON through Arrow's
+        reader, Avro through the numpy decoder, Protobuf's columns over the batch); None when
+        no batch path reads it exactly as record by record would (the caller then does)."""
         values = batch.column("value")
         if self.value_format == "json" and self.json_framing == "confluent":
             from chandy.formats.framing import payloads
 
             values = payloads(values)  # None: a value is not framed, read value by value
-            vectorized = vectorized and values is not None
-        if vectorized and self.value_format == "json" and self.cdc == "debezium" and self.unknown_fields == "ignore":
+            if values is None:
+                return None
+        if self.value_format == "json" and self.cdc == "debezium" and self.unknown_fields == "ignore":
             from chandy.formats.json_batch import decode_json_change_batch
 
             changes = decode_json_change_batch(values, self.columns, self.source_names,
                                                session_time_zone=self.session_time_zone, keys=batch.column("key"),
                                                id_columns=self.id_columns)
-            if changes is not None:
-                kafka = [batch.column(c) for c in self.keep]
-                return pa.RecordBatch.from_arrays(kafka + changes[0] + [changes[1]], schema=self.values_schema), None, 0, None
-        if vectorized and self.value_format == "json" and self.cdc is None:
+            if changes is None:
+                return None
+            kafka = [batch.column(c) for c in self.keep]
+            return pa.RecordBatch.from_arrays(kafka + changes[0] + [changes[1]], schema=self.values_schema)
+        if self.cdc is not None:
+            return None
+        columns: list[pa.Array] | None = None
+        if self.value_format == "json":
             from chandy.formats.json_batch import decode_json_batch
 
             columns = decode_json_batch(values, self.columns, self.source_names,
                                         unknown_fields=self.unknown_fields, session_time_zone=self.session_time_zone)
-            if columns is not None:
-                return self._with_kafka(batch, columns), None, 0, None
-        if vectorized and self.value_format == "avro" and self.cdc is None:
+        elif self.value_format == "avro":
             from chandy.formats.avro_batch import decode_avro_batch
 
             columns = decode_avro_batch(values, self)
-            if columns is not None:
-                return self._with_kafka(batch, columns), None, 0, None
-        if vectorized and self.value_format == "protobuf" and self.cdc is None:
+        elif self.value_format == "protobuf":
             from chandy.formats.protobuf_batch import decode_protobuf_batch
 
             columns = decode_protobuf_batch(values, self)
-            if columns is not None:
-                return self._with_kafka(batch, columns), None, 0, None
-        writer_types: dict[str, pa.DataType] = {}  # as_written: new fields' types, from their writer schema
-        widened: dict[str, pa.DataType] = {}  # as_written: columns a writer schema widens
-        parse = self._parser(self._writer_check(writer_types, widened) if self.as_written else None)
-        raws = batch.column("value").to_pylist()
+        return None if columns is None else self._with_kafka(batch, columns)
+
+    def _parse_rows(self, batch: pa.RecordBatch) -> _ParsedRows:
+        """``batch``'s values parsed one by one into rows of fields (tombstones as ``tombstones``
+        says, bad values noted, or raised under ``errors_tolerance="none"``).
+
+        Raises:
+            BadRecordError: a bad record under ``errors_tolerance="none"``.
+            SchemaChangeError: a writer schema whose field cannot land in its column (``as_written``).
+        """
+        parsed = _ParsedRows()
+        parse = self._parser(self._writer_check(parsed.writer_types, parsed.widened) if self.as_written else None)
         known = set(self.source_names)
-        extra_names: list[str] = []
-        rows: list[dict[str, Any] | None] = []
-        ops: list[str] = []  # with cdc: each row's operation
-        keep_rows: list[int] = []
-        bad: dict[int, BadValue] = {}
-        skipped = 0
         change = self._change_reader(batch) if self.cdc else None
-        for i, raw in enumerate(raws):
+        for i, raw in enumerate(batch.column("value").to_pylist()):
             try:
                 if change is not None:
                     row, op = change(i, raw, parse)
-                    value = self._checked_fields(row, known, extra_names)
-                    rows.append(value)
-                    ops.append(op)
-                    keep_rows.append(i)
+                    parsed.add(i, self._checked_fields(row, known, parsed.extra_names), op)
                     continue
                 if raw is None:
                     if self.tombstones == "skip":
-                        skipped += 1
+                        parsed.skipped += 1
                         continue
                     if self.tombstones == "null":
-                        rows.append(None)
-                        keep_rows.append(i)
+                        parsed.add(i, None)
                         continue
                     raise BadValue("Tombstone", "a tombstone (null value); choose what tombstones do with --tombstones skip|null")
                 if not raw:
                     raise BadValue("EmptyValue", "an empty value")
-                value = self._checked_fields(parse(raw), known, extra_names)
-                rows.append(value)
-                keep_rows.append(i)
+                parsed.add(i, self._checked_fields(parse(raw), known, parsed.extra_names))
             except BadValue as exc:
-                bad[i] = exc
+                parsed.bad[i] = exc
                 self._check_tolerance(batch, i, exc)
             except WriterTypeChange as exc:
                 raise SchemaChangeError(f"{location(batch, i)}: {exc}; the micro-batch read {offset_ranges(batch)} "
                                         "and lands nothing of it") from None
-        fields = [f.with_type(widened[n]) if n in widened else f for f, n in zip(self.columns, self.source_names,
-                                                                                  strict=True)]
+        return parsed
+
+    def _assemble(self, batch: pa.RecordBatch, parsed: _ParsedRows) -> pa.RecordBatch:
+        """The decoded batch of ``parsed``'s rows: the kept Kafka columns of those rows, the value
+        columns (widened or added as the writer schemas or the values say; a value that does not
+        fit its column makes its record bad, noted in ``parsed``), and with ``cdc`` the operation.
+
+        Raises:
+            BadRecordError: a value that does not fit its column, under ``errors_tolerance="none"``.
+        """
+        rows, keep_rows, ops = parsed.rows, parsed.keep_rows, parsed.ops
+        fields = [f.with_type(parsed.widened[n]) if n in parsed.widened else f
+                  for f, n in zip(self.columns, self.source_names, strict=True)]
         names = list(self.source_names)
-        for name in extra_names:
-            kind = writer_types.get(name) or _inferred_type([None if r is None else r.get(name) for r in rows])
+        for name in parsed.extra_names:
+            kind = parsed.writer_types.get(name) or _inferred_type([None if r is None else r.get(name) for r in rows])
             if kind is not None:
                 fields.append(pa.field(f"value_{name}" if name in KAFKA_COLUMNS else name, kind))
                 names.append(name)
@@ -322,10 +366,10 @@ class ValueDecoder:
         if type_bad:
             for position in sorted(type_bad):
                 unfit = type_bad[position]
-                bad[keep_rows[position]] = unfit
+                parsed.bad[keep_rows[position]] = unfit
                 self._check_tolerance(batch, keep_rows[position], unfit)
             good = [p for p in range(len(rows)) if p not in type_bad]
-            keep_rows = [keep_rows[p] for p in good]
+            keep_rows = parsed.keep_rows = [keep_rows[p] for p in good]
             ops = [ops[p] for p in good] if ops else ops
             columns, _ = self._columns([rows[p] for p in good], fields, names)
         taken = pa.array(keep_rows, pa.int64())
@@ -336,8 +380,7 @@ class ValueDecoder:
             columns = columns + [pa.array(ops, pa.string())]
         else:
             schema = pa.schema(base)
-        decoded = pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
-        return decoded, (_bad_batch(batch, bad) if bad else None), skipped, keep_rows
+        return pa.RecordBatch.from_arrays(kafka + columns, schema=schema)
 
     def _with_kafka(self, batch: pa.RecordBatch, columns: list[pa.Array]) -> pa.RecordBatch:
         """A batch path's value ``columns`` of all of ``batch``'s rows, after its kept Kafka columns."""
