@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CHANDY := $(VENV)/bin/chandy
 
-.PHONY: setup kafka-jars schema-registry azurite test-tools check demo test bench bench-setup bench-streaming clean
+.PHONY: setup kafka-jars schema-registry iceberg-rest azurite test-tools check demo test bench bench-setup bench-streaming clean
 
 setup: $(VENV)/.installed
 
@@ -22,6 +22,11 @@ kafka-jars: setup
 # its server bundle from Maven Central into the user cache (once); CHANDY_APICURIO_HOME names an unpacked one instead
 schema-registry: setup
 	$(PY) -c "from tests.fixtures.schema_registry import resolve_apicurio; print('Apicurio Registry in', resolve_apicurio())"
+
+# Apache Iceberg's REST catalog server (org.apache.iceberg:iceberg-open-api, a self-contained jar) the
+# tests start (tests/fixtures/iceberg_rest.py): from Maven Central into the user cache (once)
+iceberg-rest: setup
+	$(PY) -c "from tests.fixtures.iceberg_rest import resolve_iceberg_rest; print('Iceberg REST catalog in', resolve_iceberg_rest())"
 
 # Azurite (the Azure Storage emulator, from npm) for the object-store tests, into the venv; without
 # npm the Azure tests are skipped and say why
@@ -49,7 +54,7 @@ test-tools:
 	@command -v chromium >/dev/null 2>&1 || { echo "make test needs Chromium (the dashboard's browser test): apt-get install chromium"; exit 1; }
 	@command -v prometheus >/dev/null 2>&1 || { echo "make test needs Prometheus (the Grafana dashboard's PromQL test): apt-get install prometheus"; exit 1; }
 
-test: test-tools kafka-jars schema-registry azurite check
+test: test-tools kafka-jars schema-registry iceberg-rest azurite check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: kafka-jars

@@ -87,6 +87,9 @@ def _checkpoint_dir(table_uri: str, catalog_properties: tuple[tuple[str, str], .
     return f"{IcebergSink(table_uri, catalog_properties=dict(catalog_properties)).root_url}/_chandy_checkpoints"
 
 
+#: the schema of the staged create that asks a REST catalog where a new table goes (never committed)
+_PLACEHOLDER_SCHEMA = pa.schema([pa.field("placeholder", pa.int32())])
+
 class IcebergSink(SchemaChecked):
     """An Iceberg table in a pyiceberg catalog (see the module docstring); the methods of
     :class:`~chandy.connectors.lake.sink.LakeSink`, with the contracts :class:`~chandy.connectors.lake.delta.DeltaLakeSink` documents.
@@ -150,11 +153,41 @@ class IcebergSink(SchemaChecked):
         return {**self.__dict__, "_catalog": None}
 
     def _default_location(self) -> str:
+        """Where a new table goes: where a REST catalog places it (its ``warehouse``, if given,
+        is the catalog's own setting, e.g. Polaris's catalog name, not a path), else
+        ``<warehouse>/<namespace>/<table>``.
+
+        Raises:
+            LakeCommitError: no warehouse to place it in (a catalog other than REST).
+        """
+        if self.catalog_properties.get("type") == "rest":
+            return self._location_from_catalog()
         warehouse = self.catalog_properties.get("warehouse")
         if not warehouse:
             raise LakeCommitError(f"{self.table_uri}: the table does not exist and catalog {self.catalog_name} has no "
                                   "warehouse property to place it in (--catalog-property warehouse=...)")
         return f"{warehouse.rstrip('/')}/{'/'.join(self.namespace)}/{self.name}"
+
+    def _location_from_catalog(self) -> str:
+        """The location a REST catalog assigns the table: a *staged* create (the Iceberg REST
+        protocol's ``stage-create``, pyiceberg's ``create_table_transaction``) answers the new
+        table's metadata, its location included, and creates nothing until committed, which this
+        never does; the table is created at the first checkpoint's commit, at this location. The
+        namespace is created if missing (a REST catalog refuses a staged create in none).
+
+        Raises:
+            LakeCommitError: the catalog refused (the message says why).
+        """
+        from pyiceberg.exceptions import RESTError
+
+        try:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+            staged = self.catalog.create_table_transaction(self.identifier, schema=_PLACEHOLDER_SCHEMA,
+                                                           properties=dict(self.table_properties))
+        except (RESTError, OSError) as exc:
+            raise LakeCommitError(f"{self.table_uri}: catalog {self.catalog_name} did not place the new table: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        return str(staged.table_metadata.location)
 
     def _load(self) -> Any:
         """The table (``pyiceberg.table.Table``), or None when there is none."""
