@@ -1,19 +1,21 @@
 """Starting a coordinator and restoring a checkpoint (Flink's
-``restoreLatestCheckpointedStateInternal`` and ``restoreSavepoint``): a mixin of
-:class:`~chandy.coordinator.checkpoint_coordinator.CheckpointCoordinator`, whose state it uses."""
+``restoreLatestCheckpointedStateInternal`` and ``restoreSavepoint``): :class:`CheckpointRestorer`,
+a collaborator of :class:`~chandy.coordinator.checkpoint_coordinator.CheckpointCoordinator`."""
 
 from __future__ import annotations
 
 import logging
 import socket
 
+from chandy.coordinator.checkpoint_completion import CheckpointCompletion
 from chandy.coordinator.completed_checkpoint_store import (
     RESTORED_FROM,
 )
-from chandy.coordinator.coordinator_core import CoordinatorCore
+from chandy.coordinator.coordinator_context import CoordinatorContext
 from chandy.coordinator.environment import Batch
 from chandy.coordinator.errors import ChandyError, SuppressRestartsError
 from chandy.coordinator.failure import CheckpointFailureReason
+from chandy.coordinator.job_lifecycle import JobLifecycle
 from chandy.coordinator.messages import (
     COORDINATOR_ELECTED_EVENT,
     NotifyCheckpointAborted,
@@ -45,8 +47,24 @@ class RestoreError(ChandyError):
     """A checkpoint or savepoint cannot be restored into this job."""
 
 
-class CheckpointRestore(CoordinatorCore):
-    """The checkpoint restore part of the checkpoint coordinator."""
+class CheckpointRestorer:
+    """Starts a coordinator: a new epoch in the log, leftover pending checkpoints aborted, the
+    operator coordinators started, and the latest completed checkpoint (or a savepoint) restored
+    into the master hooks and operator coordinators (Flink's
+    ``CheckpointCoordinator.restoreLatestCheckpointedStateInternal`` and ``restoreSavepoint``).
+
+    Args:
+        context: the coordinator's shared state.
+        completion: re-notifies a restored checkpoint's completion and deletes the directories of
+            leftover checkpoints.
+        lifecycle: fails the job when resetting an operator coordinator fails (with a restart
+            strategy: a global failure).
+    """
+
+    def __init__(self, context: CoordinatorContext, completion: CheckpointCompletion, lifecycle: JobLifecycle) -> None:
+        self._context = context
+        self._completion = completion
+        self._lifecycle = lifecycle
 
     def start(self, *, restore_from: str | None = None, allow_non_restored_state: bool = False,
               checkpoint_id_floor: int | None = None) -> None:
@@ -72,44 +90,46 @@ class CheckpointRestore(CoordinatorCore):
             RestoreError: the savepoint holds state for an operator this job lacks (unless
                 ``allow_non_restored_state``), or no retained checkpoint's ``_metadata`` is readable.
         """
-        now = self.env.now_ms()
+        c = self._context
+        now = c.env.now_ms()
         batch = Batch()
         batch.records.append(CoordinatorEpochRecord(
-            self.job_id, self.state.epoch + 1, self.transactional_id, socket.gethostname(), now, self.coordinator_id))
-        batch.records.append(JobStatusRecord(self.job_id, JobStatus.RUNNING, self.state.epoch + 1, None, now))
-        if checkpoint_id_floor is not None and checkpoint_id_floor > self.state.next_checkpoint_id:
-            log.info("job %s: checkpoint IDs continue at %d (was %d)", self.job_id, checkpoint_id_floor,
-                     self.state.next_checkpoint_id)
-            batch.records.append(CheckpointIdCounterRecord(self.job_id, checkpoint_id_floor))
-        leftovers = self.state.pending()
+            c.job_id, c.state.epoch + 1, c.transactional_id, socket.gethostname(), now, c.coordinator_id))
+        batch.records.append(JobStatusRecord(c.job_id, JobStatus.RUNNING, c.state.epoch + 1, None, now))
+        if checkpoint_id_floor is not None and checkpoint_id_floor > c.state.next_checkpoint_id:
+            log.info("job %s: checkpoint IDs continue at %d (was %d)", c.job_id, checkpoint_id_floor,
+                     c.state.next_checkpoint_id)
+            batch.records.append(CheckpointIdCounterRecord(c.job_id, checkpoint_id_floor))
+        leftovers = c.state.pending()
         for record in leftovers:
             batch.records.append(CheckpointRecord(
-                job_id=self.job_id, checkpoint_id=record.checkpoint_id, checkpoint_type=record.checkpoint_type,
-                status=CheckpointStatus.ABORTED, epoch=self.state.epoch + 1, trigger_timestamp=record.trigger_timestamp,
+                job_id=c.job_id, checkpoint_id=record.checkpoint_id, checkpoint_type=record.checkpoint_type,
+                status=CheckpointStatus.ABORTED, epoch=c.state.epoch + 1, trigger_timestamp=record.trigger_timestamp,
                 status_timestamp=now, num_subtasks=record.num_subtasks, num_acknowledged=record.num_acknowledged,
                 failure_reason=R.CHECKPOINT_COORDINATOR_SHUTDOWN.value,
                 failure_message="the coordinator that triggered it is gone",
             ))
-        self._commit(batch)  # applies the epoch first, so the messages below carry the new one
+        c.commit(batch)  # applies the epoch first, so the messages below carry the new one
         # the new epoch, announced: running attempts report ready again to this coordinator
-        self.env.append(Batch(control=[OperatorEventMessage(self.job_id, self.state.epoch, "", -1, -1,
-                                                            COORDINATOR_ELECTED_EVENT, b"", now)]))
+        c.env.append(Batch(control=[OperatorEventMessage(c.job_id, c.state.epoch, "", -1, -1,
+                                                         COORDINATOR_ELECTED_EVENT, b"", now)]))
         for record in leftovers:
-            self.env.append(Batch(
-                control=[NotifyCheckpointAborted(self.job_id, self.state.epoch, record.checkpoint_id,
+            c.env.append(Batch(
+                control=[NotifyCheckpointAborted(c.job_id, c.state.epoch, record.checkpoint_id,
                                                  R.CHECKPOINT_COORDINATOR_SHUTDOWN.value, None, now)],
-                events=[self._event(record, "ABORTED", now, failure_reason=R.CHECKPOINT_COORDINATOR_SHUTDOWN.value)],
+                events=[c.event(record, "ABORTED", now, failure_reason=R.CHECKPOINT_COORDINATOR_SHUTDOWN.value)],
             ))
-            self._dispose_directory(self.storage.checkpoint_directory(record.checkpoint_id))
-        for holder in self.holders.values():
+            self._completion.dispose_directory(c.storage.checkpoint_directory(record.checkpoint_id))
+        for holder in c.holders.values():
             holder.coordinator.start()
         self._restore_latest(restore_from, allow_non_restored_state)
 
     def _restore_latest(self, restore_from: str | None, allow_non_restored_state: bool) -> None:
-        candidates = list(reversed(self.store.entries(self.state)))
+        c = self._context
+        candidates = list(reversed(c.store.entries(c.state)))
         for record in candidates:
             try:
-                directory, metadata = resolve_checkpoint_pointer(record.external_pointer or "", self.storage.storage_options)
+                directory, metadata = resolve_checkpoint_pointer(record.external_pointer or "", c.storage.storage_options)
             except CheckpointStorageError as exc:
                 log.error("cannot restore checkpoint %d from %s: %s; trying an older one",
                           record.checkpoint_id, record.external_pointer, exc)
@@ -118,73 +138,72 @@ class CheckpointRestore(CoordinatorCore):
             return
         if candidates:
             raise RestoreError(
-                f"none of the completed checkpoints {[r.checkpoint_id for r in candidates]} of job {self.job_id} "
+                f"none of the completed checkpoints {[r.checkpoint_id for r in candidates]} of job {c.job_id} "
                 "has a readable _metadata; refusing to start from scratch (that would duplicate output)"
             )
         if restore_from:
-            directory, metadata = resolve_checkpoint_pointer(restore_from, self.storage.storage_options)
+            directory, metadata = resolve_checkpoint_pointer(restore_from, c.storage.storage_options)
             self._restore(metadata, directory, allow_non_restored_state=allow_non_restored_state, from_savepoint=True)
             return
-        self.hooks.reset()
+        c.hooks.reset()
         try:
-            for holder in self.holders.values():
+            for holder in c.holders.values():
                 holder.coordinator.reset_to_checkpoint(NO_CHECKPOINT, None)
         except Exception as exc:
-            if self.on_failover is None or isinstance(exc, SuppressRestartsError):
+            if c.on_failover is None or isinstance(exc, SuppressRestartsError):
                 raise
-            log.error("job %s: resetting its operator coordinators failed: %s", self.job_id, exc)
-            self._fail_job(exc)  # a global failure: the restart strategy decides (see _restore)
+            log.error("job %s: resetting its operator coordinators failed: %s", c.job_id, exc)
+            self._lifecycle.handle_global_failure(exc)  # a global failure: the restart strategy decides (see _restore)
 
     def _restore(self, metadata: CheckpointMetadata, directory: str, *, allow_non_restored_state: bool,
                  from_savepoint: bool = False) -> None:
         """Restore hooks and coordinators from ``metadata``; re-notify its completion (restoring
         implies completion, per Flink's OperatorCoordinator javadoc)."""
+        c = self._context
         unknown = sorted(o.operator_id for o in metadata.operator_states
-                         if o.operator_id not in self.operators and o.operator_id not in self.holders
+                         if o.operator_id not in c.operators and o.operator_id not in c.holders
                          and (o.coordinator_state or o.subtask_states))
         if unknown and not allow_non_restored_state:
             raise RestoreError(
-                f"{directory} holds state for operator(s) {', '.join(unknown)} that job {self.job_id} does not have "
+                f"{directory} holds state for operator(s) {', '.join(unknown)} that job {c.job_id} does not have "
                 "(allow non-restored state to skip it)"
             )
-        self.hooks.restore(metadata.checkpoint_id, metadata.master_states, allow_non_restored_state=allow_non_restored_state)
-        self._restoring = (metadata.checkpoint_id, directory)
+        c.hooks.restore(metadata.checkpoint_id, metadata.master_states, allow_non_restored_state=allow_non_restored_state)
+        c.restoring = (metadata.checkpoint_id, directory)
         try:
-            for operator_id, holder in self.holders.items():
+            for operator_id, holder in c.holders.items():
                 op = metadata.operator(operator_id)
                 holder.coordinator.reset_to_checkpoint(metadata.checkpoint_id, op.coordinator_state if op else None)
         except Exception as exc:
-            if self.on_failover is None or isinstance(exc, SuppressRestartsError):
+            if c.on_failover is None or isinstance(exc, SuppressRestartsError):
                 raise
             # with a restart strategy, a failed restore (the lake unreachable while it commits the
             # restored checkpoint) is one more global failure: the coordinators after it are not
             # reset (the Kafka source would commit offsets past what the lake holds), nothing is
             # notified, and the strategy restarts the job again or fails it
-            log.error("job %s: restoring checkpoint %d failed: %s", self.job_id, metadata.checkpoint_id, exc)
-            self._fail_job(exc)
+            log.error("job %s: restoring checkpoint %d failed: %s", c.job_id, metadata.checkpoint_id, exc)
+            self._lifecycle.handle_global_failure(exc)
             return
         finally:
-            self._restoring = None
-        now = self.env.now_ms()
+            c.restoring = None
+        now = c.env.now_ms()
         batch = Batch(control=[NotifyCheckpointComplete(
-            self.job_id, self.state.epoch, metadata.checkpoint_id, metadata.checkpoint_type, now)])
+            c.job_id, c.state.epoch, metadata.checkpoint_id, metadata.checkpoint_type, now)])
         if from_savepoint:
             # the restored savepoint becomes this job's latest completed checkpoint, and IDs continue after it
             batch.records.append(CheckpointIdCounterRecord(
-                self.job_id, max(self.state.next_checkpoint_id, metadata.checkpoint_id + 1)))
+                c.job_id, max(c.state.next_checkpoint_id, metadata.checkpoint_id + 1)))
             batch.records.append(CheckpointRecord(
-                job_id=self.job_id, checkpoint_id=metadata.checkpoint_id,
+                job_id=c.job_id, checkpoint_id=metadata.checkpoint_id,
                 checkpoint_type=CheckpointType(metadata.checkpoint_type),
-                status=CheckpointStatus.COMPLETED, epoch=self.state.epoch, trigger_timestamp=metadata.trigger_timestamp,
+                status=CheckpointStatus.COMPLETED, epoch=c.state.epoch, trigger_timestamp=metadata.trigger_timestamp,
                 status_timestamp=now, num_subtasks=0, state_size=metadata.state_size,
                 external_pointer=directory, properties={RESTORED_FROM: directory},
             ))
-        self.stats.report_restored(metadata.checkpoint_id, directory, now)
+        c.stats.report_restored(metadata.checkpoint_id, directory, now)
         checkpoint_id = metadata.checkpoint_id
         def notify() -> None:
-            self._notify_complete(checkpoint_id)  # a failed notification already failed the job
+            self._completion.notify_complete(checkpoint_id)  # a failed notification already failed the job
 
-        self._commit(batch, notify)
-        self._last_completion_ms = now
-
-    # -- triggering ------------------------------------------------------------------------------
+        c.commit(batch, notify)
+        c.last_completion_ms = now

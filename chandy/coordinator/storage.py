@@ -119,7 +119,7 @@ class CheckpointMetadata:
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
 
     #: the ``properties`` key naming the coordinator log whose coordinator wrote this ``_metadata``
-    #: (``CoordinatorCore.coordinator_log``: its transactional ID and the log's incarnation)
+    #: (``CheckpointCoordinator.coordinator_log``: its transactional ID and the log's incarnation)
     COORDINATOR_LOG = "coordinator-log"
 
     @property
