@@ -1,0 +1,158 @@
+"""The Iceberg sink's commit when the REST catalog answers as the protocol allows, through a proxy
+in front of Apache Iceberg's own REST catalog server (``tests/fixtures/iceberg_rest.py``) that
+can lose or replace the server's answer to a table commit (``POST /v1/namespaces/{ns}/tables/{t}``):
+
+- the server commits, the client gets a 502 (a gateway timing out after the swap): the outcome is
+  unknown, the sink reads the table again, finds its commit token and reports the commit landed,
+  once, with nothing committed twice;
+- the request never reaches the server and the client gets a 502: the sink reads the table, finds
+  no commit, and fails the commit with the catalog's answer (the checkpoint aborts, nothing
+  landed), and the next attempt lands it once;
+- a 409 (another writer won the compare-and-swap): a conflict, retried, landed once.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import load_catalog
+
+from chandy.connectors.lake.iceberg import IcebergSink
+from chandy.connectors.lake.sink import LakeCommitError
+from chandy.connectors.lake.sinks import open_sink
+from tests.fixtures.iceberg_rest import IcebergRestCatalog
+
+JOB = "fedcba9876543210fedcba9876543210"
+_COMMIT = re.compile(r"^/v1/namespaces/[^/]+/tables/[^/]+$")
+
+
+class _Proxy:
+    """Forwards every request to the catalog; ``plan(path)`` decides a table commit's fate:
+    ``"pass"``, ``"lose-answer"`` (forwarded, then answered 502), ``"drop"`` (answered 502, never
+    forwarded) or ``"conflict"`` (answered 409, never forwarded)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urlsplit(upstream)
+        self.plans: list[str] = []  # the fates of the next table commits, in order; then "pass"
+        self.commits_seen: list[str] = []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self, body: bytes | None) -> tuple[int, list[tuple[str, str]], bytes]:
+                connection = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                connection.request(self.command, self.path, body=body, headers=headers)
+                answer = connection.getresponse()
+                return answer.status, answer.getheaders(), answer.read()
+
+            def _reply(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+                self.send_response(status)
+                for key, value in headers:
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                fate = "pass"
+                if self.command == "POST" and _COMMIT.match(self.path):
+                    fate = proxy.plans.pop(0) if proxy.plans else "pass"
+                    proxy.commits_seen.append(fate)
+                if fate == "drop":
+                    return self._reply(502, [("Content-Type", "text/plain")], b"bad gateway")
+                if fate == "conflict":
+                    error = (b'{"error": {"message": "Requirement failed: branch main has changed", '
+                             b'"type": "CommitFailedException", "code": 409}}')
+                    return self._reply(409, [("Content-Type", "application/json")], error)
+                status, headers, answer = self._forward(body)
+                if fate == "lose-answer":
+                    return self._reply(502, [("Content-Type", "text/plain")], b"bad gateway")
+                return self._reply(status, headers, answer)
+
+            do_GET = do_POST = do_HEAD = do_DELETE = _handle
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def proxy(iceberg_rest_catalog: IcebergRestCatalog) -> Iterator[_Proxy]:
+    front = _Proxy(iceberg_rest_catalog.uri)
+    try:
+        yield front
+    finally:
+        front.close()
+
+
+def _rows(checkpoint: int, n: int = 4) -> pa.Table:
+    return pa.table({"topic": ["t"] * n, "partition": pa.array([0] * n, pa.int32()),
+                     "offset": pa.array([checkpoint * n + i for i in range(n)], pa.int64())})
+
+
+def _sink(proxy: _Proxy) -> tuple[IcebergSink, Callable[[], list[int]]]:
+    namespace = f"answers_{uuid.uuid4().hex[:8]}"
+    sink = open_sink(f"iceberg://rest/{namespace}.t", catalog_properties={"type": "rest", "uri": proxy.uri})
+    assert isinstance(sink, IcebergSink)
+    reader = load_catalog("reader", type="rest", uri=proxy.upstream.geturl())
+
+    def landed() -> list[int]:
+        return sorted(reader.load_table((namespace, "t")).scan().to_arrow().column("offset").to_pylist())
+
+    return sink, landed
+
+
+def _commit(sink: IcebergSink, checkpoint: int) -> object:
+    files = sink.write_files(_rows(checkpoint), job_id=JOB, checkpoint_id=checkpoint, subtask=0, attempt=0)
+    return sink.commit(JOB, checkpoint, files, offsets={("t", 0): (checkpoint + 1) * 4}, cluster_id="c1")
+
+
+def test_a_commit_whose_answer_is_lost_after_it_landed_counts_once(proxy: _Proxy) -> None:
+    sink, landed = _sink(proxy)
+    assert _commit(sink, 1)  # creates the table (its own commit path), then its checkpoint 1
+    proxy.plans = ["lose-answer"]
+    committed = _commit(sink, 2)
+    assert proxy.commits_seen[-1] == "lose-answer"
+    assert committed is not None and committed.checkpoint_id == 2  # the table was read again: it landed
+    assert landed() == list(range(4, 12))  # checkpoints 1 and 2, each record once
+    assert sink.committed_checkpoint(JOB) == 2
+    assert _commit(sink, 2) is None and landed() == list(range(4, 12))  # and a retry lands nothing more
+
+
+def test_a_commit_that_never_reached_the_catalog_fails_then_lands_once(proxy: _Proxy) -> None:
+    sink, landed = _sink(proxy)
+    assert _commit(sink, 1)
+    proxy.plans = ["drop"]
+    with pytest.raises(LakeCommitError, match="502|Bad Gateway|bad gateway|CommitStateUnknown|ServerError"):
+        _commit(sink, 2)
+    assert landed() == list(range(4, 8))  # only checkpoint 1's records
+    assert sink.committed_checkpoint(JOB) == 1
+    assert _commit(sink, 2)  # the checkpoint's next attempt
+    assert landed() == list(range(4, 12))
+
+
+def test_a_conflict_is_retried_and_lands_once(proxy: _Proxy) -> None:
+    sink, landed = _sink(proxy)
+    assert _commit(sink, 1)
+    proxy.plans = ["conflict"]
+    assert _commit(sink, 2)
+    assert proxy.commits_seen[-2:] == ["conflict", "pass"]
+    assert landed() == list(range(4, 12))
