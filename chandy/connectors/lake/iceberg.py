@@ -55,6 +55,7 @@ from chandy.connectors.lake.sink import (
     DataFile,
     LakeCommit,
     LakeCommitError,
+    LakeSchemaError,
     SchemaChecked,
     TableProgress,
     check_unchanged,
@@ -374,6 +375,9 @@ class IcebergSink(SchemaChecked):
                 if table is None:
                     assert merged is not None
                     table = self._create(merged)
+                    fields = self._fields_of(table)  # created by another writer since the read: its columns rule
+                    for schema in schemas:
+                        self.check_schema(schema, fields, where=f"checkpoint {checkpoint_id}: ")
                 transaction = table.transaction()
                 if merged is not None and self.add_columns and evolves(merged, fields):
                     with transaction.update_schema() as update:
@@ -383,6 +387,8 @@ class IcebergSink(SchemaChecked):
                                           check_duplicate_files=False)
                 transaction.set_properties(properties)
                 table = transaction.commit_transaction()
+            except LakeSchemaError:  # the table another writer created does not fit: nothing was committed
+                raise
             except Exception as exc:  # pyiceberg and the catalogs raise many types
                 action = f"committing checkpoint {checkpoint_id} to {self.table_uri}"
                 reloaded = self._landed_after(exc, token, action)

@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 
 import pyarrow as pa
+import pytest
 from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.lake.iceberg import IcebergSink
@@ -73,3 +74,55 @@ def test_a_warehouse_given_to_a_rest_catalog_is_the_catalogs_setting_not_a_path(
     sink = open_sink(f"iceberg://rest/{namespace}.events", catalog_properties=props)
     assert sink.root_url == f"{iceberg_rest_catalog.warehouse}/{namespace}/events"
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_table_another_writer_created_meanwhile_is_adopted_when_it_fits_and_refused_when_not(
+        iceberg_rest_catalog: IcebergRestCatalog) -> None:
+    """Between the driver placing a new table and its first commit, another writer creates the
+    table through the catalog: a table whose columns the data fits is adopted (the rows land in
+    it, once); one whose columns it does not fit is refused with nothing landed."""
+    from chandy.connectors.lake.sink import LakeSchemaError
+
+    catalog = load_catalog("other-writer", type="rest", uri=iceberg_rest_catalog.uri)
+    for fits in (True, False):
+        namespace = f"lake_{uuid.uuid4().hex[:8]}"
+        uri = f"iceberg://rest/{namespace}.orders"
+        sink = open_sink(uri, catalog_properties=iceberg_rest_catalog.properties())
+        files = sink.write_files(_rows(1), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+        other = _rows(0).schema if fits else pa.schema([("topic", pa.string()), ("amount", pa.string())])
+        catalog.create_table((namespace, "orders"), schema=other)
+        if fits:
+            assert sink.commit(JOB, 1, files, offsets={("orders", 0): 10}, cluster_id="c1")
+            landed = catalog.load_table((namespace, "orders")).scan().to_arrow()
+            assert sorted(landed.column("offset").to_pylist()) == list(range(5, 10))
+        else:
+            with pytest.raises(LakeSchemaError, match="amount"):
+                sink.commit(JOB, 1, files, offsets={("orders", 0): 10}, cluster_id="c1")
+            table = catalog.load_table((namespace, "orders"))
+            assert table.current_snapshot() is None  # nothing landed
+
+
+def test_a_table_created_between_the_commits_read_and_its_create_is_checked_too(
+        iceberg_rest_catalog: IcebergRestCatalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The narrowest race: the commit reads no table, another writer creates it, then the
+    commit's own create finds it there and adopts it, so its columns are checked then."""
+    from chandy.connectors.lake.sink import LakeSchemaError
+
+    catalog = load_catalog("other-writer", type="rest", uri=iceberg_rest_catalog.uri)
+    namespace = f"lake_{uuid.uuid4().hex[:8]}"
+    sink = open_sink(f"iceberg://rest/{namespace}.orders", catalog_properties=iceberg_rest_catalog.properties())
+    files = sink.write_files(_rows(1), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+    real_load = sink._load
+    reads: list[int] = []
+
+    def load_then_race() -> object:
+        reads.append(1)
+        if len(reads) == 1:  # the commit's read: no table yet; the other writer creates it right after
+            catalog.create_table((namespace, "orders"), schema=pa.schema([("amount", pa.string())]))
+            return None
+        return real_load()
+
+    monkeypatch.setattr(sink, "_load", load_then_race)
+    with pytest.raises(LakeSchemaError, match="amount is double in the data but string in the table"):
+        sink.commit(JOB, 1, files, offsets={("orders", 0): 10}, cluster_id="c1")
+    assert catalog.load_table((namespace, "orders")).current_snapshot() is None
