@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CHANDY := $(VENV)/bin/chandy
 
-.PHONY: setup kafka-jars schema-registry iceberg-rest azurite test-tools check demo test bench bench-setup bench-streaming clean
+.PHONY: setup kafka-jars schema-registry iceberg-rest azurite test-tools check docs demo test bench bench-setup bench-streaming clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,11 @@ check: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# the documentation site (mkdocs.yml): the pages of docs/ and the API reference rendered from the
+# docstrings, into site/; --strict fails on a broken link, anchor or cross-reference
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 # what the tests need besides Python packages: stop at once, in one line, naming what to install
 test-tools:
 	@command -v java >/dev/null 2>&1 || { echo "make test needs Java 17+: apt-get install openjdk-17-jre-headless"; exit 1; }
@@ -78,11 +83,11 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	touch $@
 
 # throughput (raw, JSON and Avro values) and end-to-end latency, Chandy and Structured Streaming side by
-# side, medians of 5 runs: results in benchmarks/results/, the README's tables generated from them
+# side, medians of 5 runs: results in benchmarks/results/, the tables of docs/benchmarks.md generated from them
 bench-streaming: bench-setup kafka-jars
 	$(BENCH_VENV)/bin/python benchmarks/pipeline_vs_structured_streaming.py --suite
 	$(BENCH_VENV)/bin/python benchmarks/end_to_end_latency.py
-	$(BENCH_VENV)/bin/python benchmarks/results_table.py --write README.md
+	$(BENCH_VENV)/bin/python benchmarks/results_table.py --write docs/benchmarks.md
 
 clean:
 	-$(CHANDY) kafka down

@@ -25,7 +25,7 @@ Prints p50 / p95 / p99 / max over the whole run and over the steady state (recor
 ``--steady-after`` seconds (40) after the first), per run and as the median of the runs with min
 and max, and writes them with the versions, cores and memory to
 ``benchmarks/results/end_to_end_latency.json`` (``--out``); ``benchmarks/results_table.py``
-prints the README's table from it.
+prints the table of ``docs/benchmarks.md`` from it.
 """
 
 from __future__ import annotations

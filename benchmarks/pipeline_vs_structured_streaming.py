@@ -15,7 +15,7 @@ confluent-kafka + pyarrow process per core, no Spark). It prints each checkpoint
 and p95: :data:`chandy.connectors.spark.options.CHECKPOINT_PHASES`) beside Structured Streaming's
 ``durationMs`` breakdown, and writes everything with the versions, cores and memory to
 ``benchmarks/results/throughput.json`` (``--out``), from which ``benchmarks/results_table.py``
-prints the README's tables.
+prints the tables of ``docs/benchmarks.md``.
 
 1. Produces N records (default 5,000,000) of about 200 bytes over 8 partitions, once (a topic
    that already holds them is reused).
@@ -33,7 +33,7 @@ the Iceberg / Delta ratio; ``--no-structured-streaming`` skips Spark's run (it n
 
 ``--delta-spark-version V`` adds the fair exactly-once peer, Structured Streaming into a Delta table
 (io.delta:delta-spark_2.13:V); delta-spark and spark-sql-kafka must exist for the installed
-pyspark (Maven Central lags PyPI): for pyspark 4.2.0 use delta-spark 4.4.0 (see the README).
+pyspark (Maven Central lags PyPI): for pyspark 4.2.0 use delta-spark 4.4.0 (see ``docs/benchmarks.md``).
 
 ``--memory-sweep`` runs Chandy again at 50,000 and at 2,000,000 records per checkpoint (bounded
 by ``--write-buffer-bytes``), and at 2,000,000 with an unbounded buffer (the whole checkpoint held

@@ -1,9 +1,11 @@
-"""The README's performance tables, generated from the benchmarks' JSON results.
+"""The performance tables of ``docs/benchmarks.md`` (section "Performance"), generated from the
+benchmarks' JSON results.
 
-Run: ``.venv/bin/python benchmarks/results_table.py`` prints them (Markdown);
-``--write README.md`` replaces what lies between ``<!-- performance:begin -->`` and
-``<!-- performance:end -->`` there. Reads ``benchmarks/results/throughput.json``
-(``pipeline_vs_structured_streaming.py --suite``) and ``benchmarks/results/end_to_end_latency.json``
+Run: ``.venv/bin/python benchmarks/results_table.py`` prints them (Markdown); ``--write`` replaces
+what lies between ``<!-- performance:begin -->`` and ``<!-- performance:end -->`` in
+``docs/benchmarks.md`` (``--write FILE``: in another Markdown file). Reads ``benchmarks/results/throughput.json``
+(``pipeline_vs_structured_streaming.py --suite``), ``benchmarks/results/binary_formats.json`` (the same
+with ``--formats raw avro protobuf``) and ``benchmarks/results/end_to_end_latency.json``
 (``end_to_end_latency.py``); a missing file's table is left out.
 """
 
@@ -15,6 +17,8 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: The page that holds the tables, between the markers (tests/cli/test_benchmark_results.py checks it).
+DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 NAMES = {"chandy": "Chandy → Delta", "ss_parquet": "Structured Streaming → Parquet",
          "ss_delta": "Structured Streaming → Delta", "floor": "floor (confluent-kafka + pyarrow, no Spark)"}
@@ -107,7 +111,8 @@ def tables() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", type=Path, help="a Markdown file whose performance markers to fill")
+    parser.add_argument("--write", type=Path, nargs="?", const=DOCUMENT, metavar="FILE",
+                        help="fill the performance markers of FILE (default: docs/benchmarks.md)")
     args = parser.parse_args()
     text = tables()
     if args.write is None:

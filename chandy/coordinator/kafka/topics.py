@@ -38,7 +38,7 @@ DEFAULT_PREFIX = "chandy"
 #: ``min.compaction.lag.ms`` (and ``delete.retention.ms``) of a new coordinator log: 7 days, the
 #: checkpoint-events topic's retention. Records younger than this are never compacted, so
 #: ``chandy log replay --until`` is exact for (at least) the last 7 days; the price is a log that
-#: keeps every record of that window, which a restarting coordinator reads (README, "Replaying").
+#: keeps every record of that window, which a restarting coordinator reads (docs/replay.md).
 DEFAULT_LOG_HISTORY_MS = 7 * 24 * 3600 * 1000
 
 
