@@ -66,7 +66,7 @@ def check_exactly_once(servers: str, warehouse: Path, table_name: str, content: 
 
 #: make test kills at the steps where Iceberg's commit differs from Delta's (the table commit, its
 #: event, the offsets after it); the other steps, the same code as Delta's (tests/pipeline/
-#: test_pipeline_exactly_once.py kills at every step), run with -m slow, as the README says
+#: test_pipeline_exactly_once.py kills at every step), run with -m slow, as docs/testing.md says
 ICEBERG_STEPS = ("before-lake-commit", "before-lake-event", "before-offset-commit")
 
 

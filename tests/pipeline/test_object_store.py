@@ -1,6 +1,6 @@
 """Issue 34: the pipeline on an object store (a local S3 API server, moto), as a user runs it:
 ``chandy pipeline run`` in its own process, the S3 settings in the environment under the names
-the README documents, the table and the checkpoints on ``s3://``, for Delta and for Iceberg.
+docs/object-storage.md documents, the table and the checkpoints on ``s3://``, for Delta and for Iceberg.
 Each test compares every field of every landed record with what was produced, read back with
 deltalake or pyiceberg (not the writer) in a separate process.
 

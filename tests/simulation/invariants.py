@@ -22,8 +22,8 @@ simulation"). Each violation is (invariant, what was seen):
   where the job started) is in the tables when the event is published, and no record stamped
   before W comes later into a partition no table held a record of when W was claimed (a
   partition never read holds the watermark back, as a Flink split that emitted nothing; a record
-  stamped before W in a partition read already is late data, which a watermark allows). README,
-  "The completeness watermark".
+  stamped before W in a partition read already is late data, which a watermark allows). docs/pipeline.md,
+  "A completeness watermark".
 
 With routed tables (``Config.routed``) the table is their union: a partition's records land in
 one of them, every table's commits and files count, an event is checked against its own table's

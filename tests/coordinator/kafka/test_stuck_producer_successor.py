@@ -1,7 +1,7 @@
 """Issue 44, item 2, on a real broker: a coordinator whose ``send_offsets_to_transaction`` hangs
 (librdkafka issues 5456/5511) must never fence a coordinator of the same job started meanwhile
 and then write from its memory. Run A hangs; run B of the same job is started as a plain run
-(no standby: the README's way to restart a job), fences A, and commits the consumer group
+(no standby: docs/operations.md's way to restart a job), fences A, and commits the consumer group
 further; when A's stuck call times out, A's replacement producer may fence B, but A then reads
 the log, finds B's newer epoch, and stops as fenced without writing: the group never moves back
 and the log holds nothing of A's epoch after B's."""
