@@ -96,7 +96,7 @@ def test_a_transform_needs_the_executors_python_path_to_run_on_the_driver_too(tm
 
 
 def test_a_py4j_error_without_a_python_cause_is_reported_by_its_java_cause() -> None:
-    from chandy.connectors.spark.cluster import root_cause
+    from chandy.connectors.spark.driver.failures import root_cause
 
     text = ("An error occurred while calling o53.load.\n: org.apache.spark.SparkException: [PYTHON_WORKER] failed\n"
             "\tat org.apache.spark.api.python.PythonWorkerFactory.create(PythonWorkerFactory.scala:1)\n"

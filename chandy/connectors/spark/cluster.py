@@ -1,6 +1,6 @@
 """Where the pipeline runs: local masters and clusters, the default parallelism, task retries, the
-executors' Python and the task code shipped to them, user transforms, and the root cause of a
-Spark failure."""
+executors' Python and the task code shipped to them (and the warm-up their Python workers run), and
+user transforms. Why a Spark job failed is told by :mod:`chandy.connectors.spark.driver.failures`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from chandy.connectors.spark.options import DETERMINISTIC_ERRORS, PipelineError
+from chandy.connectors.spark.options import PipelineError
 from chandy.connectors.spark.spark_urls import is_local_master
 
 log = logging.getLogger(__name__)
@@ -178,29 +178,3 @@ def load_transform(spec: str) -> Callable[[Any], Any]:
     if not callable(transform):
         raise PipelineError(f"--transform {spec}: {module_name} has no function {function!r}")
     return transform
-
-
-_CAUSE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Invalid)): (.+)$", re.MULTILINE)
-_WRAPPERS = {"PythonException", "Py4JJavaError", "SparkException", "AnalysisException", "CheckpointException"}
-_JAVA_CAUSE = re.compile(r"^Caused by: (?:[A-Za-z_][\w$]*\.)*([A-Za-z_][\w$]*): (.+)$", re.MULTILINE)
-
-
-def root_cause(error: BaseException | str) -> str:
-    """The one line that says why: the first error raised by our own code in a Spark task (its
-    class and message), else the innermost Python error, else the outermost Java cause of a
-    Py4J error (the first ``Caused by: ...`` that is not a wrapper), else the first line of ``error``."""
-    text = str(error)
-    found = [(m.group(1), m.group(2).strip()) for m in _CAUSE.finditer(text) if m.group(1) not in _WRAPPERS]
-    for name, message in found:
-        if name in DETERMINISTIC_ERRORS:
-            return f"{name}: {message}"
-    if found:
-        name, message = found[-1]
-        return f"{name}: {message}"
-    java = [(m.group(1), m.group(2).strip()) for m in _JAVA_CAUSE.finditer(text) if m.group(1) not in _WRAPPERS]
-    if java:
-        name, message = java[0]
-        return f"{name}: {message}"
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
-    return first
-

@@ -14,11 +14,13 @@ import re
 
 from pyspark.sql import types as T
 
-from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.errors import SuppressRestartsError
 
 
-class DdlError(ChandyError):
-    """A DDL schema that does not parse; the message gives the position and what was expected."""
+class DdlError(SuppressRestartsError):
+    """A DDL schema that does not parse; the message gives the position and what was expected. The
+    same text fails the same way on every attempt, so no restart cures it (Flink's
+    ``SuppressRestartsException``): a micro-batch that fails with it fails the job."""
 
 
 _PRIMITIVES: dict[str, T.DataType] = {

@@ -1,7 +1,7 @@
 """The pipeline's settings and outcomes: :class:`PipelineOptions` (every setting, one field each,
 with its default), the errors a run raises, the progress of a micro-batch and the summary of a
 run; the job ID a table and topics give. The CLI builds the options; the driver
-(:mod:`chandy.connectors.spark.pipeline`) runs them."""
+(:mod:`chandy.connectors.spark.driver`) runs them."""
 
 from __future__ import annotations
 
@@ -29,13 +29,6 @@ log = logging.getLogger(__name__)
 
 SOURCE_OPERATOR = "kafka-source"
 SINK_OPERATOR = "lake-sink"
-
-#: errors a retry cannot fix: the job stops at the first one instead of retrying (a module missing
-#: in the executors' Python survived Spark's own task retries, on any executor it tried)
-DETERMINISTIC_ERRORS = ("BadRecordError", "LakeSchemaError", "DdlError", "AvroValueSchemaError", "SchemaChangeError",
-                        "KafkaDataLossError", "ProtobufSchemaError",
-                        "ModuleNotFoundError")
-
 
 class PipelineError(ChandyError):
     """The pipeline cannot start or had to stop (the message says why, in one line)."""
@@ -357,7 +350,24 @@ class PipelineOptions:
         "Protobuf and JSON Schema: Confluent-framed, through the Schema Registry)."))
 
     def __post_init__(self) -> None:
+        """Validate the options, in the order a user meets them (the source, the values, the
+        limits, routing and changes, the table, the schemas), and normalise ``table_uri`` and
+        ``id_columns``.
+
+        Raises:
+            PipelineError: the first inconsistent or malformed option, in one line.
+            DdlError, AvroValueSchemaError: a ``--value-schema`` that does not parse.
+        """
         _restart_strategy_options(self.flink_conf, self.restart_strategy)  # a bad -D restart-strategy.* fails now
+        self._check_source()
+        self._check_value_format()
+        self._check_limits()
+        self._check_routing_and_cdc()
+        self._check_table()
+        self._check_schemas()
+
+    def _check_source(self) -> None:
+        """The topics (a list or a pattern), ``--remote``, and the starting and ending offsets."""
         if bool(self.topics) == bool(self.topic_pattern):
             raise PipelineError("give topics (a list) or a topic pattern (a regex), not both and not neither")
         if self.remote is not None and not re.fullmatch(r"sc://(\[[0-9A-Fa-f:.]+\]|[^/;:\s\[\]]+)(:\d+)?/?(;.*)?",
@@ -375,6 +385,9 @@ class PipelineOptions:
                 parse_offsets_spec(self.ending_offsets, "--ending-offsets", ending=True)
         except OffsetsSpecError as exc:
             raise PipelineError(str(exc)) from exc
+
+    def _check_value_format(self) -> None:
+        """The value format with its schema, Schema Registry, subject and framing."""
         if self.value_format not in (None, "json", "avro", "json-schema", "protobuf"):
             raise PipelineError(f"value format must be json, avro, json-schema or protobuf, got {self.value_format!r}")
         if self.value_format == "protobuf" and (not self.schema_registry or self.value_schema or self.cdc):
@@ -403,6 +416,10 @@ class PipelineOptions:
                                 "protobuf or json-schema")
         if self.schema_registry and "url" not in self.schema_registry:
             raise PipelineError("Schema Registry settings need a url (--schema-registry-url)")
+
+    def _check_limits(self) -> None:
+        """The transform's spelling, bad records and dead letters, and the numeric bounds (bytes,
+        checkpoints, hours, a port)."""
         if self.transform and ":" not in self.transform:
             raise PipelineError(f"--transform takes module:function, got {self.transform!r}")
         if self.errors_tolerance not in ("none", "all"):
@@ -424,7 +441,10 @@ class PipelineOptions:
             raise PipelineError(f"--vacuum-retention-hours takes hours >= 0, got {self.vacuum_retention_hours}")
         if self.optimize_target_size is not None and self.optimize_target_size < 1:
             raise PipelineError(f"--optimize-target-size takes bytes >= 1, got {self.optimize_target_size}")
-        self._check_routing_and_cdc()
+
+    def _check_table(self) -> None:
+        """``--partition-by`` and ``--table-property`` (the format's names), then ``table_uri``
+        normalised to an absolute URI."""
         from chandy.connectors.lake.partitioning import PartitionSpecError, parse_partition_by
 
         try:
@@ -442,6 +462,15 @@ class PipelineOptions:
         except ValueError as exc:
             raise PipelineError(f"--table-property {exc}") from exc
         object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
+
+    def _check_schemas(self) -> None:
+        """The value schema (Spark DDL, or Avro: with ``--cdc debezium`` the envelope's row) and
+        the Avro key schema parse.
+
+        Raises:
+            DdlError, AvroValueSchemaError: the value schema (the error names where it fails).
+            PipelineError: the key schema.
+        """
         if self.value_format in ("json", "json-schema") and self.value_schema:
             from chandy.connectors.spark.ddl import parse_ddl
 

@@ -1,6 +1,16 @@
-"""The pipeline's checks before Spark starts (:meth:`PipelinePreflight.preflight`): the brokers,
-the Kafka settings and ACLs, the table's location and schema, and the reconciliation of the
-table with the coordinator log and the consumer group (see :mod:`chandy.connectors.spark.pipeline`)."""
+"""The pipeline's checks before Spark starts (:meth:`Preflight.run`): the brokers, the Kafka
+settings and ACLs, the table's location and schema, and the reconciliation of the table with the
+coordinator log and the consumer group (:meth:`Preflight.reconcile`, again before each restart):
+
+1. the table's commits record, per job, the end offset of every (topic, partition) they cover;
+   another job that landed one of this job's partitions into the table is an error;
+2. the coordinator log is read (read-only); when it holds no completed checkpoint at or after the
+   table's (lost, recreated, or a new Kafka cluster with the same topics), the job resumes from
+   the table's offsets and says so in one line (``resume_from_table=False`` refuses instead);
+3. checkpoint IDs continue above the table's newest (Flink's ``CheckpointIDCounter.setCount``),
+   no range starts below the table's offsets (the source's ``offset_floor``), and a consumer group
+   ahead of the table is moved back to it: offsets are never committed past what the table holds.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +25,9 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaExcep
 
 from chandy.connectors.kafka.source.subscriber import subscribed_topics
 from chandy.connectors.lake.sink import TP
-from chandy.connectors.spark.driver_core import PipelineCore
-from chandy.connectors.spark.options import (
-    PipelineError,
-)
+from chandy.connectors.spark.driver.decoders import DecoderFactory
+from chandy.connectors.spark.driver.state import DriverState
+from chandy.connectors.spark.options import PipelineError
 from chandy.connectors.spark.spark_urls import is_local_master, redact_remote
 from chandy.coordinator.filesystems import StorageBackendError, is_local, open_filesystem, storage_error_cause
 from chandy.coordinator.kafka import config as kafka_config
@@ -28,10 +37,17 @@ from chandy.formats.registry import RegistryError
 log = logging.getLogger(__name__)
 
 
-class PipelinePreflight(PipelineCore):
-    """The preflight part of :class:`~chandy.connectors.spark.pipeline.Pipeline`."""
+class Preflight:
+    """The checks of one run before Spark starts, each done once (see the module docstring); the
+    reconciliation again before every restart's attempt (:meth:`reconcile`)."""
 
-    def preflight(self) -> None:
+    def __init__(self, state: DriverState, decoders: DecoderFactory) -> None:
+        self.state = state
+        self.decoders = decoders
+        self._done = False
+        self._static_checked = False
+
+    def run(self) -> None:
         """Check and reconcile before Spark starts (see the module docstring).
 
         Raises:
@@ -40,21 +56,21 @@ class PipelinePreflight(PipelineCore):
                 data in the table, a table from another Kafka cluster, or (with
                 ``resume_from_table=False``) a coordinator log behind the table.
         """
-        if self._preflight_done:
+        if self._done:
             return
-        opts = self.options
+        opts = self.state.options
         started = time.monotonic()
         self.check_static()
         try:
-            self.decoder = self._decoder_from_known_schema()
+            self.state.decoder = self.decoders.from_known_schema()
         except RegistryError as exc:  # the registry's refusal or silence fails the start, as any setting's
             raise PipelineError(str(exc)) from exc
-        if self._transform is None and (opts.value_format is None or self.decoder is not None):
-            self._check_output_schema(self._output_schema())
+        if self.state.transform is None and (opts.value_format is None or self.state.decoder is not None):
+            self.decoders.check_output_schema(self.decoders.output_schema())
         checked = time.monotonic()
-        self._reconcile()
-        self._preflight_done = True
-        log.info("job %s: preflight %.2f s (checks %.2f s, reconciling the table and the log %.2f s)", self.job_id,
+        self.reconcile()
+        self._done = True
+        log.info("job %s: preflight %.2f s (checks %.2f s, reconciling the table and the log %.2f s)", self.state.job_id,
                  time.monotonic() - started, checked - started, time.monotonic() - checked)
 
     def check_static(self) -> None:
@@ -63,7 +79,7 @@ class PipelinePreflight(PipelineCore):
         so a misconfigured standby fails at once and its take-over does not pay them.
 
         Raises:
-            PipelineError: as :meth:`preflight`.
+            PipelineError: as :meth:`run`.
         """
         if self._static_checked:
             return
@@ -74,7 +90,7 @@ class PipelinePreflight(PipelineCore):
         self._static_checked = True
 
     def _check_kafka(self) -> None:
-        opts = self.options
+        opts = self.state.options
         for what, make in (("-X (consumer)", lambda: kafka_config.consumer(opts.bootstrap_servers,
                                                                            overrides=dict(opts.consumer_overrides))),
                            ("--producer-property", lambda: kafka_config.producer(
@@ -93,7 +109,7 @@ class PipelinePreflight(PipelineCore):
                                                                    **kafka_config.security_settings(opts.consumer_overrides)})
         try:
             metadata = admin.list_topics(timeout=15)
-            self.cluster_id = metadata.cluster_id
+            self.state.cluster_id = metadata.cluster_id
         except KafkaException as exc:
             raise PipelineError(f"cannot reach Kafka at {opts.bootstrap_servers} within 15 s: "
                                 f"{exc.args[0].str() if exc.args else exc}") from exc
@@ -104,10 +120,10 @@ class PipelinePreflight(PipelineCore):
                 hidden = (" (or not visible to this principal: give it READ on them, `chandy topics acls --source-topic`)"
                           if kafka_config.security_settings(opts.consumer_overrides) else "")
                 raise PipelineError(f"topic(s) not found on {opts.bootstrap_servers}: {', '.join(missing)}{hidden}")
-        self.topic_names = subscribed_topics(available, opts.topics, opts.topic_pattern)
-        if not self.topic_names:
+        self.state.topic_names = subscribed_topics(available, opts.topics, opts.topic_pattern)
+        if not self.state.topic_names:
             raise PipelineError(f"no topic matches {opts.topic_pattern!r} on {opts.bootstrap_servers}")
-        self.partitions = [(t, p) for t in self.topic_names for p in sorted(metadata.topics[t].partitions)]
+        self.state.partitions = [(t, p) for t in self.state.topic_names for p in sorted(metadata.topics[t].partitions)]
         if opts.dead_letter_topic and opts.dead_letter_topic not in available:
             raise PipelineError(f"dead-letter topic {opts.dead_letter_topic} not found on {opts.bootstrap_servers} "
                                 "(create it first, with the retention you want for bad records)")
@@ -124,17 +140,17 @@ class PipelinePreflight(PipelineCore):
         """
         from chandy.connectors.kafka.source.reader import SourceAuthorizationError, check_read_access
 
-        opts = self.options
+        opts = self.state.options
         tasks = opts.task_consumer_overrides
         try:
-            check_read_access(opts.bootstrap_servers, self.partitions, tasks)
+            check_read_access(opts.bootstrap_servers, self.state.partitions, tasks)
         except SourceAuthorizationError as exc:
             raise PipelineError(f"the Spark tasks' principal ({tasks.get('sasl.username', 'from -X/--worker-property')}) "
                                 f"may not read the source: {exc}; grant it with `chandy topics acls --worker ... "
                                 "--source-topic ...`") from exc
         group = opts.resolved_group_id
         admin = kafka_config.admin_client(opts.bootstrap_servers, kafka_config.security_settings(opts.consumer_overrides))
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in self.partitions])
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in self.state.partitions])
         refused: list[KafkaError] = []
         try:  # OffsetFetch: what the enumerator's commits need first (DESCRIBE on the group, READ grants it)
             answer = admin.list_consumer_group_offsets([request], request_timeout=30)[group].result()
@@ -149,14 +165,14 @@ class PipelinePreflight(PipelineCore):
 
     def _check_table_location(self) -> None:
         try:
-            self.table_fields = self.sink.table_fields()
+            self.state.table_fields = self.state.sink.table_fields()
         except Exception as exc:  # delta-rs, pyiceberg and fsspec raise many types
-            raise PipelineError(f"cannot read table {self.sink.table_uri}: {storage_error_cause(exc)}") from exc
-        location = self.sink.fs.unstrip_protocol(self.sink.root)
-        where = self.sink.table_uri if location.rstrip("/") == self.sink.table_uri.rstrip("/") else \
-            f"{self.sink.table_uri} (at {location})"
+            raise PipelineError(f"cannot read table {self.state.sink.table_uri}: {storage_error_cause(exc)}") from exc
+        location = self.state.sink.fs.unstrip_protocol(self.state.sink.root)
+        where = self.state.sink.table_uri if location.rstrip("/") == self.state.sink.table_uri.rstrip("/") else \
+            f"{self.state.sink.table_uri} (at {location})"
         try:
-            _probe_write(self.sink.fs, self.sink.root)
+            _probe_write(self.state.sink.fs, self.state.sink.root)
         except Exception as exc:  # every storage error means "not writable"
             raise PipelineError(f"table location {where} is not writable: {storage_error_cause(exc)}") from exc
 
@@ -164,12 +180,12 @@ class PipelinePreflight(PipelineCore):
         """The checkpoint directory (``--checkpoint-dir``, Flink's ``state.checkpoints.dir``) is
         a store of its own when it is not inside the table: its backend, bucket and credentials
         are checked as the table's are."""
-        checkpoint_dir = self.options.resolved_checkpoint_dir
-        location = self.sink.fs.unstrip_protocol(self.sink.root).rstrip("/")
-        if any(checkpoint_dir.startswith(f"{root.rstrip('/')}/") for root in (self.sink.table_uri, location)):
+        checkpoint_dir = self.state.options.resolved_checkpoint_dir
+        location = self.state.sink.fs.unstrip_protocol(self.state.sink.root).rstrip("/")
+        if any(checkpoint_dir.startswith(f"{root.rstrip('/')}/") for root in (self.state.sink.table_uri, location)):
             return  # inside the table (the default): its location was just probed
         try:
-            fs, path = open_filesystem(checkpoint_dir, self.options.storage_options)
+            fs, path = open_filesystem(checkpoint_dir, self.state.options.storage_options)
             _probe_write(fs, path)
         except StorageBackendError as exc:
             raise PipelineError(str(exc)) from exc
@@ -181,16 +197,16 @@ class PipelinePreflight(PipelineCore):
         """Tasks write the table's files (and bad records) where the driver then commits them
         from: off a local master, a local-filesystem path works only when every executor sees the
         driver's directory (one machine, or a shared mount); say so once, before Spark starts."""
-        opts = self.options
+        opts = self.state.options
         where = f"Spark Connect server {redact_remote(opts.remote)}" if opts.remote else f"master {opts.master}"
         if opts.remote and re.match(r"sc://(localhost|127\.0\.0\.1|\[::1\])[:/;]?", opts.remote):
             return  # a server on this machine sees its files
         if not opts.remote and is_local_master(opts.master):
             return
-        protocol = self.sink.fs.protocol
+        protocol = self.state.sink.fs.protocol
         local = []
         if {"file", "local"} & set(protocol if isinstance(protocol, (tuple, list)) else (protocol,)):
-            local.append(f"table {self.sink.table_uri}")
+            local.append(f"table {self.state.sink.table_uri}")
         checkpoint_dir = opts.resolved_checkpoint_dir
         if checkpoint_dir.startswith(("file:", "local:")) or "://" not in checkpoint_dir:
             local.append(f"checkpoint directory {checkpoint_dir}")
@@ -199,56 +215,63 @@ class PipelinePreflight(PipelineCore):
                         "directory (one machine, or a shared mount); on a cluster use shared storage (s3://, "
                         "abfss://, gs://, hdfs://)", " and ".join(local), where)
 
-    def _reconcile(self) -> None:
-        """Steps 1 to 3 of the module docstring."""
+    def reconcile(self) -> None:
+        """Steps 1 to 3 of the module docstring: the table's progress into
+        :attr:`DriverState.table_progress`, the checkpoint ID floor, notices, and the group rewound.
+
+        Raises:
+            PipelineError: another job's partitions in the table, a table from another Kafka
+                cluster, a log behind the table with ``--no-resume-from-table``, or Kafka did not
+                answer the group's offsets.
+        """
         from chandy.coordinator.kafka.log import load_state
 
-        opts = self.options
-        progress = self.sink.progress(self.job_id, self.partitions)
-        self.table_progress = progress
-        mine = set(self.partitions)
+        opts = self.state.options
+        progress = self.state.sink.progress(self.state.job_id, self.state.partitions)
+        self.state.table_progress = progress
+        mine = set(self.state.partitions)
         for other, offsets in sorted(progress.other_jobs.items()):
             shared = sorted(mine & set(offsets))
             if shared:
                 topic, partition = shared[0]
                 raise PipelineError(
-                    f"table {self.sink.table_uri} already holds {topic}-{partition} (and {len(shared) - 1} more "
+                    f"table {self.state.sink.table_uri} already holds {topic}-{partition} (and {len(shared) - 1} more "
                     f"partition(s)) landed by job {other}; two jobs landing one partition would duplicate it: "
                     f"pass --job-id {other} to resume that job")
         if progress.checkpoint_id is None:
             return
-        if progress.cluster_id and self.cluster_id and progress.cluster_id != self.cluster_id:
+        if progress.cluster_id and self.state.cluster_id and progress.cluster_id != self.state.cluster_id:
             raise PipelineError(
-                f"table {self.sink.table_uri} was landed by job {self.job_id} from Kafka cluster {progress.cluster_id}, "
-                f"but {opts.bootstrap_servers} is cluster {self.cluster_id}: offsets do not carry over between "
+                f"table {self.state.sink.table_uri} was landed by job {self.state.job_id} from Kafka cluster {progress.cluster_id}, "
+                f"but {opts.bootstrap_servers} is cluster {self.state.cluster_id}: offsets do not carry over between "
                 "clusters; land this cluster's topics with a new --job-id (or into a new table)")
         topics = ChandyTopics(opts.prefix)
         ensure_topics(kafka_config.admin_client(opts.bootstrap_servers, kafka_config.security_settings(opts.consumer_overrides)), topics)
-        state, _ = load_state(opts.bootstrap_servers, topics.coordinator_log, self.job_id,
+        state, _ = load_state(opts.bootstrap_servers, topics.coordinator_log, self.state.job_id,
                               consumer_overrides=dict(opts.consumer_overrides), timeout_s=60)
         completed = state.completed(savepoints=False)
         latest = completed[-1].checkpoint_id if completed else None
-        self._checkpoint_id_floor = progress.checkpoint_id + 1
+        self.state.checkpoint_id_floor = progress.checkpoint_id + 1
         if latest is None or latest < progress.checkpoint_id:
             where = ", ".join(f"{t}-{p}@{o}" for (t, p), o in sorted(progress.offsets.items())[:6])
             more = "" if len(progress.offsets) <= 6 else f" and {len(progress.offsets) - 6} more"
             log_state = "has no completed checkpoint" if latest is None else f"ends at checkpoint {latest}"
             if not opts.resume_from_table:
                 raise PipelineError(
-                    f"the coordinator log of job {self.job_id} {log_state} but table {self.sink.table_uri} holds "
+                    f"the coordinator log of job {self.state.job_id} {log_state} but table {self.state.sink.table_uri} holds "
                     f"checkpoint {progress.checkpoint_id}; refusing to guess (--no-resume-from-table)")
             if latest is None:
-                self._notice(f"the coordinator log of job {self.job_id} has no completed checkpoint, the table holds "
+                self.state.notice(f"the coordinator log of job {self.state.job_id} has no completed checkpoint, the table holds "
                              f"checkpoint {progress.checkpoint_id}: resuming from the table's offsets ({where}{more}); "
                              f"checkpoint IDs continue at {progress.checkpoint_id + 1}")
             else:  # the normal case after a stop between the lake commit and its log record
-                self._notice(f"the table already holds checkpoint {progress.checkpoint_id}, ahead of the coordinator "
+                self.state.notice(f"the table already holds checkpoint {progress.checkpoint_id}, ahead of the coordinator "
                              f"log at {latest} (it was committed to the lake just before the last run stopped): "
                              f"resuming from the table ({where}{more}); checkpoint IDs continue at "
                              f"{progress.checkpoint_id + 1}")
-        self._rewind_group_past_table(progress.offsets)
+        self.rewind_group_past_table(progress.offsets)
 
-    def _rewind_group_past_table(self, table_offsets: Mapping[TP, int]) -> None:
+    def rewind_group_past_table(self, table_offsets: Mapping[TP, int]) -> None:
         """A consumer group ahead of the table is moved back to the table's offsets.
 
         The group's offsets are read with ``isolation.level=read_uncommitted``: its committed
@@ -262,7 +285,7 @@ class PipelinePreflight(PipelineCore):
         Raises:
             PipelineError: Kafka did not answer (naming the group and the error).
         """
-        opts = self.options
+        opts = self.state.options
         if not table_offsets:
             return
         consumer = kafka_config.consumer(opts.bootstrap_servers, group_id=opts.resolved_group_id,
@@ -277,12 +300,10 @@ class PipelinePreflight(PipelineCore):
                      for tp in committed if tp.offset >= 0 and tp.offset > table_offsets[(tp.topic, tp.partition)]]
             if ahead:
                 consumer.commit(offsets=ahead, asynchronous=False)
-                self._notice(f"consumer group {opts.resolved_group_id} was ahead of the table on {len(ahead)} "
+                self.state.notice(f"consumer group {opts.resolved_group_id} was ahead of the table on {len(ahead)} "
                              "partition(s): moved back to the table's offsets")
         finally:
             consumer.close()
-
-    # -- setup -------------------------------------------------------------------------------------
 
 
 def _probe_write(fs: Any, root: str) -> None:

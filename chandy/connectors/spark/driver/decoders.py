@@ -1,6 +1,7 @@
-"""How the driver decodes values and shapes the output: the value decoder (a known schema, or
-inferred from the first micro-batch), the output schema with a ``--transform``, and its check
-against the table."""
+"""The decoder factory: which :class:`~chandy.formats.decoder.ValueDecoder` a job's options give
+(a known schema: DDL, Avro, a Schema Registry subject, the table's columns; or inferred from the
+first micro-batch's JSON), the output schema the tasks write, its check against the table, and
+the decode step of a ``--transform``'s DataFrame (Spark's ``mapInArrow``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pyarrow as pa
 from chandy.connectors.kafka.source.reader import KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
 from chandy.connectors.lake.sink import LakeSchemaError
-from chandy.connectors.spark.driver_core import PipelineCore
+from chandy.connectors.spark.driver.state import DriverState
 from chandy.connectors.spark.options import (
     PipelineError,
 )
@@ -27,8 +28,14 @@ from chandy.formats.type_mapping import inferred_json_type
 log = logging.getLogger(__name__)
 
 
-class PipelineDecoding(PipelineCore):
-    """The decoding part of :class:`~chandy.connectors.spark.pipeline.Pipeline`."""
+class DecoderFactory:
+    """Which :class:`~chandy.formats.decoder.ValueDecoder` a job's options give (the value and
+    key formats, a schema, a Schema Registry subject, the table's columns), what its output
+    schema is, and whether the table takes it. The decoder itself is :attr:`DriverState.decoder`:
+    the preflight sets it from a known schema, the first micro-batch infers it otherwise."""
+
+    def __init__(self, state: DriverState) -> None:
+        self.state = state
 
     def _value_columns(self, struct: Any) -> tuple[pa.Schema, tuple[str, ...]]:
         """Spark StructType of the value -> (landed Arrow columns, names in the value)."""
@@ -39,7 +46,7 @@ class PipelineDecoding(PipelineCore):
         return pa.schema(renamed), tuple(f.name for f in arrow)
 
     def _make_decoder(self, columns: pa.Schema, names: tuple[str, ...], unknown_fields: str) -> ValueDecoder:
-        opts = self.options
+        opts = self.state.options
         keep = tuple(c for c in KAFKA_COLUMNS if c != "value" or opts.keep_raw_value)
         value_format = "json" if opts.value_format in (None, "json-schema") else opts.value_format
         columns, names, key_columns, key_names = self._key_columns(columns, names)
@@ -63,15 +70,23 @@ class PipelineDecoding(PipelineCore):
         from a registry, and JSON keys, start from the table's alone (new fields add columns)."""
         from chandy.formats.keys import FIELD_KEY_FORMATS, split_key_columns
 
-        opts = self.options
+        opts = self.state.options
         if opts.key_format not in FIELD_KEY_FORMATS:
             return columns, names, pa.schema([]), ()
         return split_key_columns(columns, names, opts.key_schema if opts.key_format == "avro" else None)
 
-    def _decoder_from_known_schema(self) -> ValueDecoder | None:
+    def from_known_schema(self) -> ValueDecoder | None:
         """The decoder when the value's columns are known before reading: a DDL, an Avro schema,
-        or (inferred JSON) an existing table's columns. None: JSON to infer from the first batch."""
-        opts = self.options
+        a Schema Registry subject's latest version, or (inferred JSON) an existing table's columns;
+        with raw values, a decoder of the keys alone (``--key-format``). None: raw values and keys,
+        or JSON to infer from the first micro-batch (:meth:`infer`).
+
+        Raises:
+            PipelineError: a registry subject whose schema has no columns Chandy can map.
+            RegistryError: the Schema Registry refused or did not answer.
+            DdlError, AvroValueSchemaError: a value schema that does not parse.
+        """
+        opts = self.state.options
         if opts.value_format is None:  # raw values: a decoder only for the keys
             if opts.key_format == "raw":
                 return None
@@ -94,7 +109,7 @@ class PipelineDecoding(PipelineCore):
 
             columns, names = self._value_columns(parse_ddl(opts.value_schema))
             return self._make_decoder(columns, names, "ignore")
-        if self.table_fields is not None and self._transform is None:
+        if self.state.table_fields is not None and self.state.transform is None:
             arrow, names = self._table_columns()
             return self._make_decoder(arrow, names, self._unknown_fields)
         return None
@@ -103,14 +118,14 @@ class PipelineDecoding(PipelineCore):
         """The existing table's value columns (Arrow) and each one's name in the value."""
         from chandy.connectors.spark.task.route import value_columns
 
-        assert self.table_fields is not None
-        return value_columns(self.table_fields)
+        assert self.state.table_fields is not None
+        return value_columns(self.state.table_fields)
 
     def _with_table_columns(self, columns: pa.Schema, names: tuple[str, ...]) -> tuple[pa.Schema, tuple[str, ...]]:
         """``columns`` from a registry's schema, then the existing table's other columns (added by
         earlier writer schemas, which a later version may have dropped): they stay; a column the
         table has widened (int to long, ...) keeps the table's wider type."""
-        if self.table_fields is None:
+        if self.state.table_fields is None:
             return columns, names
         from chandy.formats.type_mapping import widens
 
@@ -136,12 +151,12 @@ class PipelineDecoding(PipelineCore):
         """
         from chandy.formats.registry import latest_schema
 
-        opts = self.options
+        opts = self.state.options
         subject, url = opts.resolved_value_subject, opts.schema_registry.get("url")
         if opts.routes_per_subject and not opts.value_subject:  # each table's columns come from its own records
             columns, names = self._with_table_columns(pa.schema([]), ())
             log.info("job %s: routed records are read as written from %s, each table's columns from its own writer "
-                     "schemas (no subject gives the job's table its columns)", self.job_id, url)
+                     "schemas (no subject gives the job's table its columns)", self.state.job_id, url)
             return None, columns, names
         latest = latest_schema(opts.schema_registry, subject, schema_type)
         try:
@@ -150,7 +165,7 @@ class PipelineDecoding(PipelineCore):
             raise PipelineError(f"Schema Registry {url}: subject {subject} version {latest.version} "
                                 f"(schema ID {latest.schema_id}): {exc}") from exc
         columns, names = self._with_table_columns(columns, names)
-        log.info("job %s: the table's schema is subject %s version %d (schema ID %d, %s) from %s", self.job_id,
+        log.info("job %s: the table's schema is subject %s version %d (schema ID %d, %s) from %s", self.state.job_id,
                  subject, latest.version, latest.schema_id, schema_type, url)
         return latest, columns, names
 
@@ -166,10 +181,10 @@ class PipelineDecoding(PipelineCore):
 
         from chandy.formats.avro import avro_columns, change_row_schema
 
-        debezium = self.options.cdc == "debezium"
+        debezium = self.state.options.cdc == "debezium"
         latest, columns, names = self._registry_columns("AVRO", lambda latest: avro_columns(
             change_row_schema(latest.schema.schema_str) if debezium else latest.schema.schema_str))
-        decoder = self._make_decoder(columns, names, "ignore" if self.options.cdc else self._avro_unknown_fields)
+        decoder = self._make_decoder(columns, names, "ignore" if self.state.options.cdc else self._avro_unknown_fields)
         return dataclasses.replace(decoder, avro_schema=latest and latest.schema.schema_str, as_written=not debezium,
                                    columns_schema_id=latest and latest.schema_id, widen_columns=self._widen_columns)
 
@@ -184,7 +199,7 @@ class PipelineDecoding(PipelineCore):
         """
         from chandy.formats.json_schema import json_schema_columns
 
-        if self.options.cdc == "debezium":
+        if self.state.options.cdc == "debezium":
             raise PipelineError("--cdc debezium with --value-format json-schema takes the row's columns from "
                                 "--value-schema (Spark DDL), not from the registry's envelope schema")
         _, columns, names = self._registry_columns("JSON", lambda latest: json_schema_columns(latest.schema.schema_str))
@@ -202,7 +217,7 @@ class PipelineDecoding(PipelineCore):
         from chandy.formats.protobuf import arrow_columns, message_descriptor
         from chandy.formats.registry import registry_client
 
-        registry = registry_client(self.options.schema_registry)
+        registry = registry_client(self.state.options.schema_registry)
         latest, columns, names = self._registry_columns(
             "PROTOBUF", lambda latest: arrow_columns(message_descriptor(registry, latest.schema_id, [0])))
         decoder = self._make_decoder(columns, names, self._avro_unknown_fields)
@@ -214,32 +229,45 @@ class PipelineDecoding(PipelineCore):
         """Registry-driven Avro: fields a writer schema adds become columns with schema evolution
         (not with a transform, whose Spark schema is fixed); otherwise they are dropped, as Avro's
         resolution against the starting schema would."""
-        return "add" if self.add_columns and self._transform is None else "ignore"
+        return "add" if self.state.add_columns and self.state.transform is None else "ignore"
 
     @property
     def _widen_columns(self) -> bool:
         """A writer schema widens a column (int to long, ...) when the table can: an Iceberg table
         with schema evolution (Iceberg's type promotion); delta-rs cannot write Delta's type widening."""
-        return self._avro_unknown_fields == "add" and bool(getattr(self.sink, "widens_columns", False))
+        return self._avro_unknown_fields == "add" and bool(getattr(self.state.sink, "widens_columns", False))
 
-    def _output_schema(self) -> pa.Schema:
+    def output_schema(self) -> pa.Schema:
+        """The Arrow schema the tasks write: the decoder's columns, or the raw Kafka record's
+        (:data:`~chandy.formats.records.ARROW_SCHEMA`) without a decoder."""
         from chandy.formats.records import ARROW_SCHEMA
 
-        return self.decoder.output_schema if self.decoder is not None else ARROW_SCHEMA
+        return self.state.decoder.output_schema if self.state.decoder is not None else ARROW_SCHEMA
 
-    def _check_output_schema(self, schema: pa.Schema) -> None:
+    def check_output_schema(self, schema: pa.Schema) -> None:
+        """Whether the table takes ``schema`` (without ``--cdc``'s operation column): the sink's
+        :meth:`~chandy.connectors.lake.sink.SchemaChecked.check_schema` against the table's columns.
+
+        Raises:
+            PipelineError: a column the table has with another type (``LakeSchemaError``'s message).
+        """
         from chandy.formats.debezium import OP_COLUMN
 
-        if OP_COLUMN in schema.names and self.options.cdc:  # the change's operation is not a column of the table
+        if OP_COLUMN in schema.names and self.state.options.cdc:  # the change's operation is not a column of the table
             schema = schema.remove(schema.get_field_index(OP_COLUMN))
         try:
-            self.sink.check_schema(schema, self.table_fields)
+            self.state.sink.check_schema(schema, self.state.table_fields)
         except LakeSchemaError as exc:
             raise PipelineError(str(exc)) from exc
 
-    def _infer_decoder(self, ranges: dict[tuple[str, int], KafkaPartitionSplit]) -> ValueDecoder:
+    def infer(self, ranges: dict[tuple[str, int], KafkaPartitionSplit]) -> ValueDecoder:
         """JSON without a schema or a table: infer the columns from up to 1,000 values of the
-        first micro-batch (pyarrow's JSON inference); later fields without a column are bad."""
+        first micro-batch's ``ranges`` (pyarrow's JSON inference, read with the range reader);
+        later fields without a column are bad records, or new columns with schema evolution.
+
+        Raises:
+            PipelineError: none of those values is a JSON object.
+        """
         import io
 
         from pyarrow import json as pa_json
@@ -247,14 +275,14 @@ class PipelineDecoding(PipelineCore):
         lines = []
         for raw in self._sample(ranges):
             try:
-                if self.options.value_format == "json-schema":
+                if self.state.options.value_format == "json-schema":
                     from chandy.formats.framing import split
 
                     raw = split(raw)[1]
                 value = json.loads(raw)
             except (ValueError, UnicodeDecodeError):
                 continue
-            if self.options.cdc == "debezium" and isinstance(value, dict):  # the row's columns, not the envelope's
+            if self.state.options.cdc == "debezium" and isinstance(value, dict):  # the row's columns, not the envelope's
                 from chandy.formats.debezium import unwrap_payload
 
                 envelope = unwrap_payload(value)
@@ -273,15 +301,15 @@ class PipelineDecoding(PipelineCore):
     def _unknown_fields(self) -> str:
         """JSON fields without a column (columns inferred or from the table): new columns with
         schema evolution (not with a transform, whose Spark schema is fixed), else bad records."""
-        return "add" if self.add_columns and self._transform is None else "error"
+        return "add" if self.state.add_columns and self.state.transform is None else "error"
 
     def _sample(self, ranges: dict[tuple[str, int], KafkaPartitionSplit], limit: int = 1000) -> list[bytes]:
-        reader = KafkaRangeReader(self.options.bootstrap_servers, self.options.consumer_overrides)
+        reader = KafkaRangeReader(self.state.options.bootstrap_servers, self.state.options.consumer_overrides)
         values: list[bytes] = []
         try:
             for split in ranges.values():
                 for message in (m for batch in reader.read_batches(
-                        split, fail_on_data_loss=self.options.fail_on_data_loss) for m in batch):
+                        split, fail_on_data_loss=self.state.options.fail_on_data_loss) for m in batch):
                     if message.value() is not None:
                         values.append(message.value())
                     if len(values) >= limit:
@@ -291,7 +319,10 @@ class PipelineDecoding(PipelineCore):
         return values
 
     @staticmethod
-    def _decode_frame(df: Any, task: Any) -> Any:
+    def decode_frame(df: Any, task: Any) -> Any:
+        """``df`` (the ``chandy_kafka_ranges`` data source's Kafka records) decoded by
+        ``task.decoder`` in the tasks (``mapInArrow``; bad records go to the dead-letter files of
+        :mod:`chandy.connectors.spark.task.dead_letters`), for a ``--transform`` to reshape."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
         from chandy.connectors.spark.task.decode import decode_with_dead_letters

@@ -1,5 +1,6 @@
-"""The pipeline's Spark session: started or borrowed, its Python data sources registered, its
-Python workers warmed, the planner's Python checked, and the driver's signal handlers."""
+"""The pipeline's Spark session (:class:`SparkSessionManager`): started or borrowed, renewed after a
+restart under Spark Connect, its Python data sources registered, its Python workers warmed, the
+planner's Python checked; and the driver's signal handlers (:func:`install_signal_handlers`)."""
 
 from __future__ import annotations
 
@@ -19,23 +20,17 @@ from chandy.connectors.spark.classic import (
     quiet_logs,
     ship_python_file,
 )
-from chandy.connectors.spark.cluster import (
-    executor_python,
-    root_cause,
-    task_code_zip,
-    warm_task,
-)
-from chandy.connectors.spark.driver_core import PipelineCore
-from chandy.connectors.spark.options import (
-    PipelineError,
-)
+from chandy.connectors.spark.cluster import executor_python, task_code_zip, warm_task
+from chandy.connectors.spark.driver.failures import root_cause
+from chandy.connectors.spark.driver.state import DriverState
+from chandy.connectors.spark.options import PipelineError
 from chandy.connectors.spark.spark_urls import connect_address, redact_remote
 from chandy.coordinator import faults
 
 log = logging.getLogger(__name__)
 
 
-#: seconds a job may idle before :meth:`PipelineSession._warm_python_workers` runs again (Spark stops a
+#: seconds a job may idle before :meth:`SparkSessionManager.warm_python_workers` runs again (Spark stops a
 #: Python worker idle for 60 s)
 KEEP_WARM_S = 30.0
 #: seconds a Spark Connect server's address may take to accept a connection before the start fails
@@ -58,15 +53,36 @@ def stop_spark(spark: Any) -> None:
         log.info("Spark's driver was gone at stop: %s", exc)
 
 
-class PipelineSession(PipelineCore):
-    """The session part of :class:`~chandy.connectors.spark.pipeline.Pipeline`."""
+class SparkSessionManager:
+    """The run's Spark session: ``spark`` when the caller gave one (kept as it is, never stopped
+    here), else one this run starts (:meth:`get_or_create`) and stops."""
 
-    def _spark_session(self) -> Any:
-        if self._spark is not None:
-            return self._spark
+    def __init__(self, state: DriverState, spark: Any = None) -> None:
+        self.state = state
+        self._given = spark
+        self._default_slots: int | None = None  # Spark's default parallelism, once asked
+        self._data_sources_registered = False
+
+    @property
+    def given(self) -> bool:
+        """Whether the caller gave the session (then the run neither changes its settings nor stops it)."""
+        return self._given is not None
+
+    def get_or_create(self) -> Any:
+        """The given session, else a new one (``getOrCreate``): Spark Connect's (``--remote``) once
+        its server accepts connections, or the master's (``--master``) with the executors' Python
+        set; ``--conf`` applied, Spark's logs quieted, the task code shipped with ``--ship-code``.
+        Arms the crash points of :mod:`chandy.coordinator.faults` when the environment asks.
+
+        Raises:
+            PipelineError: the Spark Connect server is unreachable or refused the session; a
+                transform's planner Python does not exist here (:meth:`check_planner_python`).
+        """
+        if self._given is not None:
+            return self._given
         from pyspark.sql import SparkSession
 
-        opts = self.options
+        opts = self.state.options
         if os.environ.get(faults.ENV) or os.environ.get(faults.PGID_ENV):
             faults.arm()  # a crash point in a task kills the driver too
         if opts.remote:
@@ -79,10 +95,10 @@ class PipelineSession(PipelineCore):
             python = executor_python(opts.master, opts.spark_conf, os.environ)
             if python:
                 os.environ["PYSPARK_PYTHON"] = python
-            if self._transform is not None:
-                self._check_planner_python(python or "python3")
+            if self.state.transform is not None:
+                self.check_planner_python(python or "python3")
             builder = SparkSession.builder.master(opts.master).config("spark.ui.showConsoleProgress", "false")
-        builder = builder.appName(f"chandy-pipeline-{self.job_id[:8]}")
+        builder = builder.appName(f"chandy-pipeline-{self.state.job_id[:8]}")
         for key, value in opts.spark_conf.items():
             builder = builder.config(key, value)
         try:
@@ -114,50 +130,43 @@ class PipelineSession(PipelineCore):
         """
         import socket
 
-        assert self.options.remote is not None
-        host, port = connect_address(self.options.remote)
+        assert self.state.options.remote is not None
+        host, port = connect_address(self.state.options.remote)
         try:
             socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
         except OSError as exc:
-            raise PipelineError(f"cannot reach the Spark Connect server {redact_remote(self.options.remote)} "
+            raise PipelineError(f"cannot reach the Spark Connect server {redact_remote(self.state.options.remote)} "
                                 f"({host}:{port}): {exc.strerror or exc}") from exc
 
-    def _renew_connect_session(self, spark: Any, restart: int) -> Any:
-        """Before a restart's attempt under Spark Connect: a new session (the task code shipped,
-        the data sources registered, the Python workers warmed), since the failure may have been
-        the server's own (a restarted server has lost the session, its artifacts and its data
-        sources). A session the caller gave, or classic Spark, is kept.
+    def renews(self, spark: Any) -> bool:
+        """Whether a restart's attempt needs a new session (:meth:`renew`): under Spark Connect,
+        unless the caller gave the session (a restarted server has lost the session, its
+        artifacts and its data sources); classic Spark keeps its own."""
+        return self._given is None and is_connect(spark)
+
+    def renew(self, spark: Any) -> Any:
+        """Before a restart's attempt under Spark Connect: stop ``spark`` and open a new session,
+        the task code shipped and the data sources registered (the caller warms its workers),
+        since the failure may have been the server's own.
 
         Raises:
-            Restart: the server cannot be reached yet, and the restart strategy allows another attempt.
-            PipelineError: it cannot, and the restart strategy gave up.
+            Exception: whatever opening the session raised (the server still down): a failed
+                restart, which the restart strategy decides on.
         """
-        if self._spark is not None or not is_connect(spark):
-            return spark
-        from chandy.connectors.spark.restarts import Restart
-
         stop_spark(spark)
         self._data_sources_registered = False
-        try:
-            renewed = self._spark_session()
-            self._register_data_sources(renewed)
-        except Exception as exc:  # the server still down: a failed restart, retried as one
-            reason = f"restart {restart} could not open a Spark Connect session: {root_cause(exc)}"
-            delay = self._restart_delay_s(reason)
-            if delay is None:
-                raise PipelineError(f"job {self.job_id} failed: {self._gave_up(reason, restart)}") from exc
-            raise Restart(reason, delay) from exc
-        self._warm_python_workers(renewed, with_sink=True)
+        renewed = self.get_or_create()
+        self.register_data_sources(renewed)
         return renewed
 
-    def _default_parallelism(self, spark: Any) -> int:
+    def spark_default_parallelism(self, spark: Any) -> int:
         """Spark's default parallelism (:func:`~chandy.connectors.spark.classic.default_parallelism`),
         asked once per run: under Spark Connect the answer costs a job."""
         if self._default_slots is None:
             self._default_slots = default_parallelism(spark)
         return self._default_slots
 
-    def _register_data_sources(self, spark: Any) -> None:
+    def register_data_sources(self, spark: Any) -> None:
         """Register the two data sources with ``spark`` once (Spark 4 looks Python data sources up
         in a Python worker: about two seconds a warm standby spends before it leads, not after)."""
         if self._data_sources_registered:
@@ -168,7 +177,7 @@ class PipelineSession(PipelineCore):
         spark.dataSource.register(LakeFilesDataSource)
         self._data_sources_registered = True
 
-    def _warm_python_workers(self, spark: Any, *, with_sink: bool = False) -> None:
+    def warm_python_workers(self, spark: Any, *, with_sink: bool = False) -> None:
         """Run one task per slot that imports the tasks' modules and creates their pooled Kafka
         clients, with the metadata of the job's topics (:func:`~chandy.connectors.spark.cluster.warm_task`)
         and, ``with_sink`` (after the preflight), the pooled lake sink, so the next micro-batch reuses started Python workers
@@ -177,24 +186,24 @@ class PipelineSession(PipelineCore):
         its coordinator starts (so RUNNING means warm), and again while the job idles
         (:data:`KEEP_WARM_S`): Spark stops Python workers that stayed idle for a minute
         (``PythonWorkerFactory.IDLE_WORKER_TIMEOUT_NS``)."""
-        opts = self.options
-        slots = self._default_parallelism(spark)
+        opts = self.state.options
+        slots = self.spark_default_parallelism(spark)
         sink = None
         if with_sink:
             sink = {"table_uri": opts.table_uri, "partition_by": tuple(opts.partition_by),
                     "storage_options": dict(opts.storage_options), "catalog_properties": dict(opts.catalog_properties),
-                    "add_columns": self.add_columns, "location": getattr(self.sink, "root_url", None),
+                    "add_columns": self.state.add_columns, "location": getattr(self.state.sink, "root_url", None),
                     "table_properties": dict(opts.table_properties)}
-        warm = functools.partial(warm_task, opts.bootstrap_servers, self.job_id, opts.prefix,
+        warm = functools.partial(warm_task, opts.bootstrap_servers, self.state.job_id, opts.prefix,
                                  dict(opts.task_consumer_overrides), dict(opts.task_producer_overrides), sink,
-                                 tuple(self.topic_names))
+                                 tuple(self.state.topic_names))
         try:
             spark.range(0, slots, 1, numPartitions=slots).mapInArrow(warm, "warm boolean").collect()
         except Exception as exc:  # noqa: BLE001 - only an optimization: the first micro-batch starts them anyway
             log.warning("could not warm the Python workers: %s", root_cause(exc))
-        self.last_spark_job = time.monotonic()
+        self.state.last_spark_job = time.monotonic()
 
-    def _check_planner_python(self, python: str) -> None:
+    def check_planner_python(self, python: str) -> None:
         """With a transform, the micro-batch reads and writes through Python data sources, which
         Spark plans on the driver in a Python worker started with the executors' Python path,
         from this process's directory (``PythonPlannerRunner``): that path must run here too.
@@ -212,26 +221,30 @@ class PipelineSession(PipelineCore):
                 f"{python!r}, which does not exist from {os.getcwd()}; run from a directory where it does (the "
                 "environment archive unpacked there, or a link to an environment with Chandy's dependencies)")
 
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        """Ctrl-C (SIGINT) and SIGTERM finish or abort the checkpoint in flight and stop; a
-        second one stops at once. Installed after Spark starts, since PySpark's SparkContext
-        replaces the SIGINT handler with its own."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
 
-        def handler(signum: int, frame: Any) -> None:
-            if self._stop.is_set():
-                raise KeyboardInterrupt
-            print(f"\n{signal.Signals(signum).name}: stopping after the checkpoint in flight "
-                  "(again to stop at once)", file=sys.stderr)
-            self.request_stop(signum)
+def install_signal_handlers(state: DriverState) -> dict[int, Any]:
+    """Ctrl-C (SIGINT) and SIGTERM finish or abort the checkpoint in flight and stop
+    (:meth:`DriverState.request_stop`); a second one stops at once (``KeyboardInterrupt``).
+    Installed after Spark starts, since PySpark's SparkContext replaces the SIGINT handler with
+    its own; only on the main thread (elsewhere nothing is installed). Returns the handlers
+    replaced, for :func:`restore_signal_handlers`."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
 
-        previous: dict[int, Any] = {}
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, handler)
-        return previous
+    def handler(signum: int, frame: Any) -> None:
+        if state.stop.is_set():
+            raise KeyboardInterrupt
+        print(f"\n{signal.Signals(signum).name}: stopping after the checkpoint in flight "
+              "(again to stop at once)", file=sys.stderr)
+        state.request_stop(signum)
 
-    @staticmethod
-    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
+def restore_signal_handlers(previous: dict[int, Any]) -> None:
+    """Put back the handlers :func:`install_signal_handlers` replaced."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
