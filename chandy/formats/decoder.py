@@ -33,6 +33,16 @@ import pyarrow as pa
 from chandy.formats.debezium import OP_COLUMN
 from chandy.formats.errors import FormatError
 from chandy.formats.evolution import SchemaChangeError, offset_ranges
+from chandy.formats.modes import (
+    AvroFraming,
+    ChangeFormat,
+    ErrorsTolerance,
+    JsonFraming,
+    KeyFormat,
+    Tombstones,
+    UnknownFields,
+    ValueFormat,
+)
 from chandy.formats.records import KAFKA_COLUMNS as KAFKA_COLUMNS  # re-exported
 from chandy.formats.type_mapping import Unfit, json_converter, parse_json, plain_numbers
 from chandy.formats.value_parsers import BadValue, WriterTypeChange, avro_parser, protobuf_parser
@@ -144,27 +154,27 @@ class ValueDecoder:
     a bad record naming the field, never rounded, truncated or landed as NULL.
     """
 
-    value_format: str
+    value_format: ValueFormat
     columns: pa.Schema
     source_names: tuple[str, ...]
     keep: tuple[str, ...]
     avro_schema: str | None = None
-    avro_framing: str = "single-object"
+    avro_framing: AvroFraming = "single-object"
     avro_schema_id: int | None = None
-    unknown_fields: str = "ignore"
+    unknown_fields: UnknownFields = "ignore"
     schema_registry: tuple[tuple[str, str], ...] = ()
-    tombstones: str = "error"
-    errors_tolerance: str = "none"
+    tombstones: Tombstones = "error"
+    errors_tolerance: ErrorsTolerance = "none"
     session_time_zone: str = "UTC"
-    cdc: str | None = None
+    cdc: ChangeFormat | None = None
     key_schema: str | None = None
     id_columns: tuple[str, ...] = ()
     op_field: str | None = None
     as_written: bool = False
     columns_schema_id: int | None = None
-    json_framing: str = "plain"
+    json_framing: JsonFraming = "plain"
     widen_columns: bool = False
-    key_format: str = "raw"
+    key_format: KeyFormat = "raw"
     key_columns: pa.Schema = dataclasses.field(default_factory=lambda: pa.schema([]))
     key_names: tuple[str, ...] = ()
     key_as_written: bool = False

@@ -3,9 +3,10 @@
 
 A format error is deterministic: the same bytes, schema or setting fail the same way on every
 attempt, so no restart cures it (Flink's ``SuppressRestartsException``); the pipeline fails the
-job with it, or routes the record to the dead-letter table when ``--errors-tolerance all`` says
-so. The registry's *unreachable* (a network failure) is not a format error: it is
-:class:`~chandy.formats.registry.RegistryUnavailableError`, which a restart can cure.
+job with it, or routes the record to the dead letters when ``--errors-tolerance all`` says so.
+The Schema Registry's own failures are not format errors: a registry that is down or refuses may
+answer after a restart, so :class:`~chandy.formats.registry.RegistryError` is a plain
+:class:`~chandy.coordinator.errors.ChandyError`.
 """
 
 from __future__ import annotations

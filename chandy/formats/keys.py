@@ -24,14 +24,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from chandy.formats.modes import FIELD_KEY_FORMATS as FIELD_KEY_FORMATS  # re-exported
+from chandy.formats.modes import KEY_FORMATS as KEY_FORMATS  # re-exported
 from chandy.formats.records import KAFKA_COLUMNS
 
 #: the prefix of a key field's column (Flink's ``key.fields-prefix``)
 KEY_PREFIX = "key_"
-#: what ``--key-format`` takes
-KEY_FORMATS = ("raw", "string", "json", "avro", "protobuf", "json-schema")
-#: the formats whose fields become ``key_<field>`` columns
-FIELD_KEY_FORMATS = ("json", "avro", "protobuf", "json-schema")
 
 
 def with_key_fields(decoder: Any, values_schema: pa.Schema) -> pa.Schema:

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from chandy.formats.errors import FormatError
+from chandy.coordinator.errors import ChandyError
 
 
-class RegistryError(FormatError):
+class RegistryError(ChandyError):
     """The Schema Registry refused Chandy's settings or request, or could not be reached (the
-    message names its URL and the subject); the pipeline's start fails with it."""
+    message names its URL and the subject); the pipeline's start fails with it. Not a
+    :class:`~chandy.formats.errors.FormatError`: a registry that is down may answer after a
+    restart, so a task that meets it is retried."""
 
 
 _REGISTRY_CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}

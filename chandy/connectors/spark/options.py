@@ -10,7 +10,7 @@ import logging
 import re
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 from chandy.connectors.kafka.source.offsets import OffsetsSpecError, parse_offsets_spec
 from chandy.connectors.lake.sinks import is_iceberg
@@ -23,9 +23,12 @@ from chandy.connectors.spark.task.options import DEFAULT_WRITE_BUFFER_BYTES
 from chandy.coordinator.errors import ChandyError
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.restart_strategy import RestartStrategyConfigError, RestartStrategyOptions
-from chandy.formats.keys import KEY_FORMATS
+from chandy.formats.modes import KEY_FORMATS, AvroFraming, ChangeFormat, ErrorsTolerance, KeyFormat, Tombstones
 
 log = logging.getLogger(__name__)
+
+#: what ``--value-format`` takes (``json-schema``: JSON framed by Confluent's JSON Schema serializer)
+ValueFormatOption = Literal["json", "avro", "json-schema", "protobuf"]
 
 SOURCE_OPERATOR = "kafka-source"
 SINK_OPERATOR = "lake-sink"
@@ -195,14 +198,14 @@ class PipelineOptions:
         "SPARK_REMOTE): the coordinator, the lake committer and the source's enumerator stay in this process, "
         "the tasks run on the server's executors (instead of --master)."))
     spark_conf: Mapping[str, str] = _opt({}, "--conf", kind="settings", help="Spark setting (repeatable).")
-    value_format: str | None = _opt(None, "--value-format", choices=("json", "avro", "json-schema", "protobuf"), help=(
+    value_format: ValueFormatOption | None = _opt(None, "--value-format", choices=get_args(ValueFormatOption), help=(
         "Decode values into columns: JSON, Avro, JSON with Confluent's JSON Schema framing (json-schema: the "
         "5-byte header of JSONSerializer; with --schema-registry-url the subject's JSON Schema gives the columns), "
         "or Confluent-framed Protobuf (protobuf: needs --schema-registry-url, each record read with its writer's "
         "message)."))
     value_schema: str | None = _opt(None, "--value-schema", read_at_file=True,
                                     help="JSON: Spark DDL (default inferred); Avro: schema JSON or @file.")
-    avro_framing: str = _opt("single-object", "--avro-framing", choices=("single-object", "confluent", "raw"))
+    avro_framing: AvroFraming = _opt("single-object", "--avro-framing", choices=get_args(AvroFraming))
     avro_schema_id: int | None = _opt(None, "--avro-schema-id", minimum=0,
                                       help="With --avro-framing confluent: the only schema ID accepted.")
     value_subject: str | None = _opt(None, "--value-subject", metavar="SUBJECT", help=(
@@ -232,13 +235,13 @@ class PipelineOptions:
     prefix: str = _opt("chandy", "--prefix", help="Chandy topic prefix.")
     stop_when_drained: bool = _opt(False, "--until-drained", kind="flag", help="Stop once every partition is read to its end.")
     max_checkpoints: int | None = _opt(None, "--max-checkpoints", minimum=1, help="Stop after this many checkpoints.")
-    errors_tolerance: str = _opt("none", "--errors-tolerance", choices=("none", "all"), help=(
+    errors_tolerance: ErrorsTolerance = _opt("none", "--errors-tolerance", choices=get_args(ErrorsTolerance), help=(
         "Kafka Connect's errors.tolerance: none fails the micro-batch at the first bad record (naming topic, "
         "partition, offset); all skips bad records (counted, logged)."))
     dead_letter_topic: str | None = _opt(None, "--dead-letter-topic", metavar="TOPIC", help=(
         "With --errors-tolerance all: publish bad records, raw, with Connect's __connect.errors.* headers, exactly "
         "once with their checkpoint."))
-    tombstones: str = _opt("error", "--tombstones", choices=("error", "skip", "null"),
+    tombstones: Tombstones = _opt("error", "--tombstones", choices=get_args(Tombstones),
                            help="With --value-format: a null value is a bad record, skipped, or a row of null columns.")
     fail_on_data_loss: bool = _opt(True, "--fail-on-data-loss/--no-fail-on-data-loss", kind="switch", help=(
         "Spark's failOnDataLoss: a partition whose log moved below the job's position (records deleted by "
@@ -329,7 +332,7 @@ class PipelineOptions:
     unrouted: str = _opt("table", "--unrouted", choices=("table", "dead-letter"), help=(
         "Records no --route rule matches land in --table, or are bad records (dead-lettered with "
         "--errors-tolerance all --dead-letter-topic, else they fail the micro-batch)."))
-    cdc: str | None = _opt(None, "--cdc", choices=("debezium", "upsert"), help=(
+    cdc: ChangeFormat | None = _opt(None, "--cdc", choices=get_args(ChangeFormat), help=(
         "debezium: values are Debezium change events (before/after/op, JSON with or without schema/payload, or "
         "Avro); --value-schema then describes the row (JSON: DDL of the row; Avro: the envelope schema). upsert: "
         "each value is the row itself, keyed by --id-columns (or the Kafka key's fields), a tombstone deletes its "
@@ -344,7 +347,7 @@ class PipelineOptions:
     key_schema: str | None = _opt(None, "--key-schema", read_at_file=True, help=(
         "Avro keys' schema (JSON or @file), read with --avro-framing, with --cdc or --key-format avro  [default: "
         "JSON keys, or the Schema Registry's schema with --avro-framing confluent]"))
-    key_format: str = _opt("raw", "--key-format", choices=KEY_FORMATS, help=(
+    key_format: KeyFormat = _opt("raw", "--key-format", choices=KEY_FORMATS, help=(
         "raw: the key column holds Kafka's bytes; string: UTF-8 text; json, avro, protobuf, json-schema: the key's "
         "fields become columns key_<field> (Avro: --key-schema, or each key's writer schema from the Schema Registry; "
         "Protobuf and JSON Schema: Confluent-framed, through the Schema Registry)."))

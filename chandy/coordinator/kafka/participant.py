@@ -27,7 +27,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from chandy.coordinator.errors import ChandyError
+from chandy.coordinator.errors import ChandyError, SuppressRestartsError
 from chandy.coordinator.failure import CheckpointException, CheckpointFailureReason
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.topics import ChandyTopics, TopicError, watermark_offsets
@@ -102,11 +102,11 @@ def deliver_control(subtask: Any, control: Any, take_checkpoint: Callable[[Trigg
             subtask.on_event(OperatorEvent(control.event_type, control.payload))
     return False
 
-class AckTooLargeError(ChandyError):
+class AckTooLargeError(SuppressRestartsError):
     """A message to ``<prefix>.acks`` (an acknowledgement, with its state handles) does not fit in a
     Kafka message even compressed: over the producer's ``message.max.bytes`` before compression,
     or refused by the broker (``max.message.bytes`` of the acks topic) after. It fails the same way
-    however often it is sent again, so nothing retries it."""
+    however often it is sent again, so nothing retries it, and a restart would meet it again."""
 
 
 def _sent_by(message: Any) -> str:

@@ -22,6 +22,7 @@ from chandy.connectors.spark.options import (
 )
 from chandy.coordinator.errors import ChandyError
 from chandy.formats.decoder import KAFKA_COLUMNS, ValueDecoder
+from chandy.formats.modes import UnknownFields, ValueFormat
 from chandy.formats.registry import task_settings
 from chandy.formats.type_mapping import inferred_json_type
 
@@ -45,10 +46,11 @@ class DecoderFactory:
         renamed = [f.with_name(f"value_{f.name}") if f.name in KAFKA_COLUMNS else f for f in arrow]
         return pa.schema(renamed), tuple(f.name for f in arrow)
 
-    def _make_decoder(self, columns: pa.Schema, names: tuple[str, ...], unknown_fields: str) -> ValueDecoder:
+    def _make_decoder(self, columns: pa.Schema, names: tuple[str, ...], unknown_fields: UnknownFields) -> ValueDecoder:
         opts = self.state.options
         keep = tuple(c for c in KAFKA_COLUMNS if c != "value" or opts.keep_raw_value)
-        value_format = "json" if opts.value_format in (None, "json-schema") else opts.value_format
+        given = opts.value_format
+        value_format: ValueFormat = "json" if given is None or given == "json-schema" else given
         columns, names, key_columns, key_names = self._key_columns(columns, names)
         return ValueDecoder(value_format, columns, names, keep, key_format=opts.key_format, key_columns=key_columns,
                             key_names=key_names, key_as_written=(opts.key_format == "avro" and not opts.key_schema)
@@ -225,7 +227,7 @@ class DecoderFactory:
                                    widen_columns=self._widen_columns)
 
     @property
-    def _avro_unknown_fields(self) -> str:
+    def _avro_unknown_fields(self) -> UnknownFields:
         """Registry-driven Avro: fields a writer schema adds become columns with schema evolution
         (not with a transform, whose Spark schema is fixed); otherwise they are dropped, as Avro's
         resolution against the starting schema would."""
@@ -298,7 +300,7 @@ class DecoderFactory:
         return self._make_decoder(pa.schema(renamed), tuple(f.name for f in inferred), self._unknown_fields)
 
     @property
-    def _unknown_fields(self) -> str:
+    def _unknown_fields(self) -> UnknownFields:
         """JSON fields without a column (columns inferred or from the table): new columns with
         schema evolution (not with a transform, whose Spark schema is fixed), else bad records."""
         return "add" if self.state.add_columns and self.state.transform is None else "error"

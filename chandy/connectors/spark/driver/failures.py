@@ -21,9 +21,9 @@ from chandy.coordinator.errors import ChandyError, SuppressRestartsError
 from chandy.coordinator.kafka.participant import AckTooLargeError
 
 #: Chandy's errors a restart cannot cure: :class:`SuppressRestartsError` (Flink's
-#: ``SuppressRestartsException``) and its subclasses, and :class:`AckTooLargeError` (the same
-#: ranges make the same ack; it subclasses ``ChandyError`` only)
-RESTART_PROOF: tuple[type[ChandyError], ...] = (SuppressRestartsError, AckTooLargeError)
+#: ``SuppressRestartsException``) and its subclasses (``FormatError``, ``LakeSchemaError``,
+#: ``KafkaDataLossError``, ``AckTooLargeError``: the same ranges make the same ack, ...)
+RESTART_PROOF: tuple[type[ChandyError], ...] = (SuppressRestartsError,)
 #: errors that are not Chandy's but that a restart cannot cure either, by name: a module missing in
 #: the executors' Python survived Spark's own task retries, on any executor it tried
 RESTART_PROOF_NAMES = frozenset({"ModuleNotFoundError"})
