@@ -19,7 +19,7 @@ import tempfile
 
 import pyarrow as pa
 
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 
 JOB = "0123456789abcdef0123456789abcdef"
 UTC = datetime.UTC

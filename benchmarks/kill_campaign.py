@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.procs import python_workers
 from chandy.broker import EmbeddedKafkaBroker
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.connectors.spark.verify import verify_table
 from chandy.coordinator.kafka import config as kafka_config
 

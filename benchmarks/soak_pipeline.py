@@ -38,7 +38,7 @@ from confluent_kafka.admin import NewTopic
 
 from benchmarks.procs import cmdline, descendants, status
 from chandy.broker import EmbeddedKafkaBroker
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.connectors.spark.verify import verify_table
 from chandy.coordinator.kafka import config as kafka_config
 

@@ -34,14 +34,14 @@ _EXPORTS = {
     "Pipeline": "chandy.connectors.spark.pipeline",
     "PipelineOptions": "chandy.connectors.spark.options",
     "verify_table": "chandy.connectors.spark.verify",
-    "read_lake_commit": "chandy.connectors.lake.sinks",
+    "read_lake_commit": "chandy.connectors.lake.tables",
     "wait_for_lake_commit": "chandy.coordinator.kafka.subscriber",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:
-    from chandy.connectors.lake.sinks import read_lake_commit as read_lake_commit
+    from chandy.connectors.lake.tables import read_lake_commit as read_lake_commit
     from chandy.connectors.spark.options import PipelineOptions as PipelineOptions
     from chandy.connectors.spark.pipeline import Pipeline as Pipeline
     from chandy.connectors.spark.verify import verify_table as verify_table

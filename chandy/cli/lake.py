@@ -30,7 +30,7 @@ def lake() -> None:
 
 
 def _lake_sink(table_uri: str, storage_conf: tuple[str, ...], catalog_conf: tuple[str, ...]) -> Any:
-    from chandy.connectors.lake.sinks import open_sink
+    from chandy.connectors.lake.tables import open_sink
 
     return open_sink(table_uri, storage_options=parse_settings(storage_conf, "--storage-option"),
                      catalog_properties=parse_settings(catalog_conf, "--catalog-property"))

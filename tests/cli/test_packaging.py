@@ -31,7 +31,7 @@ def test_the_wheel_installs_one_top_level_name_and_imports_from_it_alone(tmp_pat
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(target)
     script = ("import sys; sys.path[:0] = sys.argv[1:3]\n"
-              "import chandy, chandy.coordinator.kafka.runtime, chandy.connectors.lake.sinks\n"
+              "import chandy, chandy.coordinator.kafka.runtime, chandy.connectors.lake.tables\n"
               "from chandy.schemas.codec import default_repository\n"
               "assert len(default_repository().names()) > 10\n"
               "for name in ('coordinator', 'connectors', 'schemas'):\n"

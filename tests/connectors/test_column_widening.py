@@ -131,7 +131,7 @@ def test_an_iceberg_table_widened_still_lists_and_cleans_its_files(tmp_path) -> 
     the older files' 4-byte int bounds as longs and fail (``struct.error: unpack requires a buffer
     of 8 bytes``): the job could never restore again. Files of both widths, a commit each, then
     the listings a restore reads and its cleanup (an unreferenced file of an aborted checkpoint)."""
-    from chandy.connectors.lake.sinks import open_sink
+    from chandy.connectors.lake.tables import open_sink
 
     job = "0123456789abcdef0123456789abcdef"
     sink = open_sink("iceberg://local/lake.widened", catalog_properties={"warehouse": str(tmp_path / "wh")},

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from chandy.connectors.lake.sink import LakeSchemaError
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.formats.decoder import BadRecordError, ValueDecoder
 from chandy.formats.evolution import SchemaChangeError, concat_evolving
 from chandy.formats.records import to_record_batch

@@ -38,7 +38,7 @@ from confluent_kafka.admin import (
 from chandy.broker import BrokerInfo, EmbeddedKafkaBroker
 from chandy.connectors.kafka.source.reader import KafkaRangeReader
 from chandy.connectors.kafka.source.split import KafkaPartitionSplit
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.connectors.spark.verify import verify_table
 from chandy.coordinator.kafka import config as kafka_config
 from chandy.coordinator.kafka.acls import chandy_acls

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.connectors.spark.options import default_job_id
 from chandy.connectors.spark.verify import verify_table
 from tests.fixtures import REPO_ROOT

@@ -6,7 +6,7 @@ checkpoint's files in one idempotent table commit recording (job ID, checkpoint 
 of every (topic, partition) landed: :class:`TableProgress`). Delta
 (:mod:`chandy.connectors.lake.delta`) and Iceberg (:mod:`chandy.connectors.lake.iceberg`) each
 implement :class:`LakeSink` and import nothing of each other; a third format would add a module of
-its own and a line to :func:`chandy.connectors.lake.sinks.open_sink`. Schemas are compared as Delta
+its own and a line to :func:`chandy.connectors.lake.tables.open_sink`. Schemas are compared as Delta
 types (one type system for both formats: :func:`schema_differences`, :func:`merge_schemas`).
 """
 

@@ -147,7 +147,7 @@ def warm_task(bootstrap_servers: str, job_id: str, prefix: str, consumer_overrid
 
     from chandy.connectors.spark.task.clients import ack_sender, range_reader, task_sink
 
-    for module in ("chandy.connectors.lake.sinks", "chandy.connectors.spark.task.run",
+    for module in ("chandy.connectors.lake.tables", "chandy.connectors.spark.task.run",
                    "chandy.formats.json_batch", "pyarrow.parquet", "pyarrow.dataset"):
         importlib.import_module(module)  # loaded now, not in the first micro-batch's task
 

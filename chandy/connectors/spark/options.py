@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from chandy.connectors.kafka.source.offsets import OffsetsSpecError, parse_offsets_spec
-from chandy.connectors.lake.sinks import is_iceberg
+from chandy.connectors.lake.tables import is_iceberg
 from chandy.connectors.lake.uri import normalize_table_uri
 from chandy.connectors.spark.progress import CHECKPOINT_PHASES as CHECKPOINT_PHASES  # re-exported
 from chandy.connectors.spark.progress import PipelineProgress as PipelineProgress
@@ -457,7 +457,7 @@ class PipelineOptions:
         try:
             from chandy.connectors.lake.delta import check_delta_properties
             from chandy.connectors.lake.sink import parquet_write_options
-            from chandy.connectors.lake.sinks import is_iceberg
+            from chandy.connectors.lake.tables import is_iceberg
 
             parquet_write_options(self.table_properties)
             if not is_iceberg(self.table_uri):

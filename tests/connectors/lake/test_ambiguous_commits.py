@@ -20,7 +20,7 @@ from chandy.connectors.lake.changes import OP_COLUMN
 from chandy.connectors.lake.delta import DeltaLakeSink
 from chandy.connectors.lake.iceberg import IcebergSink
 from chandy.connectors.lake.sink import LakeCommitError
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 
 JOB = "fedcba9876543210fedcba9876543210"
 URI = "iceberg://local/lake.orders"

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from chandy.connectors.lake.cleanup import job_files
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from tests.fixtures.object_store import AzuriteServer, S3Server
 
 JOB = "0123456789abcdef0123456789abcdef"

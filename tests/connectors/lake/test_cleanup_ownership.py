@@ -20,7 +20,7 @@ import pytest
 from chandy.connectors.lake.committer import LakeCommitter
 from chandy.connectors.lake.delta import DeltaLakeSink
 from chandy.connectors.lake.sink import DATA_FILE_NAME, LakeSink, coordinator_log_id
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.coordinator.storage import CheckpointStorage
 from tests.fixtures.lake_committer import JOB, CommitterContext
 

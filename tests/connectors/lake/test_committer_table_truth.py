@@ -15,7 +15,7 @@ import pytest
 
 from chandy.connectors.lake.committer import LakeCommitter
 from chandy.connectors.lake.sink import LakeCommitError, LakeSink
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
 from tests.fixtures.lake_committer import JOB, CommitterContext
 

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 
 from chandy.connectors.lake.delta import DeltaLakeSink
 from chandy.connectors.lake.sink import LakeCommitError
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 
 JOB = "0123456789abcdef0123456789abcdef"
 

@@ -18,7 +18,7 @@ import pytest
 from chandy.connectors.lake.changes import OP_COLUMN
 from chandy.connectors.lake.committer import LakeCommitter
 from chandy.connectors.lake.sink import SOURCE_METRICS_KIND, DataFile, LakeCommitError, LakeSink, offsets_to_json
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.coordinator.messages import IdlePartition, PartitionEventTime, StateHandle
 from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
 from tests.fixtures.lake_committer import JOB, CommitterContext

@@ -27,7 +27,7 @@ from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.lake.iceberg import IcebergSink
 from chandy.connectors.lake.sink import LakeCommitError
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from tests.fixtures.iceberg_rest import IcebergRestCatalog
 
 JOB = "fedcba9876543210fedcba9876543210"

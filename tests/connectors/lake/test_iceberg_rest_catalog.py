@@ -17,7 +17,7 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.lake.iceberg import IcebergSink
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from tests.fixtures.iceberg_rest import IcebergRestCatalog
 
 JOB = "0123456789abcdef0123456789abcdef"

@@ -16,7 +16,7 @@ from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.lake.iceberg import IcebergSink, parse_iceberg_uri
 from chandy.connectors.lake.sink import LakeCommit, LakeSchemaError
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.connectors.lake.uri import TableUriError
 
 JOB = "fedcba9876543210fedcba9876543210"

@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.lake.partitioning import PartitionSpecError, parse_partition_by, with_partition_columns
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.connectors.spark.options import PipelineError, PipelineOptions
 
 JOB = "0123456789abcdef0123456789abcdef"

@@ -161,7 +161,7 @@ def test_a_cleanup_keeps_the_committed_files_of_partitions_whose_names_are_escap
     ``p=a%2520b/...`` in the log. The cleanup compared the two as they were and deleted every
     committed file of such a partition (a space, a slash, a ``%`` or any non-ASCII character in
     its value): the table then named files that were gone."""
-    from chandy.connectors.lake.sinks import open_sink
+    from chandy.connectors.lake.tables import open_sink
 
     uri = str(tmp_path / "t") if fmt == "delta" else "iceberg://local/lake.t"
     sink = open_sink(uri, partition_by=["p"], catalog_properties={"warehouse": str(tmp_path / "wh")})

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.lake.sink import parquet_write_options
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 from chandy.connectors.spark.options import PipelineError, PipelineOptions
 
 JOB = "0123456789abcdef0123456789abcdef"

@@ -11,7 +11,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from pyiceberg.catalog import load_catalog
 
-from chandy.connectors.lake.sinks import open_sink
+from chandy.connectors.lake.tables import open_sink
 
 JOB = "0123456789abcdef0123456789abcdef"
 TIMES = {("orders", 0): 1_790_000_060_000, ("orders", 1): 1_790_000_000_500}  # 2026-09-21T14:13:20.500Z is the min

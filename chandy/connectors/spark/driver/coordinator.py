@@ -21,7 +21,7 @@ from chandy.connectors.kafka.source.enumerator import (
 )
 from chandy.connectors.lake.committer import LakeCommitterProvider, OffsetRanges
 from chandy.connectors.lake.sink import coordinator_log_id
-from chandy.connectors.lake.sinks import LakeSink, open_sink
+from chandy.connectors.lake.tables import LakeSink, open_sink
 from chandy.connectors.spark.driver.failures import root_cause
 from chandy.connectors.spark.driver.state import DriverState
 from chandy.connectors.spark.options import SINK_OPERATOR, SOURCE_OPERATOR, PipelineError, PipelineOptions

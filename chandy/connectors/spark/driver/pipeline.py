@@ -48,7 +48,7 @@ from typing import Any
 
 from chandy.connectors.lake.committer import OffsetRanges
 from chandy.connectors.lake.sink import TP
-from chandy.connectors.lake.sinks import LakeSink
+from chandy.connectors.lake.tables import LakeSink
 from chandy.connectors.spark.classic import spark_master
 from chandy.connectors.spark.cluster import default_parallelism
 from chandy.connectors.spark.driver.coordinator import JobCoordinator, checkpoint_phases, fenced_message, offsets_of

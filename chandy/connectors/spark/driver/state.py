@@ -16,7 +16,7 @@ from typing import Any
 
 from chandy.connectors.lake.routing import Router
 from chandy.connectors.lake.sink import TP, TableProgress
-from chandy.connectors.lake.sinks import LakeSink, open_sink
+from chandy.connectors.lake.tables import LakeSink, open_sink
 from chandy.connectors.spark.cluster import load_transform
 from chandy.connectors.spark.options import SINK_OPERATOR, SOURCE_OPERATOR, PipelineOptions
 from chandy.coordinator.kafka.election import LeaderElection

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from chandy.connectors.kafka.source.reader import KafkaRangeReader
-from chandy.connectors.lake.sinks import LakeSink, open_sink
+from chandy.connectors.lake.tables import LakeSink, open_sink
 from chandy.coordinator.kafka.participant import AckSender
 
 _Key = tuple[Any, ...]
@@ -90,7 +90,7 @@ def task_sink(table_uri: str, *, partition_by: tuple[str, ...] = (), storage_opt
               catalog_properties: Mapping[str, Any] | None = None, add_columns: bool = False,
               location: str | None = None, table_properties: Mapping[str, str] | None = None) -> LakeSink:
     """The process's lake sink for ``table_uri`` and these settings (those of
-    :func:`~chandy.connectors.lake.sinks.open_sink`), opened on first use and shared by every
+    :func:`~chandy.connectors.lake.tables.open_sink`), opened on first use and shared by every
     task after it: a sink holds configuration and a filesystem, no per-checkpoint state."""
     key = (table_uri, tuple(partition_by), _settings_key(storage_options), _settings_key(catalog_properties),
            add_columns, location, _settings_key(table_properties))

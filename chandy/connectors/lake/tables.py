@@ -1,4 +1,5 @@
-"""Which sink a table URI names, and what every sink offers.
+"""A lake table by its URI: which sink it names (Delta or Iceberg, opened), and the rows a
+checkpoint's lake-commit event names.
 
 ``iceberg://<catalog>/<namespace>.<table>`` is an Apache Iceberg table in a pyiceberg catalog
 (:mod:`chandy.connectors.lake.iceberg`); anything else (a path, ``file://``, ``s3://``, ...) is a Delta
