@@ -12,7 +12,7 @@ What is a thin stand-in here, each following the real code's steps in the real o
 - :class:`Process` runs ``CoordinatorService._start`` (``init_transactions``, load the log,
   refuse a terminated job, create the coordinator, start it on the mailbox within 60 s),
   ``_on_writer_failed`` / ``_halt`` (a fenced or failed writer stops the process, dropping its
-  queued mails) and ``stop``; the reconciliation of ``PipelinePreflight._reconcile`` (the table's
+  queued mails) and ``stop``; the reconciliation of ``Preflight.reconcile`` (chandy.connectors.spark.driver.preflight) (the table's
   offsets as the source's ``offset_floor``, checkpoint IDs above the table's); and the driver loop
   of ``Pipeline.run`` (lag, trigger, wait for the ranges, run the micro-batch, await the
   checkpoint, back off after a failure; a fenced or stopped coordinator ends the run, and the
@@ -384,7 +384,7 @@ class Process:
         self.exit()
 
     def _reconcile(self) -> tuple[dict, int | None]:
-        """``PipelinePreflight._reconcile``: the table's offsets and checkpoint ID floor."""
+        """``Preflight.reconcile`` (chandy.connectors.spark.driver.preflight): the table's offsets and checkpoint ID floor."""
         progress = self.sink.progress(JOB_ID)
         if progress.checkpoint_id is None:
             return {}, None
@@ -397,7 +397,7 @@ class Process:
         return dict(progress.offsets), progress.checkpoint_id + 1
 
     def _start(self) -> bool:
-        """``Pipeline._start_coordinator`` and ``CoordinatorService._start``; False: the run ends."""
+        """``JobCoordinator.start`` (chandy.connectors.spark.driver.coordinator) and ``CoordinatorService._start``; False: the run ends."""
         floor, id_floor = self._reconcile()
         initializer = {"earliest": offsets_module.earliest(), "latest": offsets_module.latest()}[self.starting_offsets]
         source = KafkaSourceOptions(BOOTSTRAP, topics=(self.cluster.source_topic,), group_id=GROUP_ID,

@@ -63,7 +63,7 @@ def executor_python(master: str, spark_conf: Mapping[str, str], environ: Mapping
     first (spark-submit gives the setting precedence over the variable), then ``PYSPARK_PYTHON``,
     then this interpreter for local and standalone (``spark://``) masters, whose executors run on
     machines laid out as this one; None elsewhere (YARN, Kubernetes: PySpark's ``python3`` on the
-    executors' PATH, unless a packed environment says otherwise, see the README)."""
+    executors' PATH, unless a packed environment says otherwise, see docs/cluster.md)."""
     if spark_conf.get("spark.pyspark.python"):
         return spark_conf["spark.pyspark.python"]
     if environ.get("PYSPARK_PYTHON"):

@@ -323,7 +323,7 @@ class CheckpointLoop:
         if message.startswith("ModuleNotFoundError"):
             message += (f" in the executors' Python ({os.environ.get('PYSPARK_PYTHON', 'python3')}): "
                         "install Chandy there, or its dependencies with --ship-code "
-                        "(README, Running on a cluster)")
+                        "(docs/cluster.md)")
         round_.message = message
         round_.fatal = fatal_failure(message)
         log.error("checkpoint %d: Spark job failed: %s", round_.checkpoint_id, message)

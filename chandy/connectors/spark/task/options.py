@@ -1,5 +1,5 @@
 """What a Spark task of one micro-batch needs from the driver: one typed, picklable
-:class:`TaskOptions` (set by the driver's micro-batch, :mod:`chandy.connectors.spark.micro_batch`)."""
+:class:`TaskOptions` (set by the driver's micro-batch, :mod:`chandy.connectors.spark.driver.micro_batch`)."""
 
 from __future__ import annotations
 
