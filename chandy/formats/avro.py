@@ -61,7 +61,7 @@ def _arrow_type(avro_type: Any, named: dict[str, Any], path: str, stack: tuple[s
             raise AvroValueSchemaError(f"field {path}: a union of null alone has no column type")
         if len(kinds) == 1:
             return _arrow_type(kinds[0], named, path, stack)
-        widened = _widened_union(kinds)
+        widened = widened_union(kinds)
         if widened is not None:
             return _PRIMITIVES[widened]
         return _struct([(f"member{i}", _arrow_type(k, named, f"{path}.member{i}", stack))
@@ -179,8 +179,9 @@ def change_row_schema(schema_json: str) -> str:
                                "is a union of null and a record (the row)")
 
 
-def _widened_union(kinds: list[Any]) -> str | None:
-    """spark-avro's two unions that widen to one type: int and long (long), float and double (double)."""
+def widened_union(kinds: list[Any]) -> str | None:
+    """The one type of a union of ``kinds`` (its non-null branches) that widens to one:
+    spark-avro's two unions that widen to one type: int and long (long), float and double (double)."""
     if len(kinds) == 2 and all(isinstance(k, str) for k in kinds):
         if set(kinds) == {"int", "long"}:
             return "long"
@@ -209,7 +210,7 @@ def reader_schema(schema: Any) -> Any:
     def rewrite(node: Any) -> Any:
         if isinstance(node, list):
             kinds = [t for t in node if t != "null"]
-            if len(kinds) < 2 or _widened_union(kinds) is not None:
+            if len(kinds) < 2 or widened_union(kinds) is not None:
                 return [rewrite(t) for t in node]
             out: list[Any] = []
             i = 0

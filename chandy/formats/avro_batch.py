@@ -374,13 +374,13 @@ class _Reader:
         return array
 
     def _union(self, branches: list[Any], rows: np.ndarray) -> pa.Array:
-        from chandy.formats.avro import _widened_union
+        from chandy.formats.avro import widened_union
 
         index = self.cursor.long(rows)
         if ((index < 0) | (index >= len(branches))).any():
             raise _Fallback("union branch")
         kinds = [b for b in branches if b != "null"]
-        widened = _widened_union(kinds) if len(kinds) > 1 else None
+        widened = widened_union(kinds) if len(kinds) > 1 else None
         target = {"long": pa.int64(), "double": pa.float64()}.get(widened or "")
         parts: list[pa.Array] = []
         place = np.full(len(rows), -1, np.int64)

@@ -141,7 +141,7 @@ def progress_transactions(table: Any, job_id: str, offsets: Mapping[TP, int] | N
     return found
 
 
-class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
+class DeltaLakeSink(SchemaChecked):
     """A Delta table at any fsspec/object-store URL (see the module docstring).
 
     Args:
@@ -168,6 +168,20 @@ class DeltaLakeSink(SchemaChecked, DeltaMaintenance):
         self.partition_fields, self.partition_by = partition_columns(partition_by)  # transforms: added columns
         self.storage_options = dict(storage_options or {})
         self.fs, self.root = open_filesystem(self.table_uri, self.storage_options)
+
+    @property
+    def maintenance(self) -> DeltaMaintenance:
+        """The table's OPTIMIZE and VACUUM (:class:`DeltaMaintenance`), reading the table as the
+        commits do."""
+        return DeltaMaintenance(self.table_uri, self.root, self._open)
+
+    def optimize(self, *, target_size: int | None = None) -> dict[str, Any]:
+        """See :meth:`DeltaMaintenance.optimize`."""
+        return self.maintenance.optimize(target_size=target_size)
+
+    def vacuum(self, *, retention_hours: float, dry_run: bool = False, retain_last: int = 1) -> list[str]:
+        """See :meth:`DeltaMaintenance.vacuum`."""
+        return self.maintenance.vacuum(retention_hours=retention_hours, dry_run=dry_run, retain_last=retain_last)
 
     @property
     def _delta_uri(self) -> str:

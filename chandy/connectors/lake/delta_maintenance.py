@@ -1,5 +1,6 @@
 """Maintenance of a Delta table while the pipeline runs: compaction (OPTIMIZE) and VACUUM, with
-delta-rs, as a mixin of :class:`~chandy.connectors.lake.delta.DeltaLakeSink`."""
+delta-rs: :class:`DeltaMaintenance`, which :class:`~chandy.connectors.lake.delta.DeltaLakeSink`
+holds as a field and hands ``optimize`` and ``vacuum`` to."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from chandy.connectors.lake.sink import COMMIT_ATTEMPTS, LakeCommitError
@@ -25,13 +26,18 @@ def is_conflict(exc: BaseException) -> bool:
 
 
 class DeltaMaintenance:
-    """OPTIMIZE and VACUUM of the sink's table (``table_uri``, its local ``root``, ``_open()``)."""
+    """OPTIMIZE and VACUUM of one Delta table.
 
-    table_uri: str
-    root: str
+    Args:
+        table_uri: the table's normalized URI (``file://`` for a local table).
+        root: its path in the file system the sink opened (the maintenance lock file goes there).
+        open_table: the table's current version (a ``deltalake.DeltaTable``), or None when there
+            is none: the sink's own opener, so maintenance reads the table as the commits do.
+    """
 
-    def _open(self) -> Any:
-        raise NotImplementedError  # :class:`~chandy.connectors.lake.delta.DeltaLakeSink`
+    def __init__(self, table_uri: str, root: str, open_table: Callable[[], Any]) -> None:
+        self.table_uri, self.root = table_uri, root
+        self._open = open_table
 
     def optimize(self, *, target_size: int | None = None) -> dict[str, Any]:
         """Compact small files into files of about ``target_size`` bytes (delta-rs

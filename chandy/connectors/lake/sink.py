@@ -12,6 +12,7 @@ types (one type system for both formats: :func:`schema_differences`, :func:`merg
 
 from __future__ import annotations
 
+import abc
 import base64
 import dataclasses
 import datetime
@@ -493,7 +494,7 @@ def parquet_write_options(table_properties: Mapping[str, str] | None) -> dict[st
     return {"compression": "none" if codec == "uncompressed" else codec, "compression_level": compression_level}
 
 
-class SchemaChecked:
+class SchemaChecked(abc.ABC):
     """What both formats share to refuse data that does not fit their table: a base of
     :class:`~chandy.connectors.lake.delta.DeltaLakeSink` and
     :class:`~chandy.connectors.lake.iceberg.IcebergSink`, which give ``table_uri``,
@@ -512,8 +513,10 @@ class SchemaChecked:
         """How this sink's data files are compressed (:func:`parquet_write_options`)."""
         return parquet_write_options(self.table_properties)
 
+    @abc.abstractmethod
     def table_fields(self) -> dict[str, Any] | None:
-        raise NotImplementedError
+        """The table's columns, name to Delta type JSON (so both formats compare alike); None
+        when there is no table yet."""
 
     def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
         """Refuse data that does not fit the table (see :func:`schema_differences`); ``table_fields``
