@@ -5,9 +5,9 @@ process, on the throughput benchmark's 12-field records (:mod:`benchmarks.decode
 - ``json``: Arrow's JSON reader next to ``json.loads`` and the type mapping's converters;
 - ``avro``: the numpy batch decoder (:mod:`chandy.formats.avro_batch`) next to
   fastavro's ``schemaless_reader`` (plain Avro binary, the benchmark's schema);
-- ``protobuf``: columns built over the batch (:mod:`chandy.formats.protobuf_batch`) next
-  to a dict per record, both parsing with protobuf's runtime (Confluent framing, the schema in
-  confluent-kafka's in-process ``mock://`` registry).
+- ``protobuf``: the numpy wire-format reader (:mod:`chandy.formats.protobuf_batch`,
+  :mod:`chandy.formats.protobuf_wire`) next to protobuf's runtime parsing each value into a dict
+  per record (Confluent framing, the schema in confluent-kafka's in-process ``mock://`` registry).
 
 Run: ``.venv/bin/python benchmarks/json_decode.py [--value-format json|avro|protobuf] [--records
 50000] [--repeats 5]``. Prints the median records/s of each path over the repeats and the ratio,
@@ -34,7 +34,7 @@ from chandy.formats.records import ARROW_SCHEMA
 KEEP = ("topic", "partition", "offset", "timestamp")
 PATHS = {"json": ("json.loads + type mapping", "Arrow's JSON reader"),
          "avro": ("fastavro schemaless_reader + type mapping", "numpy batch decoder"),
-         "protobuf": ("protobuf runtime, a dict per record", "protobuf runtime, columns over the batch")}
+         "protobuf": ("protobuf runtime, a dict per record", "the wire format read a batch at a time with numpy")}
 
 
 def decoder_for(value_format: str) -> ValueDecoder:

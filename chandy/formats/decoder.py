@@ -281,7 +281,7 @@ class ValueDecoder:
 
     def _decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         """``batch`` decoded a column at a time by its format's batch path (JSON through Arrow's
-        reader, Avro through the numpy decoder, Protobuf's columns over the batch); None when
+        reader, Avro and Protobuf through their numpy wire readers); None when
         no batch path reads it exactly as record by record would (the caller then does)."""
         values = batch.column("value")
         if self.value_format == "json" and self.json_framing == "confluent":
