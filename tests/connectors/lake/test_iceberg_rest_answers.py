@@ -8,7 +8,10 @@ can lose or replace the server's answer to a table commit (``POST /v1/namespaces
 - the request never reaches the server and the client gets a 502: the sink reads the table, finds
   no commit, and fails the commit with the catalog's answer (the checkpoint aborts, nothing
   landed), and the next attempt lands it once;
-- a 409 (another writer won the compare-and-swap): a conflict, retried, landed once.
+- a 409 (another writer won the compare-and-swap): a conflict, retried, landed once;
+- with OAuth2 client credentials (pyiceberg's ``credential``, ``scope``, ``oauth2-server-uri``), a token the catalog
+  stops accepting mid-run (401) is fetched again from the catalog's token endpoint and the commit
+  lands once, with no failed checkpoint.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class _Proxy:
         self.upstream = urlsplit(upstream)
         self.plans: list[str] = []  # the fates of the next table commits, in order; then "pass"
         self.commits_seen: list[str] = []
+        self.token_requests = 0  # POST /v1/oauth/tokens seen
+        self.authorizations: list[str] = []  # each other request's Authorization header ("": none)
+        self.reject_next_bearer = False  # the next request carrying a bearer token gets a 401
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -69,6 +75,15 @@ class _Proxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 fate = "pass"
+                authorization = self.headers.get("Authorization") or ""
+                if self.path.endswith("/oauth/tokens"):
+                    proxy.token_requests += 1
+                else:
+                    proxy.authorizations.append(authorization)
+                    if proxy.reject_next_bearer and authorization.startswith("Bearer "):
+                        proxy.reject_next_bearer = False
+                        error = b'{"error": {"message": "token expired", "type": "NotAuthorizedException", "code": 401}}'
+                        return self._reply(401, [("Content-Type", "application/json")], error)
                 if self.command == "POST" and _COMMIT.match(self.path):
                     fate = proxy.plans.pop(0) if proxy.plans else "pass"
                     proxy.commits_seen.append(fate)
@@ -108,9 +123,10 @@ def _rows(checkpoint: int, n: int = 4) -> pa.Table:
                      "offset": pa.array([checkpoint * n + i for i in range(n)], pa.int64())})
 
 
-def _sink(proxy: _Proxy) -> tuple[IcebergSink, Callable[[], list[int]]]:
+def _sink(proxy: _Proxy, **settings: str) -> tuple[IcebergSink, Callable[[], list[int]]]:
     namespace = f"answers_{uuid.uuid4().hex[:8]}"
-    sink = open_sink(f"iceberg://rest/{namespace}.t", catalog_properties={"type": "rest", "uri": proxy.uri})
+    sink = open_sink(f"iceberg://rest/{namespace}.t",
+                     catalog_properties={"type": "rest", "uri": proxy.uri, **settings})
     assert isinstance(sink, IcebergSink)
     reader = load_catalog("reader", type="rest", uri=proxy.upstream.geturl())
 
@@ -155,4 +171,16 @@ def test_a_conflict_is_retried_and_lands_once(proxy: _Proxy) -> None:
     proxy.plans = ["conflict"]
     assert _commit(sink, 2)
     assert proxy.commits_seen[-2:] == ["conflict", "pass"]
+    assert landed() == list(range(4, 12))
+
+
+def test_an_oauth2_token_the_catalog_stops_accepting_is_fetched_again_and_the_commit_lands(proxy: _Proxy) -> None:
+    sink, landed = _sink(proxy, credential="chandy:secret", scope="catalog", **{"oauth2-server-uri": f"{proxy.uri}/v1/oauth/tokens"})
+    assert _commit(sink, 1)
+    assert proxy.token_requests >= 1  # client credentials exchanged at the catalog's token endpoint
+    assert proxy.authorizations and all(a.startswith("Bearer ") for a in proxy.authorizations[1:])
+    tokens_before = proxy.token_requests
+    proxy.reject_next_bearer = True  # the token expires: the catalog answers its next request 401
+    assert _commit(sink, 2)  # fetched again, the request repeated: no failed checkpoint
+    assert not proxy.reject_next_bearer and proxy.token_requests > tokens_before
     assert landed() == list(range(4, 12))
