@@ -11,11 +11,8 @@ answer after a restart, so :class:`~chandy.formats.registry.RegistryError` is a 
 
 from __future__ import annotations
 
-from chandy.coordinator.errors import ChandyError, SuppressRestartsError
+from chandy.coordinator.errors import SuppressRestartsError
 
 
 class FormatError(SuppressRestartsError):
     """A key, value or schema that Chandy cannot turn into columns; a restart does not cure it."""
-
-
-__all__ = ["ChandyError", "FormatError"]

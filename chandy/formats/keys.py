@@ -24,8 +24,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from chandy.formats.modes import FIELD_KEY_FORMATS as FIELD_KEY_FORMATS  # re-exported
-from chandy.formats.modes import KEY_FORMATS as KEY_FORMATS  # re-exported
 from chandy.formats.records import KAFKA_COLUMNS
 
 #: the prefix of a key field's column (Flink's ``key.fields-prefix``)
@@ -74,7 +72,7 @@ def split_key_columns(columns: pa.Schema, names: tuple[str, ...], key_schema: st
 
 
 def key_decoder(decoder: Any) -> Any:
-    """The decoder of ``decoder``'s keys (one of :data:`FIELD_KEY_FORMATS`): every key a row (a
+    """The decoder of ``decoder``'s keys (one of :data:`~chandy.formats.modes.FIELD_KEY_FORMATS`): every key a row (a
     null key null columns), bad keys kept as bad records, new fields added as columns."""
     schema_framed = decoder.key_format == "json-schema"
     return dataclasses.replace(

@@ -70,7 +70,8 @@ class DecoderFactory:
         their names, the key's columns known at start, their fields in the key): ``--key-schema``'s
         fields, then the table's ``key_*`` columns (added by earlier keys). Keys read as written
         from a registry, and JSON keys, start from the table's alone (new fields add columns)."""
-        from chandy.formats.keys import FIELD_KEY_FORMATS, split_key_columns
+        from chandy.formats.keys import split_key_columns
+        from chandy.formats.modes import FIELD_KEY_FORMATS
 
         opts = self.state.options
         if opts.key_format not in FIELD_KEY_FORMATS:

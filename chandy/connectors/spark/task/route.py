@@ -125,7 +125,8 @@ def decode_routed(options: RoutedTask, batches: Iterator[pa.RecordBatch], table_
                 if fields is None and _json_schema(decoder):  # a new table: its newest writer schema's columns
                     columns, names = newest_json_schema_columns(part.column("value"), decoder)
                 key_columns, key_names = decoder.key_columns, decoder.key_names
-                from chandy.formats.keys import FIELD_KEY_FORMATS, split_key_columns
+                from chandy.formats.keys import split_key_columns
+                from chandy.formats.modes import FIELD_KEY_FORMATS
 
                 if decoder.key_format in FIELD_KEY_FORMATS:
                     columns, names, key_columns, key_names = split_key_columns(
