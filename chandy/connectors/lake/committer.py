@@ -40,6 +40,7 @@ from typing import Any
 
 from chandy.connectors.lake.log_records import LAKE_COMMITS_KIND, LakeCommitRecord
 from chandy.connectors.lake.sink import (
+    COMMIT_ATTEMPTS,
     SOURCE_METRICS_KIND,
     TP,
     DataFile,
@@ -345,6 +346,8 @@ class LakeCommitter:
            table is committed, so a refusal leaves every table as it was;
         3. *commit* each table (the routed ones in URI order, the job's own last) only while it
            still holds what step 1 read (``checked_at``, :func:`~chandy.connectors.lake.sink.check_unchanged`);
+           the tables of one REST catalog that serves the multi-table commit go in one catalog
+           transaction (:meth:`_commit_together`), built by the same per-table code;
         4. *verify*: a table that answers "held already" must hold exactly these ranges.
         """
         if self._committed_through is not None and checkpoint_id <= self._committed_through:
@@ -368,18 +371,24 @@ class LakeCommitter:
         for sink in sinks:  # 2. check, every table before any commit
             self._check_table(sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges, views[sink.table_uri])
         landed: list[tuple[LakeSink, LakeCommit | None, OffsetRanges | None]] = []
-        for sink in sinks:  # 3. commit, each only while unchanged since its read; 4. verify
-            table_files = by_table.get(sink.table_uri, [])
-            committed = self._commit_table(sink, checkpoint_id, table_files, ranges, offsets,
-                                           views[sink.table_uri].checkpoint, watermark)
-            if committed is not None:  # else the table holds what step 1 or the verification read
-                self._remember(sink, checkpoint_id, offsets, event_times)
-            landed.append((sink, committed, ranges if sink is self.sink else None))
-            if sink is not self.sink:
+        for group in self._commit_groups(sinks):  # 3. commit, each only while unchanged since its read; 4. verify
+            if len(group) == 1:
+                sink = group[0]
+                commits = {sink.table_uri: self._commit_table(sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges,
+                                                              offsets, views[sink.table_uri].checkpoint, watermark)}
+            else:
+                commits = self._commit_together(group, checkpoint_id, by_table, ranges, offsets, views, watermark)
+            for sink in group:
+                committed = commits[sink.table_uri]
+                if committed is not None:  # else the table holds what step 1 or the verification read
+                    self._remember(sink, checkpoint_id, offsets, event_times)
+                landed.append((sink, committed, ranges if sink is self.sink else None))
+                if sink is not self.sink:
+                    if sink.table_uri not in self._cleaned and not self._restoring:  # files of checkpoints that crashed
+                        self._cleaned.add(sink.table_uri)
+                        self._delete_unreferenced_async(sink, checkpoint_id)
+            if self.sink not in group:
                 crash_point("between-table-commits", checkpoint_id)
-                if sink.table_uri not in self._cleaned and not self._restoring:  # files of checkpoints that crashed
-                    self._cleaned.add(sink.table_uri)
-                    self._delete_unreferenced_async(sink, checkpoint_id)
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
             self.bytes_read += counts["bytes_read"]
@@ -516,15 +525,128 @@ class LakeCommitter:
                 return None
             window *= 16
 
-    def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
-                      offsets: Mapping[TP, int], done: int | None, watermark: Watermark) -> LakeCommit | None:
-        """Steps 3 and 4 of :meth:`_commit` for one table, checked (step 2) against its job's
+    def _commit_groups(self, sinks: list[LakeSink]) -> list[list[LakeSink]]:
+        """``sinks`` (the routed tables in URI order, the job's own last) in the groups step 3 of
+        :meth:`_commit` commits: the tables of one REST catalog that serves the multi-table commit
+        (:func:`~chandy.connectors.lake.iceberg_transactions.transaction_key`) together, each other
+        table alone, in the same order; a group that holds the job's own table comes last, as
+        that table alone would."""
+        from chandy.connectors.lake.iceberg_transactions import transaction_key
+
+        keys = {sink.table_uri: transaction_key(sink) for sink in sinks}
+        counts: dict[str, int] = {}
+        for key in keys.values():
+            if key is not None:
+                counts[key] = counts.get(key, 0) + 1
+        groups: list[list[LakeSink]] = []
+        together: dict[str, list[LakeSink]] = {}
+        for sink in sinks:
+            key = keys[sink.table_uri]
+            if key is None or counts[key] < 2:
+                groups.append([sink])
+            elif key in together:
+                together[key].append(sink)
+            else:
+                together[key] = [sink]
+                groups.append(together[key])
+        own = next(g for g in groups if self.sink in g)
+        return [g for g in groups if g is not own] + [own]
+
+    def _commit_together(self, group: list[LakeSink], checkpoint_id: int, by_table: Mapping[str, list[DataFile]],
+                         ranges: OffsetRanges, offsets: Mapping[TP, int], views: Mapping[str, TableView],
+                         watermark: Watermark) -> dict[str, LakeCommit | None]:
+        """Steps 3 and 4 of :meth:`_commit` for ``group``, tables of one REST catalog, in one
+        catalog transaction (:class:`~chandy.connectors.lake.iceberg_transactions.CatalogTransaction`):
+        each table's commit is built by the one-table code (:meth:`_commit_table`: the same
+        read, check and commit-while-unchanged), recorded instead of sent, and all are sent in
+        one request. A request that fails leaves the outcome to be read: each table is read
+        again (:meth:`~chandy.connectors.lake.iceberg_transactions.CatalogTransaction.landed`);
+        what landed counts, and what did not is built and sent again (a conflict, a table that
+        landed while another did not), up to ``COMMIT_ATTEMPTS`` times.
+
+        Raises:
+            LakeCommitError: the catalog refused, or its answer and a read of the tables leave
+                the outcome unknown; LakeSchemaError, LakeDivergenceError: as :meth:`_commit_table`.
+        """
+        from chandy.connectors.lake.iceberg_commits import is_conflict
+        from chandy.connectors.lake.iceberg_transactions import CatalogTransaction
+
+        uris = ", ".join(sink.table_uri for sink in group)
+        commits: dict[str, LakeCommit | None] = {}
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            transaction = CatalogTransaction(group[0].catalog)  # type: ignore[attr-defined]
+            staged: dict[str, tuple[LakeSink, LakeCommit | None]] = {}
+            with transaction.staging(group):
+                for sink in group:
+                    if sink.table_uri in commits:
+                        continue  # landed by an earlier attempt
+                    staged[sink.table_uri] = (sink, self._stage_table(
+                        sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges, offsets,
+                        views[sink.table_uri].checkpoint, watermark))
+            if transaction.requests:
+                try:
+                    transaction.commit()
+                except Exception as exc:  # pyiceberg and requests raise many types; the tables say what landed
+                    held = self._landed_together(transaction, exc, checkpoint_id, uris)
+                    for sink, committed in staged.values():
+                        if committed is not None and held.get(sink.identifier, False):  # type: ignore[attr-defined]
+                            commits[sink.table_uri] = self._committed(sink, checkpoint_id, committed,
+                                                                      by_table.get(sink.table_uri, []))
+                    if held and all(held.values()):
+                        log.warning("checkpoint %d: the catalog answered the transaction of %s with %s: %s, but every "
+                                    "table holds its commit (read again): it landed", checkpoint_id, uris,
+                                    type(exc).__name__, exc)
+                        continue
+                    if any(held.values()) or is_conflict(exc):
+                        if attempt < COMMIT_ATTEMPTS:
+                            log.warning("checkpoint %d: the catalog transaction of %s failed (%s: %s) with %d of %d "
+                                        "table(s) landed: building it again", checkpoint_id, uris, type(exc).__name__,
+                                        exc, sum(held.values()), len(held))
+                            continue
+                    raise LakeCommitError(f"checkpoint {checkpoint_id}: the catalog transaction of {uris} failed "
+                                          f"(attempt {attempt}): {type(exc).__name__}: {exc}") from exc
+            for uri, (sink, committed) in staged.items():
+                commits[uri] = self._committed(sink, checkpoint_id, committed, by_table.get(uri, []), ranges)
+            if len(transaction.requests) > 1:
+                log.info("checkpoint %d: %d table(s) committed in one catalog transaction (%s)", checkpoint_id,
+                         len(transaction.requests), uris)
+            return commits
+        raise LakeCommitError(f"checkpoint {checkpoint_id}: the catalog transaction of {uris} did not land "
+                              f"after {COMMIT_ATTEMPTS} attempts")  # not reached: the last attempt raises
+
+    @staticmethod
+    def _landed_together(transaction: Any, exc: Exception, checkpoint_id: int, uris: str) -> dict[tuple[str, ...], bool]:
+        """After ``transaction``'s request failed with ``exc``: which of its tables hold their
+        commit now, read up to ``STATUS_CHECKS`` times (as Iceberg's ``checkCommitStatus``).
+
+        Raises:
+            LakeCommitError: no read answered: the outcome stays unknown.
+        """
+        from chandy.connectors.lake.iceberg_commits import STATUS_CHECK_WAIT_S, STATUS_CHECKS
+
+        wait_s = STATUS_CHECK_WAIT_S
+        for check in range(1, STATUS_CHECKS + 1):
+            try:
+                return dict(transaction.landed())
+            except Exception as read_error:  # noqa: BLE001 - each failed read is retried, then reported
+                if check == STATUS_CHECKS:
+                    raise LakeCommitError(
+                        f"checkpoint {checkpoint_id}: the catalog's answer to the transaction of {uris} "
+                        f"({type(exc).__name__}: {exc}) leaves the outcome unknown, and {STATUS_CHECKS} reads of the "
+                        f"tables to check it failed (the last: {type(read_error).__name__}: {read_error})") from exc
+                time.sleep(wait_s)
+                wait_s *= 2
+        return {}  # not reached
+
+    def _stage_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
+                     offsets: Mapping[TP, int], done: int | None, watermark: Watermark) -> LakeCommit | None:
+        """Step 3 of :meth:`_commit` for one table, checked (step 2) against its job's
         checkpoint ``done``: refuse files that are gone (LakeDivergenceError), then commit its
         files of ``checkpoint_id`` (an append, or with ``changes`` a merge), recording the job's
         cumulative ``offsets`` and completeness ``watermark`` (the job's: every table it writes
         holds every record read below it), only while the table still holds ``done``
-        (``checked_at``); None when the table holds it already (then it must hold exactly these
-        ranges: :meth:`_verify`) or there was nothing."""
+        (``checked_at``); None when the table holds it already or there was nothing. Inside a
+        catalog transaction's staging, the commit is recorded, not sent."""
         missing = sink.missing_files(files) if done is None or done < checkpoint_id else []
         if missing:  # checked right before the commit: a cleanup of another run may race it (design.md §7)
             # never commit a file that is gone: the table would reference data it cannot read
@@ -535,13 +657,19 @@ class LakeCommitter:
                 "so it cannot be committed: restore a checkpoint or a stop-with-savepoint savepoint instead")
         try:
             commit = sink.commit_changes if self.changes else sink.commit
-            committed = commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
-                               cluster_id=self.cluster_id, checked_at=done, event_times=dict(watermark.event_times),
-                               valid_through_ms=watermark.valid_through_ms)
+            return commit(self.context.job_id, checkpoint_id, files, offsets=dict(offsets) or None,
+                          cluster_id=self.cluster_id, checked_at=done, event_times=dict(watermark.event_times),
+                          valid_through_ms=watermark.valid_through_ms)
         except LakeSchemaError as exc:  # say which records did not fit
             where = ", ".join(f"{t}-{p} offsets [{start}, {end})" for (t, p), (start, end) in sorted(ranges.items())
                               if end > start)
             raise LakeSchemaError(f"{exc} (records: {where or 'none'})") from exc
+
+    def _committed(self, sink: LakeSink, checkpoint_id: int, committed: LakeCommit | None, files: list[DataFile],
+                   ranges: OffsetRanges | None = None) -> LakeCommit | None:
+        """Step 4 of :meth:`_commit` for one table once its commit was sent: ``committed`` None
+        (the table held the checkpoint already) with ``ranges`` is verified (:meth:`_verify`); a
+        commit made is counted and logged."""
         if committed is None and ranges:
             self._verify(sink, checkpoint_id, ranges)
         if committed:
@@ -550,6 +678,18 @@ class LakeCommitter:
             log.info("checkpoint %d: %d file(s), %d record(s) committed to %s (version %s)", checkpoint_id,
                      len(files), records, sink.table_uri, committed.table_version)
         return committed
+
+    def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
+                      offsets: Mapping[TP, int], done: int | None, watermark: Watermark) -> LakeCommit | None:
+        """Steps 3 and 4 of :meth:`_commit` for one table, checked (step 2) against its job's
+        checkpoint ``done``: refuse files that are gone (LakeDivergenceError), then commit its
+        files of ``checkpoint_id`` (an append, or with ``changes`` a merge), recording the job's
+        cumulative ``offsets`` and completeness ``watermark`` (the job's: every table it writes
+        holds every record read below it), only while the table still holds ``done``
+        (``checked_at``); None when the table holds it already (then it must hold exactly these
+        ranges: :meth:`_verify`) or there was nothing."""
+        committed = self._stage_table(sink, checkpoint_id, files, ranges, offsets, done, watermark)
+        return self._committed(sink, checkpoint_id, committed, files, ranges)
 
     def _verify(self, sink: LakeSink, checkpoint_id: int, ranges: OffsetRanges) -> None:
         """Step 4 of :meth:`_commit`: ``sink``'s commit of ``checkpoint_id`` committed nothing.

@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import EllipsisType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -69,6 +69,9 @@ from chandy.connectors.lake.sink import (
 from chandy.connectors.lake.uri import normalize_table_uri
 from chandy.coordinator.filesystems import open_filesystem, pyiceberg_properties
 from chandy.formats.type_mapping import to_lake_types
+
+if TYPE_CHECKING:
+    from chandy.connectors.lake.iceberg_transactions import CatalogTransaction
 
 __all__ = ["IcebergSink", "catalog_properties_for", "default_checkpoint_dir", "parse_iceberg_uri"]
 
@@ -126,6 +129,9 @@ class IcebergSink(SchemaChecked):
         self.partition_fields, self.partition_by = partition_columns(partition_by)  # transforms: added columns
         self.storage_options = dict(storage_options or {})
         self._catalog: Any = None
+        #: while a checkpoint's tables commit in one catalog transaction, the transaction that
+        #: records this table's commit (:class:`~chandy.connectors.lake.iceberg_transactions.CatalogTransaction`)
+        self.transaction: CatalogTransaction | None = None
         if location is not None:  # a task's writer: no catalog (nor pyiceberg) needed to write files
             self.catalog_properties = dict(catalog_properties or {})
             self.root_url = location.rstrip("/")
@@ -151,7 +157,7 @@ class IcebergSink(SchemaChecked):
         return self._catalog
 
     def __getstate__(self) -> dict[str, Any]:  # tasks get the sink without its catalog connection
-        return {**self.__dict__, "_catalog": None}
+        return {**self.__dict__, "_catalog": None, "transaction": None}
 
     def _default_location(self) -> str:
         """Where a new table goes: where a REST catalog places it (its ``warehouse``, if given,
@@ -191,13 +197,15 @@ class IcebergSink(SchemaChecked):
         return str(staged.table_metadata.location)
 
     def _load(self) -> Any:
-        """The table (``pyiceberg.table.Table``), or None when there is none."""
+        """The table (``pyiceberg.table.Table``), or None when there is none. While
+        :attr:`transaction` is set, its commits are recorded there instead of sent."""
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
         try:
-            return self.catalog.load_table(self.identifier)
+            table = self.catalog.load_table(self.identifier)
         except (NoSuchTableError, NoSuchNamespaceError):
             return None
+        return table if self.transaction is None else self.transaction.staged(table)
 
     def _create(self, schema: pa.Schema) -> Any:
         from pyiceberg.exceptions import TableAlreadyExistsError

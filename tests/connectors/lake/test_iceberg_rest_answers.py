@@ -16,13 +16,8 @@ can lose or replace the server's answer to a table commit (``POST /v1/namespaces
 
 from __future__ import annotations
 
-import http.client
-import http.server
-import re
-import threading
 import uuid
 from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pytest
@@ -31,87 +26,15 @@ from pyiceberg.catalog import load_catalog
 from chandy.connectors.lake.iceberg import IcebergSink
 from chandy.connectors.lake.sink import LakeCommitError
 from chandy.connectors.lake.tables import open_sink
+from tests.fixtures.catalog_proxy import CatalogProxy
 from tests.fixtures.iceberg_rest import IcebergRestCatalog
 
 JOB = "fedcba9876543210fedcba9876543210"
-_COMMIT = re.compile(r"^/v1/namespaces/[^/]+/tables/[^/]+$")
-
-
-class _Proxy:
-    """Forwards every request to the catalog; ``plan(path)`` decides a table commit's fate:
-    ``"pass"``, ``"lose-answer"`` (forwarded, then answered 502), ``"drop"`` (answered 502, never
-    forwarded) or ``"conflict"`` (answered 409, never forwarded)."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = urlsplit(upstream)
-        self.plans: list[str] = []  # the fates of the next table commits, in order; then "pass"
-        self.commits_seen: list[str] = []
-        self.token_requests = 0  # POST /v1/oauth/tokens seen
-        self.authorizations: list[str] = []  # each other request's Authorization header ("": none)
-        self.reject_next_bearer = False  # the next request carrying a bearer token gets a 401
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _forward(self, body: bytes | None) -> tuple[int, list[tuple[str, str]], bytes]:
-                connection = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-                connection.request(self.command, self.path, body=body, headers=headers)
-                answer = connection.getresponse()
-                return answer.status, answer.getheaders(), answer.read()
-
-            def _reply(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
-                self.send_response(status)
-                for key, value in headers:
-                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
-                        self.send_header(key, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                fate = "pass"
-                authorization = self.headers.get("Authorization") or ""
-                if self.path.endswith("/oauth/tokens"):
-                    proxy.token_requests += 1
-                else:
-                    proxy.authorizations.append(authorization)
-                    if proxy.reject_next_bearer and authorization.startswith("Bearer "):
-                        proxy.reject_next_bearer = False
-                        error = b'{"error": {"message": "token expired", "type": "NotAuthorizedException", "code": 401}}'
-                        return self._reply(401, [("Content-Type", "application/json")], error)
-                if self.command == "POST" and _COMMIT.match(self.path):
-                    fate = proxy.plans.pop(0) if proxy.plans else "pass"
-                    proxy.commits_seen.append(fate)
-                if fate == "drop":
-                    return self._reply(502, [("Content-Type", "text/plain")], b"bad gateway")
-                if fate == "conflict":
-                    error = (b'{"error": {"message": "Requirement failed: branch main has changed", '
-                             b'"type": "CommitFailedException", "code": 409}}')
-                    return self._reply(409, [("Content-Type", "application/json")], error)
-                status, headers, answer = self._forward(body)
-                if fate == "lose-answer":
-                    return self._reply(502, [("Content-Type", "text/plain")], b"bad gateway")
-                return self._reply(status, headers, answer)
-
-            do_GET = do_POST = do_HEAD = do_DELETE = _handle
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
-def proxy(iceberg_rest_catalog: IcebergRestCatalog) -> Iterator[_Proxy]:
-    front = _Proxy(iceberg_rest_catalog.uri)
+def proxy(iceberg_rest_catalog: IcebergRestCatalog) -> Iterator[CatalogProxy]:
+    front = CatalogProxy(iceberg_rest_catalog.uri)
     try:
         yield front
     finally:
@@ -123,7 +46,7 @@ def _rows(checkpoint: int, n: int = 4) -> pa.Table:
                      "offset": pa.array([checkpoint * n + i for i in range(n)], pa.int64())})
 
 
-def _sink(proxy: _Proxy, **settings: str) -> tuple[IcebergSink, Callable[[], list[int]]]:
+def _sink(proxy: CatalogProxy, **settings: str) -> tuple[IcebergSink, Callable[[], list[int]]]:
     namespace = f"answers_{uuid.uuid4().hex[:8]}"
     sink = open_sink(f"iceberg://rest/{namespace}.t",
                      catalog_properties={"type": "rest", "uri": proxy.uri, **settings})
@@ -141,7 +64,7 @@ def _commit(sink: IcebergSink, checkpoint: int) -> object:
     return sink.commit(JOB, checkpoint, files, offsets={("t", 0): (checkpoint + 1) * 4}, cluster_id="c1")
 
 
-def test_a_commit_whose_answer_is_lost_after_it_landed_counts_once(proxy: _Proxy) -> None:
+def test_a_commit_whose_answer_is_lost_after_it_landed_counts_once(proxy: CatalogProxy) -> None:
     sink, landed = _sink(proxy)
     assert _commit(sink, 1)  # creates the table (its own commit path), then its checkpoint 1
     proxy.plans = ["lose-answer"]
@@ -153,7 +76,7 @@ def test_a_commit_whose_answer_is_lost_after_it_landed_counts_once(proxy: _Proxy
     assert _commit(sink, 2) is None and landed() == list(range(4, 12))  # and a retry lands nothing more
 
 
-def test_a_commit_that_never_reached_the_catalog_fails_then_lands_once(proxy: _Proxy) -> None:
+def test_a_commit_that_never_reached_the_catalog_fails_then_lands_once(proxy: CatalogProxy) -> None:
     sink, landed = _sink(proxy)
     assert _commit(sink, 1)
     proxy.plans = ["drop"]
@@ -165,7 +88,7 @@ def test_a_commit_that_never_reached_the_catalog_fails_then_lands_once(proxy: _P
     assert landed() == list(range(4, 12))
 
 
-def test_a_conflict_is_retried_and_lands_once(proxy: _Proxy) -> None:
+def test_a_conflict_is_retried_and_lands_once(proxy: CatalogProxy) -> None:
     sink, landed = _sink(proxy)
     assert _commit(sink, 1)
     proxy.plans = ["conflict"]
@@ -174,7 +97,7 @@ def test_a_conflict_is_retried_and_lands_once(proxy: _Proxy) -> None:
     assert landed() == list(range(4, 12))
 
 
-def test_an_oauth2_token_the_catalog_stops_accepting_is_fetched_again_and_the_commit_lands(proxy: _Proxy) -> None:
+def test_an_oauth2_token_the_catalog_stops_accepting_is_fetched_again_and_the_commit_lands(proxy: CatalogProxy) -> None:
     sink, landed = _sink(proxy, credential="chandy:secret", scope="catalog", **{"oauth2-server-uri": f"{proxy.uri}/v1/oauth/tokens"})
     assert _commit(sink, 1)
     assert proxy.token_requests >= 1  # client credentials exchanged at the catalog's token endpoint
