@@ -208,7 +208,9 @@ class CheckpointEvent(_Message):
     commit added ``records_added`` records in ``files_added`` files, read from ``offset_ranges``; the
     table holds every record read with a Kafka timestamp up to ``valid_through_ms``, the minimum of
     the per-partition ``event_times`` over every assigned partition but the ``idle_partitions``,
-    the completeness watermark; None while an assigned partition that is not idle is unread),
+    the completeness watermark; None while an assigned partition that is not idle is unread;
+    ``committed_with``: the sorted URIs of the tables the catalog was asked to apply together with
+    this one, itself included, in one multi-table commit; None when it was committed alone).
     A ``TRIGGERED`` event also carries ``job_name``, the checkpointing configuration
     ``checkpoint_config`` (ms and counts) and the job's ``operators``.
 
@@ -247,6 +249,7 @@ class CheckpointEvent(_Message):
     valid_through_ms: int | None = None
     event_times: tuple[PartitionEventTime, ...] | None = None
     idle_partitions: tuple[IdlePartition, ...] | None = None
+    committed_with: tuple[str, ...] | None = None
 
 
 #: Avro schema name -> message class, for decoding.

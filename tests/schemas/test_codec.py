@@ -155,7 +155,8 @@ def test_records_of_every_earlier_version_decode_with_the_default_repository(old
 def test_an_earlier_reader_reads_a_lake_commit_event_as_unknown_and_keeps_the_fields_it_knows(old: Schema) -> None:
     """A reader from before lake commits reads LAKE_COMMITTED as UNKNOWN; one from before the
     completeness watermark (issue 47) reads the event without valid_through_ms and event_times;
-    one from before idle partitions (issue 54) without idle_partitions."""
+    one from before idle partitions (issue 54) without idle_partitions; one from before multi-table
+    commits (issue 56) without committed_with."""
     from chandy.coordinator.messages import CheckpointEvent, IdlePartition, OffsetRange, PartitionEventTime
 
     event = CheckpointEvent("job", 7, "LAKE_COMMITTED", "CHECKPOINT", 2, 1000, 900, table_uri="delta:/t",
@@ -164,7 +165,8 @@ def test_an_earlier_reader_reads_a_lake_commit_event_as_unknown_and_keeps_the_fi
                             valid_through_ms=1_790_000_000_000,
                             event_times=(PartitionEventTime("t", 0, 1_790_000_000_000),
                                          PartitionEventTime("t", 1, 1_790_000_500_000)),
-                            idle_partitions=(IdlePartition("t", 2),))
+                            idle_partitions=(IdlePartition("t", 2),),
+                            committed_with=("iceberg://rest/lake.lines", "iceberg://rest/lake.orders"))
     data = SingleObjectCodec().encode(event.SCHEMA, event.to_avro())
     reader = SingleObjectCodec(SchemaRepository([old]))
     reader.repository.register(SCHEMAS[old.name])  # the old reader is given the new writer schema
@@ -177,7 +179,9 @@ def test_an_earlier_reader_reads_a_lake_commit_event_as_unknown_and_keeps_the_fi
     assert ("valid_through_ms" in decoded) is knows_watermark and ("event_times" in decoded) is knows_watermark
     if knows_watermark:
         assert decoded["valid_through_ms"] == 1_790_000_000_000
-    assert "idle_partitions" not in decoded
+    knows_idle = any(f["name"] == "idle_partitions" for f in old.definition["fields"])
+    assert ("idle_partitions" in decoded) is knows_idle
+    assert "committed_with" not in decoded
     assert CheckpointEvent.from_avro(SingleObjectCodec().decode(data, WHERE).value) == event
 
 

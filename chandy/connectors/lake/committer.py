@@ -149,6 +149,8 @@ class LakeCommitter:
         #: what each table (the job's and each routed one, by URI) holds for the job, as last read or written
         self._views: dict[str, TableView] = {}
         self._cleaned: set[str] = set()  # routed tables whose unreferenced files this run deleted
+        #: this checkpoint's tables committed in one catalog request: table URI -> every table of that request
+        self._committed_with: dict[str, tuple[str, ...]] = {}
         self._committed_through: int | None = None  # the newest checkpoint this run committed and announced
         self._restoring = False  # in reset_to_checkpoint, which cleans every table it meets itself
         self.sink = sink
@@ -353,6 +355,7 @@ class LakeCommitter:
         if self._committed_through is not None and checkpoint_id <= self._committed_through:
             return  # this run committed it already (a restore's commit, then its completion notice)
         crash_point("before-lake-commit", checkpoint_id)
+        self._committed_with = {}
         metadata = self._metadata(checkpoint_id)
         if not self._restoring:  # a restore commits what its pointer names, whoever wrote it
             self._check_own_metadata(checkpoint_id, metadata)
@@ -573,6 +576,10 @@ class LakeCommitter:
 
         uris = ", ".join(sink.table_uri for sink in group)
         commits: dict[str, LakeCommit | None] = {}
+        def together(uris_landed: list[str]) -> None:  # what one request landed, for LAKE_COMMITTED
+            if len(uris_landed) > 1:
+                self._committed_with.update((uri, tuple(sorted(uris_landed))) for uri in uris_landed)
+
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             transaction = CatalogTransaction(group[0].catalog)  # type: ignore[attr-defined]
             staged: dict[str, tuple[LakeSink, LakeCommit | None]] = {}
@@ -588,10 +595,12 @@ class LakeCommitter:
                     transaction.commit()
                 except Exception as exc:  # pyiceberg and requests raise many types; the tables say what landed
                     held = self._landed_together(transaction, exc, checkpoint_id, uris)
-                    for sink, committed in staged.values():
-                        if committed is not None and held.get(sink.identifier, False):  # type: ignore[attr-defined]
-                            commits[sink.table_uri] = self._committed(sink, checkpoint_id, committed,
-                                                                      by_table.get(sink.table_uri, []))
+                    landed_now = [uri for uri, (sink, committed) in staged.items()
+                                  if committed is not None and held.get(sink.identifier, False)]  # type: ignore[attr-defined]
+                    for uri in landed_now:
+                        sink, committed = staged[uri]
+                        commits[uri] = self._committed(sink, checkpoint_id, committed, by_table.get(uri, []))
+                    together(landed_now)
                     if held and all(held.values()):
                         log.warning("checkpoint %d: the catalog answered the transaction of %s with %s: %s, but every "
                                     "table holds its commit (read again): it landed", checkpoint_id, uris,
@@ -607,6 +616,7 @@ class LakeCommitter:
                                           f"(attempt {attempt}): {type(exc).__name__}: {exc}") from exc
             for uri, (sink, committed) in staged.items():
                 commits[uri] = self._committed(sink, checkpoint_id, committed, by_table.get(uri, []), ranges)
+            together([uri for uri, (_, committed) in staged.items() if committed is not None])
             if len(transaction.requests) > 1:
                 log.info("checkpoint %d: %d table(s) committed in one catalog transaction (%s)", checkpoint_id,
                          len(transaction.requests), uris)
@@ -749,10 +759,11 @@ class LakeCommitter:
             landed[committed.checkpoint_id] = committed
         for landed_id in sorted(landed):
             current = landed_id == checkpoint_id
-            self._publish(sink, landed[landed_id], ranges if current else None, watermark if current else None)
+            self._publish(sink, landed[landed_id], ranges if current else None, watermark if current else None,
+                          self._committed_with.get(sink.table_uri) if current and committed is not None else None)
 
     def _publish(self, sink: LakeSink, commit: LakeCommit, ranges: OffsetRanges | None,
-                 watermark: Watermark | None = None) -> None:
+                 watermark: Watermark | None = None, committed_with: tuple[str, ...] | None = None) -> None:
         offset_ranges = None if ranges is None else tuple(
             OffsetRange(topic, partition, start, end) for (topic, partition), (start, end) in sorted(ranges.items())
             if end > start)
@@ -763,6 +774,8 @@ class LakeCommitter:
             fields["idle_partitions"] = tuple(IdlePartition(topic, partition) for topic, partition in watermark.idle)
         if watermark is None and commit.event_times:  # the completeness watermark the commit recorded
             watermark = Watermark(commit.event_times, commit.valid_through_ms)
+        if committed_with is not None:
+            fields["committed_with"] = committed_with
         if watermark is not None and watermark.event_times:
             fields.update(valid_through_ms=watermark.valid_through_ms, event_times=tuple(
                 PartitionEventTime(topic, partition, millis)

@@ -94,6 +94,11 @@ class RoutedJob:
         return sorted(fields["table_uri"] for c, kind, fields in self.context.published
                       if c == checkpoint_id and kind == "LAKE_COMMITTED")
 
+    def committed_with(self, checkpoint_id: int) -> dict[str, object]:
+        """Each LAKE_COMMITTED event's ``committed_with`` of checkpoint ``checkpoint_id``, by table."""
+        return {fields["table_uri"]: fields.get("committed_with") for c, kind, fields in self.context.published
+                if c == checkpoint_id and kind == "LAKE_COMMITTED"}
+
 
 def test_a_checkpoints_tables_commit_in_one_catalog_transaction(tmp_path: Path, proxy: CatalogProxy) -> None:
     job = RoutedJob(tmp_path, proxy)
@@ -101,7 +106,8 @@ def test_a_checkpoints_tables_commit_in_one_catalog_transaction(tmp_path: Path, 
         job.take(checkpoint)
         job.complete(checkpoint)
         assert job.checkpoint_of("orders") == job.checkpoint_of("lines") == str(checkpoint)
-        assert job.lake_events(checkpoint) == sorted([job.sink.table_uri, job.routed.table_uri])
+        both = tuple(sorted([job.sink.table_uri, job.routed.table_uri]))
+        assert job.committed_with(checkpoint) == dict.fromkeys(both, both)  # the events say they went together
     assert proxy.commits_seen == []  # no table committed alone, not even at the first checkpoint
     assert len(proxy.creations_seen) == 2  # which created both tables first, each in its own request
     changed = sorted([f"{job.namespace}.lines", f"{job.namespace}.orders"])
@@ -146,6 +152,7 @@ def test_a_transaction_the_server_applied_to_one_table_only_is_completed_once(tm
     assert len(cut) == 2 and len(rest) == 1 and rest[0] != cut[0]  # only the table that had not landed, sent again
     assert job.offsets("orders") == job.offsets("lines") == list(range(4, 12))
     assert job.checkpoint_of("orders") == job.checkpoint_of("lines") == "2"
+    assert set(job.committed_with(2).values()) == {None}  # each landed alone: the events do not claim otherwise
 
 
 def test_a_transaction_that_never_reached_the_catalog_fails_then_lands_once(tmp_path: Path,
