@@ -34,6 +34,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -129,6 +130,9 @@ class LakeCommitter:
             first met it, for one never read) stops holding the completeness watermark back and is
             named in ``LAKE_COMMITTED``'s ``idle_partitions`` (Flink's ``WatermarkStrategy.withIdleness``);
             None: every assigned partition holds it back until read, and at its newest record.
+        commit_threads: how many of a checkpoint's routed tables (or catalog transactions) commit
+            at once (:meth:`_side_by_side`); ``--table`` commits after them, alone. 1: one after
+            another, in URI order.
     """
 
     def __init__(self, context: Any, sink: LakeSink, storage: CheckpointStorage, *,
@@ -137,8 +141,10 @@ class LakeCommitter:
                  optimize_target_size: int | None = None, open_table: Callable[[str], LakeSink] | None = None,
                  changes: bool = False, vacuum_every: int | None = None,
                  vacuum_retention_hours: float = 168.0, vacuum_retain_last: int = 1,
-                 log_id: str | None = None, source_idle_timeout_ms: int | None = None) -> None:
+                 log_id: str | None = None, source_idle_timeout_ms: int | None = None, commit_threads: int = 1) -> None:
         self.context = context
+        self.commit_threads = commit_threads
+        self._counting = threading.Lock()  # what the table commits running side by side count
         self.source_idle_timeout_ms = source_idle_timeout_ms
         self._active_at: dict[TP, float] = {}  # per partition, when (monotonic ms) it last had records, or was first met
         #: the data files of this incarnation of the job's coordinator log: the only ones it deletes
@@ -374,13 +380,21 @@ class LakeCommitter:
         for sink in sinks:  # 2. check, every table before any commit
             self._check_table(sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges, views[sink.table_uri])
         landed: list[tuple[LakeSink, LakeCommit | None, OffsetRanges | None]] = []
-        for group in self._commit_groups(sinks):  # 3. commit, each only while unchanged since its read; 4. verify
-            if len(group) == 1:
-                sink = group[0]
-                commits = {sink.table_uri: self._commit_table(sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges,
-                                                              offsets, views[sink.table_uri].checkpoint, watermark)}
-            else:
+        groups = self._commit_groups(sinks)  # --table's group last
+
+        def commit(group: list[LakeSink]) -> dict[str, LakeCommit | None]:  # 3. commit, only while unchanged; 4. verify
+            if len(group) > 1:
                 commits = self._commit_together(group, checkpoint_id, by_table, ranges, offsets, views, watermark)
+            else:
+                sink = group[0]
+                commits = {sink.table_uri: self._commit_table(sink, checkpoint_id, by_table.get(sink.table_uri, []),
+                                                              ranges, offsets, views[sink.table_uri].checkpoint, watermark)}
+            if self.sink not in group:
+                crash_point("between-table-commits", checkpoint_id)
+            return commits
+
+        results = [*self._side_by_side(groups[:-1], commit), commit(groups[-1])]
+        for group, commits in zip(groups, results, strict=True):
             for sink in group:
                 committed = commits[sink.table_uri]
                 if committed is not None:  # else the table holds what step 1 or the verification read
@@ -390,8 +404,6 @@ class LakeCommitter:
                     if sink.table_uri not in self._cleaned and not self._restoring:  # files of checkpoints that crashed
                         self._cleaned.add(sink.table_uri)
                         self._delete_unreferenced_async(sink, checkpoint_id)
-            if self.sink not in group:
-                crash_point("between-table-commits", checkpoint_id)
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
             self.bytes_read += counts["bytes_read"]
@@ -528,6 +540,27 @@ class LakeCommitter:
                 return None
             window *= 16
 
+    def _side_by_side(self, groups: list[list[LakeSink]],
+                      commit: Callable[[list[LakeSink]], dict[str, LakeCommit | None]]) -> list[dict[str, LakeCommit | None]]:
+        """``commit(group)`` for each of ``groups`` (independent tables: the routed ones), on up
+        to :attr:`commit_threads` threads at once (one: in order, on this thread), as the Kafka
+        Connect Iceberg sink's ``iceberg.control.commit.threads`` commits its tables; the
+        results in the order of ``groups``. Each commit is the whole guarded sequence of its
+        table (its own idempotence check): running them side by side changes only which of them
+        have landed when one fails, as a crash between two would.
+
+        Raises:
+            Exception: the first (in the order of ``groups``) a commit raised, once every
+                commit started has ended.
+        """
+        if self.commit_threads <= 1 or len(groups) <= 1:
+            return [commit(group) for group in groups]
+        with concurrent.futures.ThreadPoolExecutor(min(self.commit_threads, len(groups)),
+                                                   thread_name_prefix="chandy-table-commit") as pool:
+            futures = [pool.submit(commit, group) for group in groups]
+            concurrent.futures.wait(futures)
+        return [future.result() for future in futures]
+
     def _commit_groups(self, sinks: list[LakeSink]) -> list[list[LakeSink]]:
         """``sinks`` (the routed tables in URI order, the job's own last) in the groups step 3 of
         :meth:`_commit` commits: the tables of one REST catalog that serves the multi-table commit
@@ -578,7 +611,8 @@ class LakeCommitter:
         commits: dict[str, LakeCommit | None] = {}
         def together(uris_landed: list[str]) -> None:  # what one request landed, for LAKE_COMMITTED
             if len(uris_landed) > 1:
-                self._committed_with.update((uri, tuple(sorted(uris_landed))) for uri in uris_landed)
+                with self._counting:
+                    self._committed_with.update((uri, tuple(sorted(uris_landed))) for uri in uris_landed)
 
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             transaction = CatalogTransaction(group[0].catalog)  # type: ignore[attr-defined]
@@ -684,7 +718,8 @@ class LakeCommitter:
             self._verify(sink, checkpoint_id, ranges)
         if committed:
             records = sum(f.records for f in files)
-            self.records_committed += records
+            with self._counting:  # tables commit side by side (_side_by_side)
+                self.records_committed += records
             log.info("checkpoint %d: %d file(s), %d record(s) committed to %s (version %s)", checkpoint_id,
                      len(files), records, sink.table_uri, committed.table_version)
         return committed
@@ -886,6 +921,7 @@ class LakeCommitterProvider:
     vacuum_retain_last: int = 1
     log_id: str | None = None
     source_idle_timeout_ms: int | None = None
+    commit_threads: int = 1
 
     def create(self, context: Any) -> LakeCommitter:
         return LakeCommitter(context, self.sink, self.storage, offsets_of=self.offsets_of, cluster_id=self.cluster_id,
@@ -893,7 +929,7 @@ class LakeCommitterProvider:
                              open_table=self.open_table, changes=self.changes, vacuum_every=self.vacuum_every,
                              vacuum_retention_hours=self.vacuum_retention_hours,
                              vacuum_retain_last=self.vacuum_retain_last, log_id=self.log_id,
-                             source_idle_timeout_ms=self.source_idle_timeout_ms)
+                             source_idle_timeout_ms=self.source_idle_timeout_ms, commit_threads=self.commit_threads)
 
 
 def _table_of(checkpoint_data: bytes | None) -> str | None:

@@ -329,6 +329,10 @@ class PipelineOptions:
     route_by: str = _opt("topic", "--route-by", choices=("topic", "record-name"), help=(
         "What --route's PATTERN matches: the topic, or each value's writer schema's full record name from the Schema "
         "Registry (Avro namespace.name, Protobuf package.Message, JSON Schema title), e.g. 'com\\.acme\\.(\\w+)=lake/$1'."))
+    commit_threads: int = _opt(8, "--commit-threads", minimum=1, metavar="N", help=(
+        "How many of a checkpoint's routed tables commit at once (the Kafka Connect Iceberg sink's "
+        "iceberg.control.commit.threads), each through its own guarded commit; --table commits after them. "
+        "1: one after another."))
     unrouted: str = _opt("table", "--unrouted", choices=("table", "dead-letter"), help=(
         "Records no --route rule matches land in --table, or are bad records (dead-lettered with "
         "--errors-tolerance all --dead-letter-topic, else they fail the micro-batch)."))

@@ -181,7 +181,8 @@ class JobCoordinator:
                                      vacuum_retention_hours=opts.vacuum_retention_hours,
                                      vacuum_retain_last=opts.vacuum_retain_last,
                                      log_id=coordinator_log_id(opts.prefix, state.job_id),
-                                     source_idle_timeout_ms=opts.source_idle_timeout_ms)
+                                     source_idle_timeout_ms=opts.source_idle_timeout_ms,
+                                     commit_threads=opts.commit_threads)
 
     def routed_table(self, table_uri: str) -> LakeSink:
         """The sink of a table ``--route`` names (created at its first commit, with ``--partition-by``)."""

@@ -87,6 +87,7 @@ class Preflight:
         self._check_table_location()
         self._check_checkpoint_directory()
         self._warn_local_paths_on_a_cluster()
+        self._say_what_readers_see_across_tables()
         self._static_checked = True
 
     def _check_kafka(self) -> None:
@@ -214,6 +215,33 @@ class Preflight:
             log.warning("%s on the local filesystem with %s: the driver and every executor must see the same "
                         "directory (one machine, or a shared mount); on a cluster use shared storage (s3://, "
                         "abfss://, gs://, hdfs://)", " and ".join(local), where)
+
+    def _say_what_readers_see_across_tables(self) -> None:
+        """A routed job writes several tables per checkpoint: say at start whether they commit
+        together (an Iceberg REST catalog that serves the multi-table commit:
+        :func:`~chandy.connectors.lake.iceberg_transactions.transaction_key`) or one after another,
+        so that a reader of two tables may see them at different checkpoints (docs/design.md §7)."""
+        opts = self.state.options
+        if not opts.routes:
+            return
+        from chandy.connectors.lake.iceberg_transactions import transaction_key
+        from chandy.connectors.lake.routing import Router
+
+        sink = self.state.sink
+        targets = [rule.table for rule in Router.parse(opts.routes, opts.route_field, opts.route_by).rules]
+        catalog = sink.table_uri.split("/")[2] if sink.table_uri.startswith("iceberg://") else None
+        same_catalog = catalog is not None and all(t.startswith(f"iceberg://{catalog}/") for t in targets)
+        if same_catalog and transaction_key(sink) is not None:
+            log.info("job %s: the tables of a checkpoint in catalog %s are committed in one request (the Iceberg REST "
+                     "multi-table commit); how atomic it is for readers is the server's (docs/design.md section 7)",
+                     self.state.job_id, catalog)
+            return
+        why = ("Delta has no multi-table commit" if catalog is None else
+               f"catalog {catalog} does not serve the Iceberg REST multi-table commit" if same_catalog else
+               "they are not all in one Iceberg REST catalog")
+        log.warning("job %s: the tables of a checkpoint are committed one after another (%s): between two commits a "
+                    "reader can see one routed table at checkpoint N and another at N-1; --table %s is committed "
+                    "last, so its LAKE_COMMITTED event says every table holds N", self.state.job_id, why, sink.table_uri)
 
     def reconcile(self) -> None:
         """Steps 1 to 3 of the module docstring: the table's progress into

@@ -1,0 +1,183 @@
+"""Many routed tables: the same records routed by a field to 10, 100 or 1,000 Delta tables, with the
+routed tables committed one after another (``--commit-threads 1``, before issue 57) and side by
+side (``--commit-threads 8``, the default), on a local disk and on a local S3 API server (moto).
+
+Run: ``.venv/bin/python benchmarks/routed_tables.py`` (``--records``, ``--tables 10 100 1000``,
+``--threads 1 8``, ``--store local s3``, ``--runs``, ``--per-batch``). Uses
+``$CHANDY_BOOTSTRAP_SERVERS`` or starts an embedded broker; ``--store s3`` starts ``moto_server``.
+
+1. Produces N JSON records (default 400,000) ``{"id", "region", "amount"}`` in 8 partitions, the
+   ``region`` of record i being ``r<i mod T>`` for each table count T (one topic per T).
+2. Chandy lands each topic (``--route-field region --route '(r[0-9]+)=<root>/t/$1'``, ``--table
+   <root>/all``, ``max.records.per.checkpoint`` = B / 8) into new tables, in one SparkSession
+   (``local[*]``), ``--runs`` times each (median [min, max]).
+Prints records/s from the first checkpoint's trigger to the last one's completion and the median
+``lake_commit`` phase (every table's commit of a checkpoint), the ratio of 1,000 tables to 10 for
+each thread count and of 8 threads to 1, and writes them with the versions to
+``benchmarks/results/routed_tables.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from confluent_kafka.admin import NewTopic
+
+from benchmarks.procs import environment, kafka_servers, spread
+from chandy.broker import free_port
+from chandy.connectors.spark.options import PipelineOptions
+from chandy.connectors.spark.pipeline import Pipeline
+from chandy.coordinator.kafka import config as kafka_config
+from chandy.flights import topic_record_count
+
+PARTITIONS = 8
+RESULTS = Path(__file__).resolve().parent / "results" / "routed_tables.json"
+DDL = "id BIGINT, region STRING, amount DOUBLE"
+
+
+def produce(servers: str, records: int, tables: int) -> str:
+    """The topic of ``records`` records over ``tables`` regions (reused when it holds them)."""
+    topic = f"bench-routed-{records}-{tables}"
+    if topic_record_count(servers, topic) == records:
+        return topic
+    kafka_config.admin_client(servers).create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result()
+    producer = kafka_config.producer(servers, overrides={"linger.ms": 20, "queue.buffering.max.messages": 500_000})
+    for i in range(records):
+        value = f'{{"id":{i},"region":"r{i % tables}","amount":{i * 7 % 1000}.5}}'.encode()
+        while True:
+            try:
+                producer.produce(topic, value, str(i).encode(), partition=i % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    producer.flush(120)
+    return topic
+
+
+@contextlib.contextmanager
+def s3_store(log: Path) -> Iterator[str]:
+    """A local S3 API server (``moto_server``) with a bucket; yields the bucket's URL. Its settings
+    go to the environment under delta-rs's names, where the pipeline and its workers read them."""
+    import boto3
+
+    executable = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    if executable is None:
+        raise SystemExit("moto_server is not installed: pip install -e '.[test]'")
+    port = free_port()
+    process = subprocess.Popen([executable, "-H", "127.0.0.1", "-p", str(port)], stdout=log.open("wb"),
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"})
+        bucket = f"bench-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                     region_name="us-east-1").create_bucket(Bucket=bucket)
+        yield f"s3://{bucket}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def run(spark, servers: str, topic: str, per_batch: int, root: str, threads: int) -> dict:
+    """One run to the topic's end into new tables under ``root``: records/s and the median lake_commit (ms)."""
+    progress: list = []
+    base = f"{root}/r-{uuid.uuid4().hex[:6]}"
+    options = PipelineOptions(table_uri=f"{base}/all", bootstrap_servers=servers, topics=(topic,), value_format="json",
+                              value_schema=DDL, route_field="region", routes=(f"(r[0-9]+)={base}/t/$1",),
+                              commit_threads=threads, max_records_per_checkpoint=per_batch // PARTITIONS,
+                              stop_when_drained=True, prefix=f"bench{uuid.uuid4().hex[:6]}")
+    summary = Pipeline(options, spark=spark).run(on_progress=progress.append)
+    ok = [p for p in progress if p.succeeded]
+    seconds = progress[-1].elapsed_s - (progress[0].elapsed_s - progress[0].checkpoint_duration_ms / 1000)
+    return {"records": summary.records_landed, "seconds": seconds, "records_per_s": summary.records_landed / seconds,
+            "checkpoints": len(ok), "lake_commit_ms": statistics.median(p.phases_ms.get("lake_commit", 0.0) for p in ok)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument("--tables", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--store", nargs="+", choices=["local", "s3"], default=["local", "s3"])
+    parser.add_argument("--per-batch", type=int, default=100_000, help="records per checkpoint")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    result: dict = {"config": {"records": args.records, "per_batch": args.per_batch, "runs": args.runs}, "runs": {}}
+    with kafka_servers() as (servers, root), contextlib.ExitStack() as stack:
+        topics = {tables: produce(servers, args.records, tables) for tables in args.tables}
+        roots = {"local": str(root / "lake")}
+        if "s3" in args.store:
+            roots["s3"] = stack.enter_context(s3_store(root / "moto.log"))
+        spark = (SparkSession.builder.master("local[*]").appName("chandy-routed-tables")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        spark.sparkContext.setLogLevel("WARN")
+        run(spark, servers, topics[min(args.tables)], args.per_batch, roots["local"], 1)  # warm-up
+        result["environment"] = environment()
+        for store in args.store:
+            for tables in args.tables:
+                for threads in args.threads:
+                    outcomes = []
+                    for n in range(args.runs):
+                        outcome = run(spark, servers, topics[tables], args.per_batch, roots[store], threads)
+                        outcomes.append(outcome)
+                        print(f"{store} {tables} tables, {threads} thread(s), run {n + 1}: "
+                              f"{outcome['records_per_s']:,.0f} records/s, lake_commit {outcome['lake_commit_ms']:.0f} ms, "
+                              f"{outcome['checkpoints']} checkpoints", flush=True)
+                    result["runs"][f"{store}/{tables}/{threads}"] = {
+                        "records_per_s": spread([o["records_per_s"] for o in outcomes]),
+                        "lake_commit_ms": spread([o["lake_commit_ms"] for o in outcomes])}
+        spark.stop()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    env = result["environment"]
+    print(f"\n{args.records:,} JSON records routed by a field, {args.per_batch:,} per checkpoint, median of {args.runs} "
+          f"runs [min, max]; pyspark {env['pyspark']}, deltalake {env.get('deltalake')}, {env['cores']} cores")
+    runs = result["runs"]
+    for key, r in runs.items():
+        rate, commit = r["records_per_s"], r["lake_commit_ms"]
+        print(f"{key:18} {rate['median']:>9,.0f} [{rate['min']:,.0f}, {rate['max']:,.0f}] records/s, "
+              f"lake_commit {commit['median']:,.0f} ms")
+    for store in args.store:
+        for threads in args.threads:
+            few, many = runs.get(f"{store}/{min(args.tables)}/{threads}"), runs.get(f"{store}/{max(args.tables)}/{threads}")
+            if few and many:
+                print(f"{store}, {threads} thread(s): {max(args.tables)} tables / {min(args.tables)} tables "
+                      f"x{many['records_per_s']['median'] / few['records_per_s']['median']:.2f}")
+        for tables in args.tables:
+            one, most = runs.get(f"{store}/{tables}/{min(args.threads)}"), runs.get(f"{store}/{tables}/{max(args.threads)}")
+            if one and most:
+                print(f"{store}, {tables} tables: {max(args.threads)} threads / {min(args.threads)} "
+                      f"x{most['records_per_s']['median'] / one['records_per_s']['median']:.2f}")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
