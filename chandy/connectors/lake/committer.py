@@ -393,8 +393,7 @@ class LakeCommitter:
                 crash_point("between-table-commits", checkpoint_id)
             return commits
 
-        results = [*self._side_by_side(groups[:-1], commit), commit(groups[-1])]
-        for group, commits in zip(groups, results, strict=True):
+        def settle(group: list[LakeSink], commits: dict[str, LakeCommit | None]) -> None:  # on this thread
             for sink in group:
                 committed = commits[sink.table_uri]
                 if committed is not None:  # else the table holds what step 1 or the verification read
@@ -404,6 +403,9 @@ class LakeCommitter:
                     if sink.table_uri not in self._cleaned and not self._restoring:  # files of checkpoints that crashed
                         self._cleaned.add(sink.table_uri)
                         self._delete_unreferenced_async(sink, checkpoint_id)
+
+        self._side_by_side(groups[:-1], commit, settle)  # the routed tables
+        settle(groups[-1], commit(groups[-1]))  # then --table
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
             self.bytes_read += counts["bytes_read"]
@@ -541,25 +543,35 @@ class LakeCommitter:
             window *= 16
 
     def _side_by_side(self, groups: list[list[LakeSink]],
-                      commit: Callable[[list[LakeSink]], dict[str, LakeCommit | None]]) -> list[dict[str, LakeCommit | None]]:
+                      commit: Callable[[list[LakeSink]], dict[str, LakeCommit | None]],
+                      settle: Callable[[list[LakeSink], dict[str, LakeCommit | None]], None]) -> None:
         """``commit(group)`` for each of ``groups`` (independent tables: the routed ones), on up
         to :attr:`commit_threads` threads at once (one: in order, on this thread), as the Kafka
-        Connect Iceberg sink's ``iceberg.control.commit.threads`` commits its tables; the
-        results in the order of ``groups``. Each commit is the whole guarded sequence of its
-        table (its own idempotence check): running them side by side changes only which of them
-        have landed when one fails, as a crash between two would.
+        Connect Iceberg sink's ``iceberg.control.commit.threads`` commits its tables, then
+        ``settle(group, its commits)`` on this thread, in the order of ``groups``, for each that
+        committed. Each commit is the whole guarded sequence of its table (its own idempotence
+        check): running them side by side changes only which of them have landed when one
+        fails, as a crash between two would.
 
         Raises:
             Exception: the first (in the order of ``groups``) a commit raised, once every
-                commit started has ended.
+                commit started has ended and every other one is settled.
         """
         if self.commit_threads <= 1 or len(groups) <= 1:
-            return [commit(group) for group in groups]
+            for group in groups:
+                settle(group, commit(group))
+            return
         with concurrent.futures.ThreadPoolExecutor(min(self.commit_threads, len(groups)),
                                                    thread_name_prefix="chandy-table-commit") as pool:
             futures = [pool.submit(commit, group) for group in groups]
             concurrent.futures.wait(futures)
-        return [future.result() for future in futures]
+        failures = [future.exception() for future in futures]
+        for group, future, failure in zip(groups, futures, failures, strict=True):
+            if failure is None:
+                settle(group, future.result())
+        first = next((failure for failure in failures if failure is not None), None)
+        if first is not None:
+            raise first
 
     def _commit_groups(self, sinks: list[LakeSink]) -> list[list[LakeSink]]:
         """``sinks`` (the routed tables in URI order, the job's own last) in the groups step 3 of
