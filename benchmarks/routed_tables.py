@@ -54,7 +54,8 @@ def produce(servers: str, records: int, tables: int) -> str:
     topic = f"bench-routed-{records}-{tables}"
     if topic_record_count(servers, topic) == records:
         return topic
-    kafka_config.admin_client(servers).create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result()
+    admin = kafka_config.admin_client(servers)  # held until the topic exists: a dropped client cancels its requests
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result()
     producer = kafka_config.producer(servers, overrides={"linger.ms": 20, "queue.buffering.max.messages": 500_000})
     for i in range(records):
         value = f'{{"id":{i},"region":"r{i % tables}","amount":{i * 7 % 1000}.5}}'.encode()

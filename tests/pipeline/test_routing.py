@@ -138,8 +138,8 @@ def test_routed_by_a_field_value_to_delta_and_iceberg_with_unrouted_records_dead
         "--catalog-property", f"warehouse={warehouse}", "--unrouted", "dead-letter", "--errors-tolerance", "all",
         "--dead-letter-topic", dlq, "--until-drained", "--max-records-per-checkpoint", "60"])
     assert finished.returncode == 0, finished.stderr[-3000:]
-    # said at start: Delta has no multi-table commit, so routed tables commit one after another
-    assert "the tables of a checkpoint are committed one after another (Delta has no multi-table commit)" in \
+    # said at start: Delta has no multi-table commit, so routed tables commit table by table
+    assert "the tables of a checkpoint are committed table by table (Delta has no multi-table commit)" in \
         " ".join(finished.stderr.split())
 
     def expected(region: str) -> list[tuple]:

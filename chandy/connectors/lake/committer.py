@@ -372,7 +372,9 @@ class LakeCommitter:
             by_table.setdefault(f.table_uri or self.sink.table_uri, []).append(f)
         # the job's own table last: its commit says the checkpoint landed everywhere
         sinks = [self._sink_of(uri) for uri in sorted(set(by_table) - {self.sink.table_uri})] + [self.sink]
-        views = {sink.table_uri: self._read_table(sink, ranges) for sink in sinks}  # 1. read
+        # 1. read, the tables side by side as their commits (a table's read is a round trip to its store)
+        views = dict(zip([sink.table_uri for sink in sinks], self._each(lambda sink: self._read_table(sink, ranges), sinks),
+                         strict=True))
         own = views[self.sink.table_uri]
         event_times, counts = self._note_source_metrics(metadata, own.event_times)
         watermark = self._watermark(event_times, ranges)
@@ -541,6 +543,19 @@ class LakeCommitter:
             if after == 0:
                 return None
             window *= 16
+
+    def _each(self, call: Callable[[LakeSink], TableView], sinks: list[LakeSink]) -> list[TableView]:
+        """``call(sink)`` for each of ``sinks``, up to :attr:`commit_threads` at once; the results
+        in the order of ``sinks``.
+
+        Raises:
+            Exception: the first (in the order of ``sinks``) a call raised, once every call ended.
+        """
+        if self.commit_threads <= 1 or len(sinks) <= 1:
+            return [call(sink) for sink in sinks]
+        with concurrent.futures.ThreadPoolExecutor(min(self.commit_threads, len(sinks)),
+                                                   thread_name_prefix="chandy-table-read") as pool:
+            return list(pool.map(call, sinks))
 
     def _side_by_side(self, groups: list[list[LakeSink]],
                       commit: Callable[[list[LakeSink]], dict[str, LakeCommit | None]],

@@ -219,7 +219,7 @@ class Preflight:
     def _say_what_readers_see_across_tables(self) -> None:
         """A routed job writes several tables per checkpoint: say at start whether they commit
         together (an Iceberg REST catalog that serves the multi-table commit:
-        :func:`~chandy.connectors.lake.iceberg_transactions.transaction_key`) or one after another,
+        :func:`~chandy.connectors.lake.iceberg_transactions.transaction_key`) or table by table,
         so that a reader of two tables may see them at different checkpoints (docs/design.md §7)."""
         opts = self.state.options
         if not opts.routes:
@@ -239,7 +239,7 @@ class Preflight:
         why = ("Delta has no multi-table commit" if catalog is None else
                f"catalog {catalog} does not serve the Iceberg REST multi-table commit" if same_catalog else
                "they are not all in one Iceberg REST catalog")
-        log.warning("job %s: the tables of a checkpoint are committed one after another (%s): between two commits a "
+        log.warning("job %s: the tables of a checkpoint are committed table by table (%s): between two commits a "
                     "reader can see one routed table at checkpoint N and another at N-1; --table %s is committed "
                     "last, so its LAKE_COMMITTED event says every table holds N", self.state.job_id, why, sink.table_uri)
 
