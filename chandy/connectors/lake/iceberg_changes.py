@@ -127,18 +127,34 @@ def apply_changes(sink: Any, job_id: str, checkpoint_id: int, files: Iterable[Da
 
 def _keys_filter(keys: pa.Table) -> Any:
     """A pyiceberg row filter matching the rows whose key columns equal one of ``keys``' rows:
-    ``In`` for a one-column key, else an ``Or`` of ``And``s of ``EqualTo``."""
-    from pyiceberg.expressions import And, BooleanExpression, EqualTo, In, Or
+    ``In`` for a one-column key, else an ``Or`` of ``And``s of ``EqualTo``; and, for each integer
+    key column, between the keys' smallest and largest value, which matches the same rows but
+    lets pyiceberg skip the data files whose column bounds lie outside (its metrics evaluator
+    prunes nothing by an ``In`` of more than 200 values, Iceberg's ``IN_PREDICATE_LIMIT``): a
+    database's changes, which touch its newest keys, rewrite the files that hold those keys,
+    not the table (``benchmarks/upsert_cost.py``)."""
+    import pyarrow.compute as pc
+    from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, In, LessThanOrEqual, Or
+    from pyiceberg.expressions.literals import literal
 
     columns = keys.column_names
     if len(columns) == 1:
-        return In(term=columns[0], values=set(keys.column(0).to_pylist()))
-    rows = {tuple(r[c] for c in columns) for r in keys.to_pylist()}
-    terms: list[BooleanExpression] = []
-    for row in rows:
-        equal: list[BooleanExpression] = [EqualTo(term=c, value=v) for c, v in zip(columns, row, strict=True)]
-        terms.append(equal[0] if len(equal) == 1 else And(*equal))
-    return terms[0] if len(terms) == 1 else Or(*terms)
+        match: BooleanExpression = In(term=columns[0], values=set(keys.column(0).to_pylist()))
+    else:
+        rows = {tuple(r[c] for c in columns) for r in keys.to_pylist()}
+        terms: list[BooleanExpression] = []
+        for row in rows:
+            equal: list[BooleanExpression] = [EqualTo(term=c, value=v) for c, v in zip(columns, row, strict=True)]
+            terms.append(equal[0] if len(equal) == 1 else And(*equal))
+        match = terms[0] if len(terms) == 1 else Or(*terms)
+    bounds: list[BooleanExpression] = []
+    for column in columns:
+        values = keys.column(column)
+        if pa.types.is_integer(values.type) and values.null_count < len(values):
+            extent = pc.min_max(values)
+            bounds += [GreaterThanOrEqual(term=column, value=literal(int(extent["min"].as_py()))),
+                       LessThanOrEqual(term=column, value=literal(int(extent["max"].as_py())))]
+    return And(match, *bounds) if bounds else match
 
 
 def _as_table_schema(rows: pa.Table, schema: Any) -> pa.Table:

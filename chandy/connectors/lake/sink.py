@@ -366,6 +366,9 @@ class DataFile:
     table_uri: str | None = None
     #: a change file (``--cdc``): the key columns its rows are merged on (None: a data file to append)
     id_columns: tuple[str, ...] | None = None
+    #: the file's column statistics in the Delta protocol's ``stats`` form (JSON: ``numRecords``,
+    #: ``minValues``, ``maxValues``, ``nullCount``; :func:`file_stats`), None when not computed
+    stats: str | None = None
 
     def to_state_handle(self, *, schema_hash: str | None = None) -> StateHandle:
         """This file's state handle (kind :data:`FILE_KIND`; ``state_size`` is the file's bytes).
@@ -385,6 +388,8 @@ class DataFile:
             properties["table_uri"] = self.table_uri
         if self.id_columns is not None:
             properties["id_columns"] = json.dumps(list(self.id_columns))
+        if self.stats is not None:
+            properties["stats"] = self.stats
         return StateHandle(FILE_KIND, self.path, None, self.size, properties)
 
     @classmethod
@@ -406,7 +411,32 @@ class DataFile:
         id_columns = p.get("id_columns")
         return cls(handle.path or "", handle.state_size, int(p["records"]), json.loads(p["partition_values"]),
                    int(p["modification_time"]), schema, p.get("table_uri"),
-                   None if id_columns is None else tuple(json.loads(id_columns)))
+                   None if id_columns is None else tuple(json.loads(id_columns)), p.get("stats"))
+
+
+def file_stats(table: pa.Table) -> str:
+    """The Delta protocol's per-file ``stats`` of the rows ``table`` holds (the file's columns,
+    partition columns left out), JSON: ``numRecords``, and for each top-level integer column
+    (8 to 64 bits, signed or not) ``minValues``, ``maxValues`` (of its non-null values; left out
+    when all are null) and ``nullCount``: exact values, so a reader's data skipping (Spark's, delta-rs's
+    ``MERGE`` file pruning) skips a file only when no row of it can match. Other types are left
+    out (a reader then reads the file), as the protocol allows any column's statistics to be."""
+    import pyarrow.compute as pc
+
+    minimum: dict[str, int] = {}
+    maximum: dict[str, int] = {}
+    nulls: dict[str, int] = {}
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if not pa.types.is_integer(field.type):
+            continue
+        nulls[field.name] = column.null_count
+        if column.null_count < len(column):
+            bounds = pc.min_max(column)
+            minimum[field.name], maximum[field.name] = bounds["min"].as_py(), bounds["max"].as_py()
+    stats: dict[str, object] = {"numRecords": table.num_rows}
+    if nulls:
+        stats.update(minValues=minimum, maxValues=maximum, nullCount=nulls)
+    return json.dumps(stats, separators=(",", ":"))
 
 
 def schema_hash(ipc: bytes) -> str:
