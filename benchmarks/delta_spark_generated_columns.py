@@ -12,13 +12,15 @@ download). Exits 1 naming the first disagreement.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import sys
-import tempfile
+from pathlib import Path
 
 import pyarrow as pa
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.delta_spark import delta_spark_session, run_check
 from chandy.connectors.lake.tables import open_sink
 
 JOB = "0123456789abcdef0123456789abcdef"
@@ -39,14 +41,7 @@ def create_table(path: str) -> None:
 
 def check(path: str, delta_spark_version: str) -> list[str]:
     """What delta-spark disagrees with, if anything."""
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[1]")
-             .config("spark.jars.packages", f"io.delta:delta-spark_2.13:{delta_spark_version}")
-             .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-             .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = delta_spark_session(delta_spark_version, **{"spark.sql.session.timeZone": "UTC"})
     problems = []
     table = f"delta.`{path}`"
     detail = spark.sql(f"DESCRIBE DETAIL {table}").collect()[0]
@@ -75,21 +70,7 @@ def check(path: str, delta_spark_version: str) -> list[str]:
     return problems
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--delta-spark-version", default="4.4.0")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as directory:
-        path = f"{directory}/t"
-        create_table(path)
-        problems = check(path, args.delta_spark_version)
-    for problem in problems:
-        print(f"DISAGREES: {problem}")
-    if not problems:
-        print("delta-spark derives partition filters on ts_day and ts_hour and computes every generated column "
-              "as Chandy does")
-    return 1 if problems else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_check(__doc__.split("\n\n")[0], create_table, check,
+                       "delta-spark derives partition filters on ts_day and ts_hour and computes every generated "
+                       "column as Chandy does"))

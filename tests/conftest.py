@@ -11,4 +11,5 @@ from tests.fixtures import spark_jvm
 os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {spark_jvm.java_options()}".strip()
 
 pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.lake_pipeline", "tests.fixtures.object_store", "tests.fixtures.pipeline",
-                  "tests.fixtures.schema_registry", "tests.fixtures.spark_connect", "tests.fixtures.iceberg_rest"]
+                  "tests.fixtures.schema_registry", "tests.fixtures.spark_connect", "tests.fixtures.iceberg_rest",
+                  "tests.fixtures.catalog_proxy"]

@@ -155,8 +155,6 @@ class LakeCommitter:
         #: what each table (the job's and each routed one, by URI) holds for the job, as last read or written
         self._views: dict[str, TableView] = {}
         self._cleaned: set[str] = set()  # routed tables whose unreferenced files this run deleted
-        #: this checkpoint's tables committed in one catalog request: table URI -> every table of that request
-        self._committed_with: dict[str, tuple[str, ...]] = {}
         self._committed_through: int | None = None  # the newest checkpoint this run committed and announced
         self._restoring = False  # in reset_to_checkpoint, which cleans every table it meets itself
         self.sink = sink
@@ -361,7 +359,6 @@ class LakeCommitter:
         if self._committed_through is not None and checkpoint_id <= self._committed_through:
             return  # this run committed it already (a restore's commit, then its completion notice)
         crash_point("before-lake-commit", checkpoint_id)
-        self._committed_with = {}
         metadata = self._metadata(checkpoint_id)
         if not self._restoring:  # a restore commits what its pointer names, whoever wrote it
             self._check_own_metadata(checkpoint_id, metadata)
@@ -623,7 +620,7 @@ class LakeCommitter:
         each table's commit is built by the one-table code (:meth:`_commit_table`: the same
         read, check and commit-while-unchanged), recorded instead of sent, and all are sent in
         one request. A request that fails leaves the outcome to be read: each table is read
-        again (:meth:`~chandy.connectors.lake.iceberg_transactions.CatalogTransaction.landed`);
+        again (:meth:`~chandy.connectors.lake.iceberg_transactions.CatalogTransaction.landed_after`);
         what landed counts, and what did not is built and sent again (a conflict, a table that
         landed while another did not), up to ``COMMIT_ATTEMPTS`` times.
 
@@ -636,78 +633,47 @@ class LakeCommitter:
 
         uris = ", ".join(sink.table_uri for sink in group)
         commits: dict[str, LakeCommit | None] = {}
-        def together(uris_landed: list[str]) -> None:  # what one request landed, for LAKE_COMMITTED
-            if len(uris_landed) > 1:
-                with self._counting:
-                    self._committed_with.update((uri, tuple(sorted(uris_landed))) for uri in uris_landed)
-
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            transaction = CatalogTransaction(group[0].catalog)  # type: ignore[attr-defined]
+            transaction = CatalogTransaction(group)
             staged: dict[str, tuple[LakeSink, LakeCommit | None]] = {}
-            with transaction.staging(group):
+            with transaction.staging():
                 for sink in group:
                     if sink.table_uri in commits:
                         continue  # landed by an earlier attempt
                     staged[sink.table_uri] = (sink, self._stage_table(
                         sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges, offsets,
                         views[sink.table_uri].checkpoint, watermark))
-            if transaction.requests:
-                try:
+            sent = [uri for uri, (_, committed) in staged.items() if committed is not None]  # a request each
+            try:
+                if sent:
                     transaction.commit()
-                except Exception as exc:  # pyiceberg and requests raise many types; the tables say what landed
-                    held = self._landed_together(transaction, exc, checkpoint_id, uris)
-                    landed_now = [uri for uri, (sink, committed) in staged.items()
-                                  if committed is not None and held.get(sink.identifier, False)]  # type: ignore[attr-defined]
-                    for uri in landed_now:
-                        sink, committed = staged[uri]
-                        commits[uri] = self._committed(sink, checkpoint_id, committed, by_table.get(uri, []))
-                    together(landed_now)
-                    if held and all(held.values()):
-                        log.warning("checkpoint %d: the catalog answered the transaction of %s with %s: %s, but every "
-                                    "table holds its commit (read again): it landed", checkpoint_id, uris,
-                                    type(exc).__name__, exc)
-                        continue
-                    if any(held.values()) or is_conflict(exc):
-                        if attempt < COMMIT_ATTEMPTS:
-                            log.warning("checkpoint %d: the catalog transaction of %s failed (%s: %s) with %d of %d "
-                                        "table(s) landed: building it again", checkpoint_id, uris, type(exc).__name__,
-                                        exc, sum(held.values()), len(held))
-                            continue
-                    raise LakeCommitError(f"checkpoint {checkpoint_id}: the catalog transaction of {uris} failed "
-                                          f"(attempt {attempt}): {type(exc).__name__}: {exc}") from exc
+            except Exception as exc:  # pyiceberg and requests raise many types; the tables say what landed
+                held = transaction.landed_after(exc, f"checkpoint {checkpoint_id}: the catalog transaction of {uris}")
+                landed = [uri for uri in sent if held.get(uri, False)]
+                for uri, committed in _together(staged, landed).items():
+                    commits[uri] = self._committed(staged[uri][0], checkpoint_id, committed, by_table.get(uri, []))
+                if len(landed) == len(sent):
+                    log.warning("checkpoint %d: the catalog answered the transaction of %s with %s: %s, but every "
+                                "table holds its commit (read again): it landed", checkpoint_id, uris,
+                                type(exc).__name__, exc)
+                    continue
+                if (landed or is_conflict(exc)) and attempt < COMMIT_ATTEMPTS:
+                    log.warning("checkpoint %d: the catalog transaction of %s failed (%s: %s) with %d of %d "
+                                "table(s) landed: building it again", checkpoint_id, uris, type(exc).__name__,
+                                exc, len(landed), len(sent))
+                    continue
+                raise LakeCommitError(f"checkpoint {checkpoint_id}: the catalog transaction of {uris} failed "
+                                      f"(attempt {attempt}): {type(exc).__name__}: {exc}") from exc
+            together = _together(staged, sent)
             for uri, (sink, committed) in staged.items():
-                commits[uri] = self._committed(sink, checkpoint_id, committed, by_table.get(uri, []), ranges)
-            together([uri for uri, (_, committed) in staged.items() if committed is not None])
-            if len(transaction.requests) > 1:
+                commits[uri] = self._committed(sink, checkpoint_id, together.get(uri, committed), by_table.get(uri, []),
+                                               ranges)
+            if len(sent) > 1:
                 log.info("checkpoint %d: %d table(s) committed in one catalog transaction (%s)", checkpoint_id,
-                         len(transaction.requests), uris)
+                         len(sent), uris)
             return commits
         raise LakeCommitError(f"checkpoint {checkpoint_id}: the catalog transaction of {uris} did not land "
                               f"after {COMMIT_ATTEMPTS} attempts")  # not reached: the last attempt raises
-
-    @staticmethod
-    def _landed_together(transaction: Any, exc: Exception, checkpoint_id: int, uris: str) -> dict[tuple[str, ...], bool]:
-        """After ``transaction``'s request failed with ``exc``: which of its tables hold their
-        commit now, read up to ``STATUS_CHECKS`` times (as Iceberg's ``checkCommitStatus``).
-
-        Raises:
-            LakeCommitError: no read answered: the outcome stays unknown.
-        """
-        from chandy.connectors.lake.iceberg_commits import STATUS_CHECK_WAIT_S, STATUS_CHECKS
-
-        wait_s = STATUS_CHECK_WAIT_S
-        for check in range(1, STATUS_CHECKS + 1):
-            try:
-                return dict(transaction.landed())
-            except Exception as read_error:  # noqa: BLE001 - each failed read is retried, then reported
-                if check == STATUS_CHECKS:
-                    raise LakeCommitError(
-                        f"checkpoint {checkpoint_id}: the catalog's answer to the transaction of {uris} "
-                        f"({type(exc).__name__}: {exc}) leaves the outcome unknown, and {STATUS_CHECKS} reads of the "
-                        f"tables to check it failed (the last: {type(read_error).__name__}: {read_error})") from exc
-                time.sleep(wait_s)
-                wait_s *= 2
-        return {}  # not reached
 
     def _stage_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
                      offsets: Mapping[TP, int], done: int | None, watermark: Watermark) -> LakeCommit | None:
@@ -753,13 +719,8 @@ class LakeCommitter:
 
     def _commit_table(self, sink: LakeSink, checkpoint_id: int, files: list[DataFile], ranges: OffsetRanges,
                       offsets: Mapping[TP, int], done: int | None, watermark: Watermark) -> LakeCommit | None:
-        """Steps 3 and 4 of :meth:`_commit` for one table, checked (step 2) against its job's
-        checkpoint ``done``: refuse files that are gone (LakeDivergenceError), then commit its
-        files of ``checkpoint_id`` (an append, or with ``changes`` a merge), recording the job's
-        cumulative ``offsets`` and completeness ``watermark`` (the job's: every table it writes
-        holds every record read below it), only while the table still holds ``done``
-        (``checked_at``); None when the table holds it already (then it must hold exactly these
-        ranges: :meth:`_verify`) or there was nothing."""
+        """Steps 3 and 4 of :meth:`_commit` for one table: its commit (:meth:`_stage_table`), then
+        its verification and count (:meth:`_committed`)."""
         committed = self._stage_table(sink, checkpoint_id, files, ranges, offsets, done, watermark)
         return self._committed(sink, checkpoint_id, committed, files, ranges)
 
@@ -821,11 +782,10 @@ class LakeCommitter:
             landed[committed.checkpoint_id] = committed
         for landed_id in sorted(landed):
             current = landed_id == checkpoint_id
-            self._publish(sink, landed[landed_id], ranges if current else None, watermark if current else None,
-                          self._committed_with.get(sink.table_uri) if current and committed is not None else None)
+            self._publish(sink, landed[landed_id], ranges if current else None, watermark if current else None)
 
     def _publish(self, sink: LakeSink, commit: LakeCommit, ranges: OffsetRanges | None,
-                 watermark: Watermark | None = None, committed_with: tuple[str, ...] | None = None) -> None:
+                 watermark: Watermark | None = None) -> None:
         offset_ranges = None if ranges is None else tuple(
             OffsetRange(topic, partition, start, end) for (topic, partition), (start, end) in sorted(ranges.items())
             if end > start)
@@ -836,8 +796,8 @@ class LakeCommitter:
             fields["idle_partitions"] = tuple(IdlePartition(topic, partition) for topic, partition in watermark.idle)
         if watermark is None and commit.event_times:  # the completeness watermark the commit recorded
             watermark = Watermark(commit.event_times, commit.valid_through_ms)
-        if committed_with is not None:
-            fields["committed_with"] = committed_with
+        if commit.committed_with is not None:
+            fields["committed_with"] = commit.committed_with
         if watermark is not None and watermark.event_times:
             fields.update(valid_through_ms=watermark.valid_through_ms, event_times=tuple(
                 PartitionEventTime(topic, partition, millis)
@@ -928,6 +888,18 @@ class LakeCommitter:
 
     def handle_event_from_operator(self, subtask: int, attempt_number: int, event: OperatorEvent) -> None:
         pass
+
+
+def _together(staged: Mapping[str, tuple[LakeSink, LakeCommit | None]], uris: list[str]) -> dict[str, LakeCommit | None]:
+    """The commits of ``uris`` (tables of ``staged`` one catalog request landed), each saying which
+    tables it landed with (``committed_with``, for ``LAKE_COMMITTED``) when they are several."""
+    partners = tuple(sorted(uris)) if len(uris) > 1 else None
+    together: dict[str, LakeCommit | None] = {}
+    for uri in uris:
+        committed = staged[uri][1]
+        together[uri] = committed if committed is None or partners is None else dataclasses.replace(
+            committed, committed_with=partners)
+    return together
 
 
 @dataclasses.dataclass(frozen=True)

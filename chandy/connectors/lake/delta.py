@@ -206,7 +206,9 @@ class DeltaLakeSink(SchemaChecked):
         table = to_lake_types(with_partition_columns(table, self.partition_fields))
         schema = schema_to_b64(table.schema)
         stem = data_file_name(job_id, checkpoint_id, subtask, attempt, log_id)
-        if not self.partition_by or not partitioned:  # change files (--cdc) are never partitioned
+        if not partitioned:  # a change file (--cdc): merged, never added, so no statistics
+            return [self._write_one(table, stem, {}, schema, stats=False)]
+        if not self.partition_by:
             return [self._write_one(table, stem, {}, schema)]
         missing = [c for c in self.partition_by if c not in table.column_names]
         if missing:
@@ -220,7 +222,8 @@ class DeltaLakeSink(SchemaChecked):
             files.append(self._write_one(part, f"{directory}/{stem}", values, schema))
         return files
 
-    def _write_one(self, table: pa.Table, relative: str, partition_values: dict, schema: str) -> DataFile:
+    def _write_one(self, table: pa.Table, relative: str, partition_values: dict, schema: str, *,
+                   stats: bool = True) -> DataFile:
         path = f"{self.root}/{relative}"
         parent = path.rsplit("/", 1)[0]
         self.fs.makedirs(parent, exist_ok=True)
@@ -228,7 +231,7 @@ class DeltaLakeSink(SchemaChecked):
             pq.write_table(table, handle, **self.parquet_options)
         size = self.fs.size(path)
         return DataFile(relative, size, table.num_rows, partition_values, int(time.time() * 1000), schema,
-                        stats=file_stats(table))
+                        stats=file_stats(table) if stats else None)
 
     # -- committer side ----------------------------------------------------------------------------------
     def exists(self) -> bool:

@@ -150,43 +150,51 @@ def is_refusal(exc: BaseException) -> bool:
     return isinstance(exc, CommitFailedException | ValidationException | ValidationError)
 
 
-def landed_after(load: Callable[[], Any], exc: Exception, token: str, action: str) -> Any | None:
-    """After a commit carrying ``token`` failed with ``exc`` (``action`` names it, for messages):
-    the table (``load()``, read again) when the commit landed all the same; None when it
-    certainly did not (a refusal, :func:`is_refusal`, or a table read after the error that does
-    not hold it, :func:`holds_token`). The error of an unknown outcome is checked as Iceberg's
-    ``checkCommitStatus`` checks it: the table is read up to ``STATUS_CHECKS`` times (waiting
-    ``STATUS_CHECK_WAIT_S`` seconds, doubled, between reads that fail) until one read answers.
+def read_after_unknown_outcome(read: Callable[[], Any], exc: Exception, action: str, what: str = "the table") -> Any:
+    """``read()`` after a commit failed with ``exc`` (``action`` names it, for messages), to learn
+    whether it landed, as Iceberg's ``checkCommitStatus`` reads: up to ``STATUS_CHECKS`` times,
+    waiting ``STATUS_CHECK_WAIT_S`` seconds, doubled, between reads that fail, until one answers.
 
     Raises:
-        LakeCommitError: no read of the table answered: the outcome stays unknown (whatever the
-            commit wrote must be kept: the table may reference it).
+        LakeCommitError: no read answered: the outcome stays unknown (whatever the commit wrote
+            must be kept: ``what`` may reference it).
     """
-    if is_refusal(exc):
-        return None
     wait_s = STATUS_CHECK_WAIT_S
     for check in range(1, STATUS_CHECKS + 1):
         try:
-            table = load()
+            return read()
         except Exception as read_error:  # noqa: BLE001 - the catalog's errors are many; each is retried, then reported
             if check == STATUS_CHECKS:
                 raise LakeCommitError(
                     f"{action}: the catalog's answer ({type(exc).__name__}: {exc}) leaves the outcome unknown, and "
-                    f"{STATUS_CHECKS} reads of the table to check it failed (the last: {type(read_error).__name__}: "
+                    f"{STATUS_CHECKS} reads of {what} to check it failed (the last: {type(read_error).__name__}: "
                     f"{read_error}): the commit may have landed, so what it wrote is kept") from exc
-            log.warning("%s: the outcome is unknown (%s) and the table could not be read to check it (%s): "
-                        "reading it again in %.0f s", action, exc, read_error, wait_s)
+            log.warning("%s: the outcome is unknown (%s) and %s could not be read to check it (%s): "
+                        "reading again in %.0f s", action, exc, what, read_error, wait_s)
             time.sleep(wait_s)
             wait_s *= 2
-            continue
-        if table is not None and holds_token(table, token):
-            log.warning("%s: the catalog answered %s: %s, but the table holds the commit (checked by reading it "
-                        "again): it landed", action, type(exc).__name__, exc)
-            return table
-        log.info("%s: the catalog answered %s and the table, read again, does not hold the commit: it did not land",
-                 action, type(exc).__name__)
-        return None
     return None  # not reached
+
+
+def landed_after(load: Callable[[], Any], exc: Exception, token: str, action: str) -> Any | None:
+    """After a commit carrying ``token`` failed with ``exc`` (``action`` names it, for messages):
+    the table (``load()``, read again: :func:`read_after_unknown_outcome`) when the commit landed
+    all the same; None when it certainly did not (a refusal, :func:`is_refusal`, or a table read
+    after the error that does not hold it, :func:`holds_token`).
+
+    Raises:
+        LakeCommitError: no read of the table answered: the outcome stays unknown.
+    """
+    if is_refusal(exc):
+        return None
+    table = read_after_unknown_outcome(load, exc, action)
+    if table is not None and holds_token(table, token):
+        log.warning("%s: the catalog answered %s: %s, but the table holds the commit (checked by reading it "
+                    "again): it landed", action, type(exc).__name__, exc)
+        return table
+    log.info("%s: the catalog answered %s and the table, read again, does not hold the commit: it did not land",
+             action, type(exc).__name__)
+    return None
 
 
 def without_snapshot(table: Any, checkpoint_id: int, offsets: Mapping[TP, int] | None = None) -> LakeCommit:

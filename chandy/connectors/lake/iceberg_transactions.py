@@ -17,7 +17,7 @@ What atomicity a catalog gives behind this endpoint is the server's (docs/design
 Iceberg's reference server (``CatalogHandlers.commitTransaction``) validates every table's
 requirements before committing any, then commits them one after another, so a reader or a crash
 can fall between two of them. So the outcome of a failed request is never assumed:
-:meth:`CatalogTransaction.landed` reads each table again and checks whether its commit's
+:meth:`CatalogTransaction.landed_after` reads each table again and checks whether its commit's
 snapshots and properties are there, and the committer stages again whatever did not land.
 """
 
@@ -83,25 +83,27 @@ class _RecordingCatalog:
 
 
 class CatalogTransaction:
-    """The commits of one checkpoint's tables of one REST ``catalog``, sent as one request.
+    """The commits of one checkpoint's ``sinks`` (``IcebergSink``s of one REST catalog, the same
+    :func:`transaction_key`), sent as one request.
 
     ``requests``: identifier -> pyiceberg's ``CommitTableRequest``, recorded while staged.
     """
 
-    def __init__(self, catalog: Any) -> None:
-        self.catalog = catalog
+    def __init__(self, sinks: Sequence[Any]) -> None:
+        self.sinks = list(sinks)
+        self.catalog = self.sinks[0].catalog
         self.requests: dict[tuple[str, ...], Any] = {}
 
     @contextlib.contextmanager
-    def staging(self, sinks: Sequence[Any]) -> Iterator[None]:
-        """While inside, each of ``sinks`` (``IcebergSink``) loads its table with a stand-in
-        catalog that records its commit in :attr:`requests` instead of sending it."""
-        for sink in sinks:
+    def staging(self) -> Iterator[None]:
+        """While inside, each sink loads its table with a stand-in catalog that records its
+        commit in :attr:`requests` instead of sending it."""
+        for sink in self.sinks:
             sink.transaction = self
         try:
             yield
         finally:
-            for sink in sinks:
+            for sink in self.sinks:
                 sink.transaction = None
 
     def staged(self, table: Any) -> Any:
@@ -143,17 +145,25 @@ class CatalogTransaction:
             _handle_non_200_response(exc, {409: CommitFailedException, 500: CommitStateUnknownException,
                                            502: CommitStateUnknownException, 504: CommitStateUnknownException})
 
-    def landed(self) -> dict[tuple[str, ...], bool]:
-        """For each recorded commit, whether its table (read again now) holds it: every snapshot
-        it adds is among the table's, and every property it sets has its value (a Chandy commit
-        sets a commit token no other commit carries).
+    def landed_after(self, exc: Exception, action: str) -> dict[str, bool]:
+        """After :meth:`commit` failed with ``exc``: for each table whose commit was recorded (by
+        table URI), whether it holds it now, read again (as an unknown outcome is:
+        :func:`~chandy.connectors.lake.iceberg_commits.read_after_unknown_outcome`). A table holds
+        its commit when every snapshot it adds is among the table's and every property it sets
+        has its value (a Chandy commit sets a commit token no other commit carries).
 
         Raises:
-            Exception: the catalog could not be read (the caller keeps the outcome unknown).
+            LakeCommitError: no read of the tables answered: the outcome stays unknown.
         """
+        from chandy.connectors.lake.iceberg_commits import read_after_unknown_outcome
+
+        return dict(read_after_unknown_outcome(self._landed, exc, action, what="the tables"))
+
+    def _landed(self) -> dict[str, bool]:
         from pyiceberg.table.update import AddSnapshotUpdate, SetPropertiesUpdate
 
-        held: dict[tuple[str, ...], bool] = {}
+        uris = {tuple(sink.identifier): sink.table_uri for sink in self.sinks}
+        held: dict[str, bool] = {}
         for identifier, request in self.requests.items():
             table = self.catalog.load_table(identifier)
             snapshots = {s.snapshot_id for s in table.metadata.snapshots}
@@ -163,5 +173,5 @@ class CatalogTransaction:
                     holds = holds and update.snapshot.snapshot_id in snapshots
                 elif isinstance(update, SetPropertiesUpdate):
                     holds = holds and all(table.properties.get(k) == v for k, v in update.updates.items())
-            held[identifier] = holds
+            held[uris[identifier]] = holds
         return held

@@ -187,6 +187,9 @@ class LakeCommit:
     offsets: Mapping[TP, int] | None = None
     event_times: Mapping[TP, int] | None = None
     valid_through_ms: int | None = None
+    #: the tables (URIs, sorted, this one's included) one catalog request committed together with this
+    #: one (an Iceberg REST multi-table commit); None when committed alone or read back from history
+    committed_with: tuple[str, ...] | None = None
 
 
 def recorded_valid_through(metadata: Mapping[str, Any]) -> int | None:

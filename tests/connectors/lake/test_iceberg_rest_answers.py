@@ -17,7 +17,7 @@ can lose or replace the server's answer to a table commit (``POST /v1/namespaces
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
@@ -27,18 +27,13 @@ from chandy.connectors.lake.iceberg import IcebergSink
 from chandy.connectors.lake.sink import LakeCommitError
 from chandy.connectors.lake.tables import open_sink
 from tests.fixtures.catalog_proxy import CatalogProxy
-from tests.fixtures.iceberg_rest import IcebergRestCatalog
 
 JOB = "fedcba9876543210fedcba9876543210"
 
 
 @pytest.fixture
-def proxy(iceberg_rest_catalog: IcebergRestCatalog) -> Iterator[CatalogProxy]:
-    front = CatalogProxy(iceberg_rest_catalog.uri)
-    try:
-        yield front
-    finally:
-        front.close()
+def proxy(catalog_proxy: CatalogProxy) -> CatalogProxy:
+    return catalog_proxy
 
 
 def _rows(checkpoint: int, n: int = 4) -> pa.Table:

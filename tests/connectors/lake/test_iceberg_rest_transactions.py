@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,19 +31,14 @@ from chandy.connectors.lake.sink import DataFile, LakeCommitError
 from chandy.connectors.lake.tables import open_sink
 from chandy.coordinator.storage import CheckpointMetadata, CheckpointStorage, OperatorState, SubtaskState
 from tests.fixtures.catalog_proxy import CatalogProxy
-from tests.fixtures.iceberg_rest import IcebergRestCatalog
 from tests.fixtures.lake_committer import JOB, CommitterContext
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def proxy(iceberg_rest_catalog: IcebergRestCatalog) -> Iterator[CatalogProxy]:
-    front = CatalogProxy(iceberg_rest_catalog.uri)
-    try:
-        yield front
-    finally:
-        front.close()
+def proxy(catalog_proxy: CatalogProxy) -> CatalogProxy:
+    return catalog_proxy
 
 
 class RoutedJob:
@@ -100,6 +94,17 @@ class RoutedJob:
                 if c == checkpoint_id and kind == "LAKE_COMMITTED"}
 
 
+def checkpoint_2_taken(tmp_path: Path, proxy: CatalogProxy, fate: str) -> RoutedJob:
+    """A job whose checkpoint 1 landed and whose checkpoint 2 is taken, not completed; the proxy
+    gives its next multi-table commit ``fate``."""
+    job = RoutedJob(tmp_path, proxy)
+    job.take(1)
+    job.complete(1)
+    proxy.transaction_plans = [fate]
+    job.take(2)
+    return job
+
+
 def test_a_checkpoints_tables_commit_in_one_catalog_transaction(tmp_path: Path, proxy: CatalogProxy) -> None:
     job = RoutedJob(tmp_path, proxy)
     for checkpoint in (1, 2, 3):
@@ -116,11 +121,7 @@ def test_a_checkpoints_tables_commit_in_one_catalog_transaction(tmp_path: Path, 
 
 
 def test_a_transaction_whose_answer_is_lost_after_it_landed_counts_once(tmp_path: Path, proxy: CatalogProxy) -> None:
-    job = RoutedJob(tmp_path, proxy)
-    job.take(1)
-    job.complete(1)
-    proxy.transaction_plans = ["lose-answer"]
-    job.take(2)
+    job = checkpoint_2_taken(tmp_path, proxy, "lose-answer")
     job.complete(2)  # the tables are read again: both hold the commits
     assert [fate for fate, _ in proxy.transactions_seen] == ["pass", "lose-answer"]  # not sent again
     assert job.offsets("orders") == job.offsets("lines") == list(range(4, 12))
@@ -128,11 +129,7 @@ def test_a_transaction_whose_answer_is_lost_after_it_landed_counts_once(tmp_path
 
 
 def test_a_conflict_is_built_again_and_lands_once(tmp_path: Path, proxy: CatalogProxy) -> None:
-    job = RoutedJob(tmp_path, proxy)
-    job.take(1)
-    job.complete(1)
-    proxy.transaction_plans = ["conflict"]
-    job.take(2)
+    job = checkpoint_2_taken(tmp_path, proxy, "conflict")
     job.complete(2)
     assert [fate for fate, _ in proxy.transactions_seen] == ["pass", "conflict", "pass"]
     assert len(proxy.transactions_seen[-1][1]) == 2
@@ -141,11 +138,7 @@ def test_a_conflict_is_built_again_and_lands_once(tmp_path: Path, proxy: Catalog
 
 def test_a_transaction_the_server_applied_to_one_table_only_is_completed_once(tmp_path: Path,
                                                                                proxy: CatalogProxy) -> None:
-    job = RoutedJob(tmp_path, proxy)
-    job.take(1)
-    job.complete(1)
-    proxy.transaction_plans = ["partial"]
-    job.take(2)
+    job = checkpoint_2_taken(tmp_path, proxy, "partial")
     job.complete(2)
     (first, cut), (second, rest) = proxy.transactions_seen[1:]
     assert (first, second) == ("partial", "pass")
@@ -157,11 +150,7 @@ def test_a_transaction_the_server_applied_to_one_table_only_is_completed_once(tm
 
 def test_a_transaction_that_never_reached_the_catalog_fails_then_lands_once(tmp_path: Path,
                                                                              proxy: CatalogProxy) -> None:
-    job = RoutedJob(tmp_path, proxy)
-    job.take(1)
-    job.complete(1)
-    proxy.transaction_plans = ["drop"]
-    job.take(2)
+    job = checkpoint_2_taken(tmp_path, proxy, "drop")
     with pytest.raises(LakeCommitError, match=r"catalog transaction of .*orders.* failed"):
         job.complete(2)
     assert job.offsets("orders") == job.offsets("lines") == list(range(4, 8))  # neither table moved

@@ -63,8 +63,8 @@ def run_checkpoint(tmp_path: Path, threads: int, *, barrier: bool, fail: str | N
     sinks = {sink.table_uri: sink for sink in (open_sink(str(lake / f"r{i}")) for i in range(ROUTED))}
     routed = list(sinks)
     storage = CheckpointStorage(f"file://{tmp_path}/chk", JOB)
-    committer = LakeCommitter(CommitterContext(), own, storage, offsets_of=lambda m: {("t", 0): (0, 50)},  # type: ignore[arg-type]
-                              open_table=lambda uri: Watched(sinks[uri], calls, wait, fail=uri == fail),  # type: ignore[arg-type, return-value]
+    committer = LakeCommitter(CommitterContext(), own, storage, offsets_of=lambda m: {("t", 0): (0, 50)},
+                              open_table=lambda uri: Watched(sinks[uri], calls, wait, fail=uri == fail),
                               commit_threads=threads)
     committer.reset_to_checkpoint(-1, None)
     files: list[DataFile] = []

@@ -229,7 +229,7 @@ class Preflight:
 
         sink = self.state.sink
         targets = [rule.table for rule in Router.parse(opts.routes, opts.route_field, opts.route_by).rules]
-        catalog = sink.table_uri.split("/")[2] if sink.table_uri.startswith("iceberg://") else None
+        catalog = getattr(sink, "catalog_name", None)  # an Iceberg table's
         same_catalog = catalog is not None and all(t.startswith(f"iceberg://{catalog}/") for t in targets)
         if same_catalog and transaction_key(sink) is not None:
             log.info("job %s: the tables of a checkpoint in catalog %s are committed in one request (the Iceberg REST "
