@@ -188,7 +188,7 @@ class IcebergSink(SchemaChecked):
         from pyiceberg.exceptions import RESTError
 
         try:
-            self.catalog.create_namespace_if_not_exists(self.namespace)
+            self._ensure_namespace()
             staged = self.catalog.create_table_transaction(self.identifier, schema=_PLACEHOLDER_SCHEMA,
                                                            properties=dict(self.table_properties))
         except (RESTError, OSError) as exc:
@@ -207,10 +207,25 @@ class IcebergSink(SchemaChecked):
             return None
         return table if self.transaction is None else self.transaction.staged(table)
 
+    def _ensure_namespace(self) -> None:
+        """Create the table's namespace unless it exists. Another writer may create it at the same
+        time (another job, or this job's other routed tables, committed side by side): pyiceberg's
+        SQL catalog then fails its insert (an ``IntegrityError``, not ``NamespaceAlreadyExistsError``)
+        although the namespace now exists, which is all this asks.
+
+        Raises:
+            Exception: the catalog's error, when the namespace does not exist after it.
+        """
+        try:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+        except Exception:
+            if not self.catalog.namespace_exists(self.namespace):
+                raise
+
     def _create(self, schema: pa.Schema) -> Any:
         from pyiceberg.exceptions import TableAlreadyExistsError
 
-        self.catalog.create_namespace_if_not_exists(self.namespace)
+        self._ensure_namespace()
         # a hidden partition's column is not in the files: its source column is
         hidden = [f for f in self.partition_fields if f.column not in schema.names and f.transform in HIDDEN]
         missing = [f.column for f in self.partition_fields if f not in hidden and f.column not in schema.names]

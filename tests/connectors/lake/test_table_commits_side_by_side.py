@@ -105,3 +105,27 @@ def test_a_routed_table_that_fails_fails_the_checkpoint_and_the_jobs_table_is_no
     with pytest.raises(LakeCommitError, match="the store refused the commit"):
         run_checkpoint(tmp_path, ROUTED, barrier=False, fail=str(open_sink(str(tmp_path / "lake" / "r2")).table_uri))
     assert not DeltaTable.is_deltatable(str(tmp_path / "lake" / "all"))  # --table not committed: the checkpoint did not land
+
+
+def test_routed_iceberg_tables_created_side_by_side_in_a_new_namespace_all_land(tmp_path: Path) -> None:
+    """Found by CI: two routed tables of one new namespace of pyiceberg's SQL catalog, created
+    side by side, raced to create the namespace; the loser's insert failed (IntegrityError) and
+    failed the checkpoint. Each table now lands, whoever created the namespace."""
+    catalog = {"warehouse": str(tmp_path / "wh")}
+    own = open_sink("iceberg://local/shop.all", catalog_properties=catalog)
+    sinks = {s.table_uri: s for s in (open_sink(f"iceberg://local/fresh.r{i}", catalog_properties=catalog)
+                                      for i in range(ROUTED))}
+    storage = CheckpointStorage(f"file://{tmp_path}/chk", JOB)
+    committer = LakeCommitter(CommitterContext(), own, storage, offsets_of=lambda m: {("t", 0): (0, 10 * (ROUTED + 1))},
+                              open_table=lambda uri: sinks[uri], commit_threads=ROUTED)
+    committer.reset_to_checkpoint(-1, None)
+    files: list[DataFile] = []
+    for i, sink in enumerate([*sinks.values(), own]):
+        written = sink.write_files(rows(10 * i, 10 * i + 10), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+        files += [dataclasses.replace(f, table_uri=sink.table_uri) for f in written]
+    storage.write_metadata(storage.initialize_location_for_checkpoint(1), CheckpointMetadata(
+        job_id=JOB, checkpoint_id=1, checkpoint_type="CHECKPOINT", trigger_timestamp=1, completion_timestamp=2,
+        operator_states=(OperatorState("lake", None, (SubtaskState(0, 0, tuple(f.to_state_handle() for f in files)),)),)))
+    committer.notify_checkpoint_complete(1)
+    for i, sink in enumerate(sinks.values()):
+        assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(10 * i, 10 * i + 10))
