@@ -20,13 +20,15 @@ deleted.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import EllipsisType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -76,11 +78,21 @@ def _partition_string(value: Any) -> str | None:
     return str(value)
 
 
+#: the table configuration every Delta table Chandy creates starts from, unless ``--table-property``
+#: sets the key: a checkpoint of the log every 10 commits, Delta Lake's own default
+#: (``DeltaConfigs.CHECKPOINT_INTERVAL`` in delta-spark; delta-rs defaults to 100). delta-rs
+#: replays every commit since the last checkpoint to read the table, so with 100 each commit and
+#: each read of a table costs up to 10 times more near the end of the interval (measured in
+#: benchmarks/routed_tables.py, issue 57).
+DELTA_DEFAULTS = {"delta.checkpointInterval": "10"}
+
+
 def delta_configuration(table_properties: Mapping[str, str] | None) -> dict[str, str]:
-    """The Delta table configuration of ``table_properties`` (``--table-property``): all of them
-    but the Parquet settings of Chandy's own writer (``write.parquet.*``), which are no Delta
-    property."""
-    return {k: v for k, v in (table_properties or {}).items() if not k.startswith("write.parquet.")}
+    """The Delta table configuration of a new table with ``table_properties`` (``--table-property``):
+    :data:`DELTA_DEFAULTS`, then all of them but the Parquet settings of Chandy's own writer
+    (``write.parquet.*``), which are no Delta property."""
+    return {**DELTA_DEFAULTS,
+            **{k: v for k, v in (table_properties or {}).items() if not k.startswith("write.parquet.")}}
 
 
 def check_delta_properties(table_properties: Mapping[str, str] | None) -> None:
@@ -95,7 +107,7 @@ def check_delta_properties(table_properties: Mapping[str, str] | None) -> None:
 
     from deltalake import write_deltalake
 
-    configuration = delta_configuration(table_properties)
+    configuration = {k: v for k, v in delta_configuration(table_properties).items() if k not in DELTA_DEFAULTS}
     if not configuration:
         return
     with tempfile.TemporaryDirectory(prefix="chandy-delta-properties-") as scratch:
@@ -118,11 +130,12 @@ def progress_app_id(job_id: str, kind: str, tp: TP) -> str:
     return PROGRESS_APP_ID.format(job_id=job_id, kind=kind, topic=tp[0], partition=tp[1])
 
 
-def progress_transactions(table: Any, job_id: str, offsets: Mapping[TP, int] | None,
-                          event_times: Mapping[TP, int] | None) -> list[Any]:
+def progress_transactions(transaction_version: Callable[[str], int | None] | None, job_id: str,
+                          offsets: Mapping[TP, int] | None, event_times: Mapping[TP, int] | None) -> list[Any]:
     """The app transactions (``deltalake.transaction.Transaction``) that record ``offsets`` and
     ``event_times`` per partition beside a commit's ``commitInfo``, for the partitions whose value
-    the table (``table``, None: a new one) does not hold already.
+    the table does not hold already (``transaction_version``: the table's version of an app ID,
+    as delta-rs ``DeltaTable.transaction_version``; None: a new table).
 
     Why: ``commitInfo`` lives only in its commit's JSON file, which Delta's log cleanup
     (``delta.logRetentionDuration``, 30 days, once a checkpoint covers it) deletes, while the
@@ -137,9 +150,22 @@ def progress_transactions(table: Any, job_id: str, offsets: Mapping[TP, int] | N
     for kind, values in (("offset", offsets), ("event-time", event_times)):
         for tp, value in sorted((values or {}).items()):
             app_id = progress_app_id(job_id, kind, tp)
-            if table is None or table.transaction_version(app_id) != value:
+            if transaction_version is None or transaction_version(app_id) != value:
                 found.append(Transaction(app_id, int(value)))
     return found
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _exclusive(method: Callable[Concatenate[DeltaLakeSink, _P], _R]) -> Callable[Concatenate[DeltaLakeSink, _P], _R]:
+    """``method`` run holding the sink's ``_state_lock``: one commit or read of its table state at a time."""
+    @functools.wraps(method)
+    def locked(self: DeltaLakeSink, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._state_lock:
+            return method(self, *args, **kwargs)
+    return locked
 
 
 class DeltaLakeSink(SchemaChecked):
@@ -169,6 +195,12 @@ class DeltaLakeSink(SchemaChecked):
         self.partition_fields, self.partition_by = partition_columns(partition_by)  # transforms: added columns
         self.storage_options = dict(storage_options or {})
         self.fs, self.root = open_filesystem(self.table_uri, self.storage_options)
+        # the committer's copy of the table (:meth:`_fresh`) and the app transaction versions
+        # known at its version (:meth:`_transaction_version`); the lock keeps one commit or read at a time
+        self._state_lock = threading.RLock()
+        self._current: Any = None
+        self._transactions: dict[str, int | None] = {}
+        self._transactions_at: int | None = None
 
     @property
     def maintenance(self) -> DeltaMaintenance:
@@ -240,12 +272,58 @@ class DeltaLakeSink(SchemaChecked):
         return DeltaTable.is_deltatable(self._delta_uri, self._delta_options)
 
     def _open(self) -> Any:
-        """The table's current version (a ``deltalake.DeltaTable``), or None when there is none."""
+        """The table's current version (a new ``deltalake.DeltaTable``), or None when there is none."""
         from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
 
-        if not self.exists():
+        try:
+            return DeltaTable(self._delta_uri, storage_options=self._delta_options)
+        except TableNotFoundError:
             return None
-        return DeltaTable(self._delta_uri, storage_options=self._delta_options)
+
+    def _fresh(self) -> Any:
+        """The table's current version for the commit path (a ``deltalake.DeltaTable``), or None
+        when there is none: the object this sink read last, brought up to date by delta-rs
+        ``update_incremental`` (which reads only the commits after its version: one listing of
+        ``_delta_log`` from there, where opening the table again replays the log from its last
+        checkpoint), unless the commit file of its version is gone (the table was deleted) or the
+        update fails: then the table is opened again. Call it holding ``_state_lock``.
+
+        What it returns is as current as a new ``DeltaTable``: the guards of :meth:`commit` read
+        the table's state from it, never from what an earlier read remembered.
+        """
+        from deltalake.exceptions import DeltaError
+
+        table = self._current
+        if table is not None:
+            try:
+                if self.fs.exists(f"{self.root}/_delta_log/{table.version():020d}.json"):
+                    table.update_incremental()
+                    return table
+            except (DeltaError, OSError) as exc:  # delta-rs's, and its storage's: open it again
+                log.info("%s: reading the table's new commits failed (%s): opening it again", self.table_uri, exc)
+        self._current = table = self._open()
+        return table
+
+    def _transaction_version(self, table: Any, app_id: str) -> int | None:
+        """``table.transaction_version(app_id)`` (delta-rs reads the log's ``txn`` actions for
+        each call), remembered for ``table``'s version: the versions of one table version never
+        change, and :meth:`_wrote` carries them over this sink's own next commit."""
+        version = table.version()
+        if self._transactions_at != version:
+            self._transactions, self._transactions_at = {}, version
+        if app_id not in self._transactions:
+            self._transactions[app_id] = table.transaction_version(app_id)
+        return self._transactions[app_id]
+
+    def _wrote(self, read_version: int | None, landed: LakeCommit, transactions: Sequence[Any]) -> None:
+        """This sink's commit ``landed`` was made on the table's version ``read_version`` (None: it
+        created the table) with app ``transactions``: when it is the very next version, the
+        versions known at ``read_version`` plus these are the table's at ``landed``'s version."""
+        known = {} if read_version is None else (self._transactions if self._transactions_at == read_version else None)
+        if known is not None and landed.table_version == (0 if read_version is None else read_version + 1):
+            self._transactions = {**known, **{t.app_id: t.version for t in transactions}}
+            self._transactions_at = landed.table_version
 
     def _generated(self, schema: pa.Schema) -> pa.Schema:
         """A new table's ``schema``: each partition transform's column a Delta generated column
@@ -260,8 +338,9 @@ class DeltaLakeSink(SchemaChecked):
 
     def committed_checkpoint(self, job_id: str) -> int | None:
         """The newest checkpoint of ``job_id`` in the table (its app transaction version), or None."""
-        table = self._open()
-        return None if table is None else table.transaction_version(job_id)
+        with self._state_lock:
+            table = self._fresh()
+            return None if table is None else self._transaction_version(table, job_id)
 
     def table_fields(self) -> dict[str, Any] | None:
         """The table's columns (name -> Delta type JSON), or None when there is no table yet."""
@@ -355,8 +434,10 @@ class DeltaLakeSink(SchemaChecked):
     def _landed(self, table: Any, token: str, checkpoint_id: int) -> LakeCommit:
         """The commit carrying ``token`` that this sink just made, read from ``table`` brought up
         to date (delta-rs leaves the table object at its old version after a commit)."""
-        table = self._open() if table is None else table
-        table.update_incremental()
+        if table is None:
+            table = self._current = self._open()
+        else:
+            table.update_incremental()
         # the newest version is this commit unless another writer committed right after it: one
         # commit file to read in the usual case (each is a GET on an object store)
         found = (self._commit_in(table.history(1), {COMMIT_TOKEN: token})
@@ -366,6 +447,7 @@ class DeltaLakeSink(SchemaChecked):
                                   "not among the table's newest versions")
         return found
 
+    @_exclusive
     def commit(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
                event_times: Mapping[TP, int] | None = None,
@@ -391,8 +473,8 @@ class DeltaLakeSink(SchemaChecked):
         from deltalake.transaction import AddAction, CommitProperties, Transaction, create_table_with_add_actions
 
         files = list(files)
-        table = self._open()  # one read of the table's state for the whole commit
-        done = None if table is None else table.transaction_version(job_id)
+        table = self._fresh()  # one read of the table's state for the whole commit
+        done = None if table is None else self._transaction_version(table, job_id)
         if done is not None and done >= checkpoint_id:
             log.info("checkpoint %d of job %s is already in %s (version %d): skipped", checkpoint_id, job_id,
                      self.table_uri, done)
@@ -415,9 +497,9 @@ class DeltaLakeSink(SchemaChecked):
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
         metadata.update(watermark_metadata(event_times, valid_through=valid_through_ms))
-        properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id),
-                                                        *progress_transactions(table, job_id, offsets, event_times)],
-                                      custom_metadata=metadata)
+        transactions = [Transaction(job_id, checkpoint_id), *progress_transactions(
+            None if table is None else functools.partial(self._transaction_version, table), job_id, offsets, event_times)]
+        properties = CommitProperties(app_transactions=transactions, custom_metadata=metadata)
         fields = None if table is None else self._fields_of(table)
         schemas = [schema_from_b64(b) for b in dict.fromkeys(f.schema for f in files)]
         for schema in schemas:
@@ -436,20 +518,25 @@ class DeltaLakeSink(SchemaChecked):
                     create_table_with_add_actions(
                         self._delta_uri, DeltaSchema.from_arrow(self._generated(schema)), actions, mode="append",
                         partition_by=self.partition_by or None, storage_options=self._delta_options,
-                        configuration=delta_configuration(self.table_properties) or None,
+                        configuration=delta_configuration(self.table_properties),
                         commit_properties=properties)
-                    return self._landed(None, token, checkpoint_id)
+                    landed = self._landed(None, token, checkpoint_id)
+                    self._wrote(None, landed, transactions)
+                    return landed
+                read_version = table.version()
                 table.create_write_transaction(actions, mode="append", schema=table.schema(),
                                                partition_by=self.partition_by or None, commit_properties=properties)
-                return self._landed(table, token, checkpoint_id)
+                landed = self._landed(table, token, checkpoint_id)
+                self._wrote(read_version, landed, transactions)
+                return landed
             except Exception as exc:  # delta-rs raises several exception types
                 if not is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
                     raise LakeCommitError(f"committing checkpoint {checkpoint_id} to {self.table_uri} failed "
                                           f"(attempt {attempt}): {exc}") from exc
                 # a concurrent commit (e.g. an OPTIMIZE) won the version: re-read the table; if
                 # our commit landed after all, it is done, else commit again on the new version
-                table = self._open()
-                done = None if table is None else table.transaction_version(job_id)
+                table = self._current = self._open()
+                done = None if table is None else self._transaction_version(table, job_id)
                 if done is not None and done >= checkpoint_id:
                     ours = self._commit_in(table.history(50), {COMMIT_TOKEN: token}) if done == checkpoint_id else None
                     log.info("checkpoint %d: commit conflicted but is in %s (%s): done", checkpoint_id, self.table_uri,
@@ -464,6 +551,7 @@ class DeltaLakeSink(SchemaChecked):
                 time.sleep(min(2.0, 0.05 * 2 ** attempt))
         return None  # not reached
 
+    @_exclusive
     def commit_changes(self, job_id: str, checkpoint_id: int, files: Iterable[DataFile], *,
                        offsets: Mapping[TP, int] | None = None, cluster_id: str | None = None,
                        event_times: Mapping[TP, int] | None = None,
@@ -500,8 +588,8 @@ class DeltaLakeSink(SchemaChecked):
         )
 
         files = list(files)
-        table = self._open()
-        done = None if table is None else table.transaction_version(job_id)
+        table = self._fresh()
+        done = None if table is None else self._transaction_version(table, job_id)
         if done is not None and done >= checkpoint_id:
             log.info("checkpoint %d of job %s is already in %s (version %d): skipped", checkpoint_id, job_id,
                      self.table_uri, done)
@@ -520,8 +608,9 @@ class DeltaLakeSink(SchemaChecked):
             if missing:
                 raise LakeCommitError(f"partition column(s) {missing} are not in the data: {rows.column_names}")
             DeltaTable.create(self._delta_uri, DeltaSchema.from_arrow(self._generated(rows.schema)), mode="ignore",
-                              partition_by=self.partition_by or None, storage_options=self._delta_options)
-            table = self._open()
+                              partition_by=self.partition_by or None, storage_options=self._delta_options,
+                              configuration=delta_configuration(self.table_properties))
+            table = self._current = self._open()
         elif self.add_columns:
             table = self._add_columns(table, rows.schema, checkpoint_id)
         token = uuid.uuid4().hex
@@ -533,26 +622,28 @@ class DeltaLakeSink(SchemaChecked):
         if cluster_id:
             metadata["chandy.kafka_cluster_id"] = cluster_id
         metadata.update(watermark_metadata(event_times, valid_through=valid_through_ms))
-        properties = CommitProperties(app_transactions=[Transaction(job_id, checkpoint_id),
-                                                        *progress_transactions(table, job_id, offsets, event_times)],
-                                      custom_metadata=metadata)
+        transactions = [Transaction(job_id, checkpoint_id), *progress_transactions(
+            functools.partial(self._transaction_version, table), job_id, offsets, event_times)]
+        properties = CommitProperties(app_transactions=transactions, custom_metadata=metadata)
         on = " AND ".join([f"t.`{c}` = s.`{c}`" for c in changes.id_columns] + _key_bounds(changes.latest, changes.id_columns))
         is_delete = f"s.`{OP_COLUMN}` = 'd'"
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
+                read_version = table.version()
                 (table.merge(changes.latest, on, source_alias="s", target_alias="t", commit_properties=properties)
                  .when_matched_delete(is_delete)
                  .when_matched_update_all(f"NOT ({is_delete})", except_cols=[OP_COLUMN])
                  .when_not_matched_insert_all(f"NOT ({is_delete})", except_cols=[OP_COLUMN])
                  .execute())
                 landed = self._landed(table, token, checkpoint_id)
+                self._wrote(read_version, landed, transactions)
                 break
             except Exception as exc:  # delta-rs raises several exception types
                 if not is_conflict(exc) or attempt == COMMIT_ATTEMPTS:
                     raise LakeCommitError(f"merging checkpoint {checkpoint_id}'s changes into {self.table_uri} failed "
                                           f"(attempt {attempt}): {exc}") from exc
-                table = self._open()
-                done = table.transaction_version(job_id)
+                table = self._current = self._open()
+                done = self._transaction_version(table, job_id)
                 if done is not None and done >= checkpoint_id:
                     return self._commit_in(table.history(50), {COMMIT_TOKEN: token}) if done == checkpoint_id else None
                 # merging again on a version another coordinator of the job committed would skip the
@@ -581,7 +672,8 @@ class DeltaLakeSink(SchemaChecked):
             raise LakeCommitError(f"checkpoint {checkpoint_id}: adding column(s) {[f.name for f in new]} to "
                                   f"{self.table_uri} failed: {exc}") from exc
         log.info("checkpoint %d: added column(s) %s to %s", checkpoint_id, ", ".join(f.name for f in new), self.table_uri)
-        return self._open()
+        table.update_incremental()
+        return table
 
     @staticmethod
     def _referenced_in(table: Any) -> set[str]:

@@ -201,7 +201,7 @@ def test_a_conflict_resolved_by_another_coordinators_commit_is_not_this_writers(
     stale = old._open()  # the fenced coordinator read the table before the newer one committed
     commit_checkpoints(new, 2, 2)
     reads = iter([stale])
-    old._open = lambda: next(reads, None) or DeltaLakeSink._open(old)  # type: ignore[method-assign]
+    old._fresh = lambda: next(reads, None) or DeltaLakeSink._fresh(old)  # type: ignore[method-assign]
     late = old.write_files(rows(2), job_id=JOB, checkpoint_id=2, subtask=0, attempt=1)
     assert old.commit(JOB, 2, late, offsets={("t", 0): 15}) is None
     assert offsets(old) == list(range(5, 15))  # checkpoint 2 once, the newer coordinator's files

@@ -40,13 +40,25 @@ def test_a_created_delta_table_has_the_properties_and_its_files_the_codec(tmp_pa
     sink = open_sink(str(tmp_path / "orders"), table_properties=properties)
     paths = _land(sink)
     configuration = DeltaTable(str(tmp_path / "orders")).metadata().configuration
-    # the codec is a setting of Chandy's writer, not a Delta property (delta-rs refuses other keys)
-    assert configuration == {k: v for k, v in properties.items() if k.startswith("delta.")}
+    # the codec is a setting of Chandy's writer, not a Delta property (delta-rs refuses other keys);
+    # a log checkpoint every 10 commits unless set (Delta Lake's default; delta-rs's is 100)
+    assert configuration == {"delta.checkpointInterval": "10", **{k: v for k, v in properties.items()
+                                                                  if k.startswith("delta.")}}
     assert _codecs(paths) == {"SNAPPY"}
     # an existing table keeps its own properties: a later run given others creates nothing
     again = open_sink(str(tmp_path / "orders"), table_properties={"delta.appendOnly": "false"})
     _land(again, 2)
     assert DeltaTable(str(tmp_path / "orders")).metadata().configuration["delta.appendOnly"] == "true"
+
+
+def test_a_delta_checkpoint_interval_given_is_the_tables(tmp_path: Path) -> None:
+    """Issue 57: Chandy's default log checkpoint interval (10) gives way to the user's."""
+    sink = open_sink(str(tmp_path / "orders"), table_properties={"delta.checkpointInterval": "50"})
+    _land(sink)
+    assert DeltaTable(str(tmp_path / "orders")).metadata().configuration == {"delta.checkpointInterval": "50"}
+    sink = open_sink(str(tmp_path / "other"))
+    _land(sink)
+    assert DeltaTable(str(tmp_path / "other")).metadata().configuration == {"delta.checkpointInterval": "10"}
 
 
 def test_a_created_iceberg_table_has_the_properties_and_its_files_the_codec(tmp_path: Path) -> None:
