@@ -153,6 +153,22 @@ def resolve_settings(storage_options: Mapping[str, Any] | None, environ: Mapping
     return {**found, **{k: str(v) if not isinstance(v, Mapping) else v for k, v in (storage_options or {}).items()}}
 
 
+#: pyiceberg's ``client.*`` names, which its FileIO reads for every cloud when the family's own is unset
+_PYICEBERG_ALIASES = {"client.access-key-id": "AWS_ACCESS_KEY_ID", "client.secret-access-key": "AWS_SECRET_ACCESS_KEY",
+                      "client.session-token": "AWS_SESSION_TOKEN", "client.region": "AWS_REGION"}
+
+
+def settings_from_pyiceberg(properties: Mapping[str, Any]) -> dict[str, str]:
+    """The documented settings (:data:`SETTINGS`' names) that pyiceberg FileIO ``properties`` hold
+    under pyiceberg's names (``s3.access-key-id``, ``client.region``, ...): what an Iceberg REST
+    catalog vends with a table (the ``config`` of its load-table answer), in the names every other
+    reader of storage settings here takes. A family's own name wins over pyiceberg's ``client.*``."""
+    by_name = {setting.pyiceberg: name for name, setting in SETTINGS.items() if setting.pyiceberg}
+    found = {_PYICEBERG_ALIASES[k]: str(v) for k, v in properties.items() if k in _PYICEBERG_ALIASES}
+    found.update({by_name[k]: str(v) for k, v in properties.items() if k in by_name})
+    return found
+
+
 def fsspec_options(url: str, storage_options: Mapping[str, Any] | None = None,
                    environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """fsspec's keyword arguments for ``url``: the documented settings of its family under the

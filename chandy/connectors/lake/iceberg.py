@@ -91,6 +91,15 @@ def _checkpoint_dir(table_uri: str, catalog_properties: tuple[tuple[str, str], .
     return f"{IcebergSink(table_uri, catalog_properties=dict(catalog_properties)).root_url}/_chandy_checkpoints"
 
 
+#: the keys of a table's ``config`` (a REST catalog's load-table answer) that say when the
+#: credentials it vended expire (ms since the epoch), as Iceberg's FileIOs read them:
+#: ``S3FileIOProperties.SESSION_TOKEN_EXPIRES_AT_MS``, ``GCPProperties.GCS_OAUTH2_TOKEN_EXPIRES_AT``
+#: and ADLS's ``adls.sas-token-expires-at-ms.<account>``
+EXPIRES_AT_KEYS = ("s3.session-token-expires-at-ms", "gcs.oauth2.token-expires-at", "adls.sas-token-expires-at-ms")
+#: vended credentials are loaded again once less than this remains of them (or less than half
+#: their lifetime, when that is shorter), ms
+RENEW_MARGIN_MS = 5 * 60 * 1000
+
 #: the schema of the staged create that asks a REST catalog where a new table goes (never committed)
 _PLACEHOLDER_SCHEMA = pa.schema([pa.field("placeholder", pa.int32())])
 
@@ -128,6 +137,12 @@ class IcebergSink(SchemaChecked):
         self.catalog_name, self.namespace, self.name = parse_iceberg_uri(self.table_uri)
         self.partition_fields, self.partition_by = partition_columns(partition_by)  # transforms: added columns
         self.storage_options = dict(storage_options or {})
+        self._given_storage = dict(self.storage_options)
+        #: the storage settings the catalog vended with the table (:meth:`_take_vended`), when
+        #: (ms since the epoch) and until when
+        self._vended: dict[str, str] = {}
+        self._vended_at_ms: float = 0.0
+        self._vended_until_ms: int | None = None
         self._catalog: Any = None
         #: while a checkpoint's tables commit in one catalog transaction, the transaction that
         #: records this table's commit (:class:`~chandy.connectors.lake.iceberg_transactions.CatalogTransaction`)
@@ -194,7 +209,56 @@ class IcebergSink(SchemaChecked):
         except (RESTError, OSError) as exc:
             raise LakeCommitError(f"{self.table_uri}: catalog {self.catalog_name} did not place the new table: "
                                   f"{type(exc).__name__}: {exc}") from exc
+        self._take_vended(staged._table)  # the StagedTable: pyiceberg's FileIO of the answer's config
         return str(staged.table_metadata.location)
+
+    def _take_vended(self, table: Any) -> None:
+        """Use the storage settings the catalog vended with ``table`` (a pyiceberg ``Table`` or
+        ``StagedTable``): an Iceberg REST catalog answers a table load (and a staged create) with a
+        ``config`` of FileIO properties, credentials scoped to the table's location among them
+        (pyiceberg asks for them: ``X-Iceberg-Access-Delegation: vended-credentials``) and when
+        they expire (:data:`EXPIRES_AT_KEYS`). pyiceberg's FileIO of the table uses them; this
+        sink's own file system (the committer's checks and cleanup) and the tasks' writers
+        (:meth:`task_storage_options`) take them too, over the storage options given, as
+        pyiceberg lets the table's config win over the catalog's properties."""
+        from chandy.coordinator.filesystems import settings_from_pyiceberg
+
+        properties = getattr(getattr(table, "io", None), "properties", None) or {}
+        config = {k: str(v) for k, v in properties.items() if self.catalog_properties.get(k) != v}
+        vended = settings_from_pyiceberg(config)
+        expiries = [int(v) for k, v in config.items() if k.startswith(EXPIRES_AT_KEYS) and v.isdigit()]
+        self._vended_at_ms, self._vended_until_ms = time.time() * 1000, min(expiries) if expiries else None
+        if vended == self._vended:
+            return
+        if self._vended or vended:
+            log.info("%s: catalog %s vended storage settings %s%s", self.table_uri, self.catalog_name,
+                     ", ".join(sorted(vended)) or "none",
+                     "" if self._vended_until_ms is None else f", valid for {self._vended_until_ms - self._vended_at_ms:.0f} ms")
+        self._vended = vended
+        self.storage_options = {**self._given_storage, **vended}
+        if getattr(self, "root_url", None):
+            self.fs, self.root = open_filesystem(self.root_url, self.storage_options)
+
+    def renew_credentials(self) -> None:
+        """Load the table again (or stage its creation again, when it does not exist yet) when
+        the credentials the catalog vended expire soon (:data:`RENEW_MARGIN_MS`), so that what
+        writes next holds valid ones. A sink without vended expiring credentials does nothing."""
+        until = self._vended_until_ms
+        if until is None:
+            return
+        now = time.time() * 1000
+        if now < until - min(RENEW_MARGIN_MS, (until - self._vended_at_ms) / 2):
+            return
+        log.info("%s: the storage credentials catalog %s vended expire in %.0f ms: loading the table again",
+                 self.table_uri, self.catalog_name, until - now)
+        if self._load() is None and self.catalog_properties.get("type") == "rest":
+            self._location_from_catalog()
+
+    def task_storage_options(self) -> dict[str, Any]:
+        """See :meth:`~chandy.connectors.lake.sink.SchemaChecked.task_storage_options`: the
+        credentials renewed first (:meth:`renew_credentials`)."""
+        self.renew_credentials()
+        return dict(self.storage_options)
 
     def _load(self) -> Any:
         """The table (``pyiceberg.table.Table``), or None when there is none. While
@@ -205,6 +269,7 @@ class IcebergSink(SchemaChecked):
             table = self.catalog.load_table(self.identifier)
         except (NoSuchTableError, NoSuchNamespaceError):
             return None
+        self._take_vended(table)
         return table if self.transaction is None else self.transaction.staged(table)
 
     def _ensure_namespace(self) -> None:
@@ -260,6 +325,7 @@ class IcebergSink(SchemaChecked):
 
         if table.num_rows == 0:
             return []
+        self.renew_credentials()  # a routed table's sink, opened through the catalog in a task, lives long
         table = to_lake_types(with_partition_columns(table, self.partition_fields))
         hidden = [f.column for f in self.partition_fields
                   if f.transform in HIDDEN and f.column not in (table_fields or {}) and f.column in table.column_names]

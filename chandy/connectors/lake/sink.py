@@ -537,6 +537,7 @@ class SchemaChecked(abc.ABC):
     table_uri: str
     add_columns: bool
     table_properties: dict[str, str]
+    storage_options: dict[str, Any]
     #: whether schema evolution widens a column (int to long, ...) in place: Iceberg's type
     #: promotion; Delta's type widening is a table feature delta-rs cannot write
     widens_columns: bool = False
@@ -550,6 +551,12 @@ class SchemaChecked(abc.ABC):
     def table_fields(self) -> dict[str, Any] | None:
         """The table's columns, name to Delta type JSON (so both formats compare alike); None
         when there is no table yet."""
+
+    def task_storage_options(self) -> dict[str, Any]:
+        """The storage options (:mod:`~chandy.coordinator.filesystems`' names) a task that writes
+        this table's files needs: the ones given, and, for an Iceberg table of a REST catalog, the
+        credentials the catalog vended with it (renewed first when they expire soon)."""
+        return dict(self.storage_options)
 
     def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None:
         """Refuse data that does not fit the table (see :func:`schema_differences`); ``table_fields``
@@ -583,6 +590,8 @@ class LakeSink(Protocol):
                     log_id: str | None = None) -> list[DataFile]: ...
 
     def exists(self) -> bool: ...
+
+    def task_storage_options(self) -> dict[str, Any]: ...
 
     def committed_checkpoint(self, job_id: str) -> int | None: ...
 

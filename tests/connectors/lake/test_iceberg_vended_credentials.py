@@ -1,0 +1,99 @@
+"""Issue 56: an Iceberg table of a REST catalog written with only the storage credentials the
+catalog vends with it. Apache Iceberg's reference REST server keeps its warehouse on a local S3 API
+server (moto, ``S3FileIO``); in front of it, the catalog proxy (``tests/fixtures/catalog_proxy.py``)
+is the *test double of credential vending* the reference server lacks: each table load and
+staged create it answers carries the S3 endpoint, keys and a session token that expires 4 s later
+(``s3.session-token-expires-at-ms``). Chandy's process has no S3 setting of its own (the
+environment is cleared), so only vended settings can reach the bucket:
+
+- a new table is placed by the catalog on S3; its files are written by the committer's sink and
+  by a task's writer opened as the Spark tasks open it (location and ``task_storage_options()``);
+  both checkpoints land, read back by a pyiceberg catalog with its own settings;
+- every table request asked for vended credentials (``X-Iceberg-Access-Delegation``);
+- past half their lifetime, the credentials are loaded again (a new token in what the tasks get),
+  and not while they are fresh.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import load_catalog
+
+from chandy.connectors.lake.iceberg import IcebergSink
+from chandy.coordinator.filesystems import SETTINGS
+from tests.fixtures.catalog_proxy import CatalogProxy
+from tests.fixtures.iceberg_rest import IcebergRestCatalog, resolve_iceberg_rest, start_iceberg_rest
+from tests.fixtures.object_store import S3Server
+
+pytestmark = pytest.mark.integration
+
+JOB = "0123456789abcdef0123456789abcdef"
+LIFETIME_MS = 4000
+
+
+@pytest.fixture(scope="module")
+def s3_rest_catalog(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[IcebergRestCatalog, str]]:
+    """The reference REST server with its warehouse in a new bucket of the S3 API server; yields it and the bucket."""
+    bucket = s3_server.new_bucket()
+    catalog = start_iceberg_rest(
+        resolve_iceberg_rest(), tmp_path_factory.mktemp("iceberg-rest-s3"), warehouse=f"s3://{bucket}/warehouse",
+        settings={"CATALOG_IO__IMPL": "org.apache.iceberg.aws.s3.S3FileIO", "CATALOG_S3_ENDPOINT": s3_server.endpoint,
+                  "CATALOG_S3_PATH__STYLE__ACCESS": "true", "CATALOG_S3_ACCESS__KEY__ID": s3_server.access_key,
+                  "CATALOG_S3_SECRET__ACCESS__KEY": s3_server.secret_key, "CATALOG_CLIENT_REGION": s3_server.region,
+                  "AWS_REGION": s3_server.region})
+    try:
+        yield catalog, bucket
+    finally:
+        catalog.stop()
+
+
+def rows(first: int, n: int = 5) -> pa.Table:
+    return pa.table({"id": pa.array(range(first, first + n), pa.int64()),
+                     "name": pa.array([f"n{i}" for i in range(first, first + n)])})
+
+
+def test_a_rest_table_written_with_only_the_credentials_its_catalog_vends(
+        s3_rest_catalog: tuple[IcebergRestCatalog, str], s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog, bucket = s3_rest_catalog
+    for name in (*SETTINGS, "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    tokens = itertools.count(1)
+    proxy = CatalogProxy(catalog.uri)
+    proxy.vend = lambda: {"s3.endpoint": s3_server.endpoint, "s3.access-key-id": s3_server.access_key,
+                          "s3.secret-access-key": s3_server.secret_key, "s3.region": s3_server.region,
+                          "s3.session-token": f"vended-{next(tokens)}",
+                          "s3.session-token-expires-at-ms": str(int(time.time() * 1000) + LIFETIME_MS)}
+    try:
+        sink = IcebergSink("iceberg://rest/lake.vended", catalog_properties={"type": "rest", "uri": proxy.uri})
+        assert sink.root_url.startswith(f"s3://{bucket}/warehouse/")  # placed by the catalog, on S3
+        first = sink.write_files(rows(0), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+        assert sink.commit(JOB, 1, first, offsets={("t", 0): 5}) is not None
+        # a task's writer, opened as the Spark tasks open it: the location and the options the driver hands out
+        options = sink.task_storage_options()
+        assert options["AWS_ENDPOINT_URL"] == s3_server.endpoint and options["AWS_SESSION_TOKEN"].startswith("vended-")
+        task = IcebergSink(sink.table_uri, location=sink.root_url, storage_options=options)
+        second = task.write_files(rows(5), job_id=JOB, checkpoint_id=2, subtask=0, attempt=0)
+        assert sink.commit(JOB, 2, second, offsets={("t", 0): 10}) is not None
+        assert proxy.vended and set(proxy.delegations) == {"vended-credentials"}
+
+        # fresh credentials are not loaded again; past half their lifetime they are
+        loads = len(proxy.vended)
+        sink.task_storage_options()
+        assert len(proxy.vended) == loads
+        time.sleep(LIFETIME_MS / 2 / 1000 + 0.2)
+        renewed = sink.task_storage_options()
+        assert len(proxy.vended) == loads + 1 and renewed["AWS_SESSION_TOKEN"] == proxy.vended[-1]["s3.session-token"]
+        third = sink.write_files(rows(10), job_id=JOB, checkpoint_id=3, subtask=0, attempt=0)
+        assert sink.commit(JOB, 3, third, offsets={("t", 0): 15}) is not None
+    finally:
+        proxy.close()
+    reader = load_catalog("reader", type="rest", uri=catalog.uri, **{
+        "s3.endpoint": s3_server.endpoint, "s3.access-key-id": s3_server.access_key,
+        "s3.secret-access-key": s3_server.secret_key, "s3.region": s3_server.region})
+    landed = reader.load_table("lake.vended").scan().to_arrow().sort_by("id")
+    assert landed.to_pylist() == rows(0, 15).to_pylist()
