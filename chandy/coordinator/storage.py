@@ -32,6 +32,7 @@ import secrets
 import struct
 import uuid
 import zlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import fsspec
@@ -233,7 +234,9 @@ class CheckpointStorage:
         checkpoint_dir: base URL (``state.checkpoints.dir``), e.g. ``file:///data/chk`` or ``s3://b/chk``.
         job_id: the job's ID; its checkpoints live under ``<checkpoint_dir>/<job_id>``.
         savepoint_dir: default savepoint URL (``state.savepoints.dir``), or None.
-        storage_options: fsspec options for the file system, under fsspec's names.
+        storage_options: fsspec options for the file system, under fsspec's names; or a function
+            that gives them, called at each file system use: credentials that a catalog vends
+            with a table and renews (:meth:`~chandy.connectors.lake.sink.SchemaChecked.task_storage_options`).
     """
 
     def __init__(
@@ -242,16 +245,22 @@ class CheckpointStorage:
         job_id: str,
         *,
         savepoint_dir: str | None = None,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self.job_id = job_id
-        self.storage_options = dict(storage_options or {})
+        self._storage_options = storage_options if callable(storage_options) else dict(storage_options or {})
         self.fs, base = open_filesystem(checkpoint_dir, self.storage_options)
         self.base_url = to_url(self.fs, base, like=checkpoint_dir)
         self.job_dir = _join(self.base_url, job_id)
         self.shared_dir = _join(self.job_dir, CHECKPOINT_SHARED_STATE_DIR)
         self.task_owned_dir = _join(self.job_dir, CHECKPOINT_TASK_OWNED_STATE_DIR)
         self.default_savepoint_dir = savepoint_dir
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """The file system's options as they are now (see the class's ``storage_options``)."""
+        given = self._storage_options
+        return dict(given() if callable(given) else given)
 
     def _fs_for(self, url: str) -> tuple[fsspec.AbstractFileSystem, str]:
         return open_filesystem(url, self.storage_options)

@@ -6,7 +6,11 @@ catalog places it. The run is killed with SIGKILL at a step of the commit protoc
 again; afterwards each table, read with a pyiceberg catalog of its own on the server, holds every
 record routed to it exactly once with its values, and every LAKE_COMMITTED event of a checkpoint
 that wrote both says they went to the catalog in one multi-table commit (``committed_with``),
-but for the checkpoint the killed run committed and the next run announced from the tables' history."""
+but for the checkpoint the killed run committed and the next run announced from the tables' history.
+
+The same job also runs with its catalog's warehouse on the S3 API server and only the storage
+credentials the catalog vends (the catalog proxy as the test double of vending; the pipeline's
+environment holds no S3 setting): tasks, committer and checkpoint storage all write to S3 with them."""
 
 from __future__ import annotations
 
@@ -19,9 +23,12 @@ from confluent_kafka.admin import NewTopic
 from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.spark.options import default_job_id
+from chandy.coordinator.filesystems import SETTINGS
 from chandy.coordinator.kafka import config as kafka_config
 from tests.fixtures import exactly_once
+from tests.fixtures.catalog_proxy import CatalogProxy, s3_vending
 from tests.fixtures.iceberg_rest import IcebergRestCatalog
+from tests.fixtures.object_store import S3Server
 
 pytestmark = pytest.mark.integration
 
@@ -96,3 +103,44 @@ def test_routed_tables_through_a_rest_catalog_land_once_through_a_kill(
             continue
         for together in tables.values():  # both routed tables in one request
             assert together is not None and routed <= set(together), (checkpoint, together)
+
+
+def test_routed_tables_on_s3_with_only_vended_credentials_land_once_through_a_kill(
+        kafka_bootstrap_servers: str, iceberg_rest_catalog_on_s3: tuple[IcebergRestCatalog, str], s3_server: S3Server,
+        routed_topic, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog, bucket = iceberg_rest_catalog_on_s3
+    for name in (*SETTINGS, "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)  # the pipeline's process inherits this environment
+    topic, produced = routed_topic
+    namespace = f"vended_{uuid.uuid4().hex[:6]}"
+    table = f"iceberg://rest/{namespace}.unrouted"
+    proxy = CatalogProxy(catalog.uri)
+    proxy.vend = s3_vending(s3_server, 8_000)  # renewed during the run, past half of its 8 s
+    try:
+        args = ["--table", table, "--topic", topic, "-b", kafka_bootstrap_servers, "--prefix", f"vp{uuid.uuid4().hex[:8]}",
+                "--value-format", "json", "--value-schema", "id BIGINT, kind STRING, note STRING", "--route-field", "kind",
+                "--route", f"order=iceberg://rest/{namespace}.orders", "--catalog-property", "type=rest",
+                "--catalog-property", f"uri={proxy.uri}", "--until-drained",
+                "--max-records-per-checkpoint", str(CAP), "--parallelism", str(PARTITIONS)]
+        crashed = exactly_once.run_cli(args, crash_at="before-lake-event@2")
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+        finished = exactly_once.run_cli(args)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+    finally:
+        proxy.close()
+    assert proxy.vended and set(proxy.delegations) == {"vended-credentials"}
+
+    reader = load_catalog("reader", type="rest", uri=catalog.uri, **{
+        "s3.endpoint": s3_server.endpoint, "s3.access-key-id": s3_server.access_key,
+        "s3.secret-access-key": s3_server.secret_key, "s3.region": s3_server.region})
+    for name, kinds in (("orders", {"order"}), ("unrouted", {"line"})):
+        loaded = reader.load_table((namespace, name))
+        assert loaded.location().startswith(f"s3://{bucket}/warehouse/"), loaded.location()
+        data = loaded.scan().to_arrow()
+        rows = sorted(zip(data.column("id").to_pylist(), data.column("kind").to_pylist(),
+                          data.column("note").to_pylist(), strict=True))
+        assert rows == sorted((v["id"], v["kind"], v["note"]) for v in produced if v["kind"] in kinds)
+    # the checkpoints went to the default directory, in the job's table location on S3
+    location = reader.load_table((namespace, "unrouted")).location().removeprefix(f"s3://{bucket}/")
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=f"{location}/_chandy_checkpoints/")
+    assert any(o["Key"].endswith("/_metadata") for o in listed.get("Contents", [])), listed.get("Contents")

@@ -88,7 +88,8 @@ class CoordinatorService:
         allow_non_restored_state: skip state for operators or hooks this job lacks.
         schema_registry: ``SchemaRegistryClient`` settings for the Confluent wire format.
         producer_overrides / consumer_overrides: librdkafka settings under their own names.
-        storage_options: fsspec options for the checkpoint storage.
+        storage_options: fsspec options for the checkpoint storage, or a function that gives them
+            (:class:`~chandy.coordinator.storage.CheckpointStorage`).
         dead_letter_topic: where undecodable acks are copied, if set.
         completion_outputs: messages to publish in each checkpoint's completion transaction
             (see :class:`~chandy.coordinator.checkpoint_coordinator.CheckpointCoordinator`).
@@ -133,7 +134,7 @@ class CoordinatorService:
         schema_registry: Mapping[str, Any] | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
         consumer_overrides: Mapping[str, Any] | None = None,
-        storage_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
         dead_letter_topic: str | None = None,
         io_threads: int = 4,
         completion_outputs: Callable[[Any], Any] | None = None,
@@ -170,7 +171,7 @@ class CoordinatorService:
         self._completion_outputs = completion_outputs
         self._checkpoint_id_floor = checkpoint_id_floor
         self.storage = CheckpointStorage(options.checkpoint_dir, job_id, savepoint_dir=options.savepoint_dir,
-                                         storage_options=dict(storage_options or {}))
+                                         storage_options=storage_options)
         self.io_executor = concurrent.futures.ThreadPoolExecutor(io_threads, thread_name_prefix=f"chandy-io-{job_id[:8]}")
         self.mailbox = Mailbox(f"chandy-mailbox-{job_id[:8]}", on_error=self._on_mailbox_error)
         self.stopped = threading.Event()

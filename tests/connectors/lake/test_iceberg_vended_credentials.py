@@ -16,9 +16,7 @@ environment is cleared), so only vended settings can reach the bucket:
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -26,8 +24,8 @@ from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.lake.iceberg import IcebergSink
 from chandy.coordinator.filesystems import SETTINGS
-from tests.fixtures.catalog_proxy import CatalogProxy
-from tests.fixtures.iceberg_rest import IcebergRestCatalog, resolve_iceberg_rest, start_iceberg_rest
+from tests.fixtures.catalog_proxy import CatalogProxy, s3_vending
+from tests.fixtures.iceberg_rest import IcebergRestCatalog
 from tests.fixtures.object_store import S3Server
 
 pytestmark = pytest.mark.integration
@@ -36,38 +34,18 @@ JOB = "0123456789abcdef0123456789abcdef"
 LIFETIME_MS = 4000
 
 
-@pytest.fixture(scope="module")
-def s3_rest_catalog(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[IcebergRestCatalog, str]]:
-    """The reference REST server with its warehouse in a new bucket of the S3 API server; yields it and the bucket."""
-    bucket = s3_server.new_bucket()
-    catalog = start_iceberg_rest(
-        resolve_iceberg_rest(), tmp_path_factory.mktemp("iceberg-rest-s3"), warehouse=f"s3://{bucket}/warehouse",
-        settings={"CATALOG_IO__IMPL": "org.apache.iceberg.aws.s3.S3FileIO", "CATALOG_S3_ENDPOINT": s3_server.endpoint,
-                  "CATALOG_S3_PATH__STYLE__ACCESS": "true", "CATALOG_S3_ACCESS__KEY__ID": s3_server.access_key,
-                  "CATALOG_S3_SECRET__ACCESS__KEY": s3_server.secret_key, "CATALOG_CLIENT_REGION": s3_server.region,
-                  "AWS_REGION": s3_server.region})
-    try:
-        yield catalog, bucket
-    finally:
-        catalog.stop()
-
-
 def rows(first: int, n: int = 5) -> pa.Table:
     return pa.table({"id": pa.array(range(first, first + n), pa.int64()),
                      "name": pa.array([f"n{i}" for i in range(first, first + n)])})
 
 
 def test_a_rest_table_written_with_only_the_credentials_its_catalog_vends(
-        s3_rest_catalog: tuple[IcebergRestCatalog, str], s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    catalog, bucket = s3_rest_catalog
+        iceberg_rest_catalog_on_s3: tuple[IcebergRestCatalog, str], s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog, bucket = iceberg_rest_catalog_on_s3
     for name in (*SETTINGS, "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
-    tokens = itertools.count(1)
     proxy = CatalogProxy(catalog.uri)
-    proxy.vend = lambda: {"s3.endpoint": s3_server.endpoint, "s3.access-key-id": s3_server.access_key,
-                          "s3.secret-access-key": s3_server.secret_key, "s3.region": s3_server.region,
-                          "s3.session-token": f"vended-{next(tokens)}",
-                          "s3.session-token-expires-at-ms": str(int(time.time() * 1000) + LIFETIME_MS)}
+    proxy.vend = s3_vending(s3_server, LIFETIME_MS)
     try:
         sink = IcebergSink("iceberg://rest/lake.vended", catalog_properties={"type": "rest", "uri": proxy.uri})
         assert sink.root_url.startswith(f"s3://{bucket}/warehouse/")  # placed by the catalog, on S3

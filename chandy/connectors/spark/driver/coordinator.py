@@ -125,7 +125,7 @@ class JobCoordinator:
         source = self._source_options()
         savepoint_dir = f"{opts.resolved_checkpoint_dir.rstrip('/')}/savepoints"
         storage = CheckpointStorage(opts.resolved_checkpoint_dir, state.job_id, savepoint_dir=savepoint_dir,
-                                    storage_options=dict(opts.storage_options))
+                                    storage_options=state.storage_options)
         service = CoordinatorService(
             state.job_id, opts.bootstrap_servers,
             CheckpointingOptions(interval_ms=0, timeout_ms=opts.checkpoint_timeout_ms, max_concurrent=1,
@@ -138,7 +138,7 @@ class JobCoordinator:
             coordinator_providers=[self._lake_committer(storage),
                                    KafkaSourceCoordinatorProvider(SOURCE_OPERATOR, source, parallelism=state.parallelism)],
             prefix=opts.prefix, producer_overrides=opts.driver_producer_overrides,
-            consumer_overrides=dict(opts.consumer_overrides), storage_options=dict(opts.storage_options),
+            consumer_overrides=dict(opts.consumer_overrides), storage_options=state.storage_options,
             completion_outputs=self.completion_outputs, checkpoint_id_floor=state.checkpoint_id_floor,
             restore_from=opts.from_savepoint, request_executor=request_executor, election=state.election,
             metrics_port=opts.metrics_port, metrics_scope=state.metric_scope, standby=opts.standby,
@@ -201,8 +201,9 @@ class JobCoordinator:
         if opts.value_format is None:
             return []
         checkpoint_dir, checkpoint_id = opts.resolved_checkpoint_dir, metadata.checkpoint_id
-        bad, skipped = read_dead_letters(checkpoint_dir, state.job_id, checkpoint_id, opts.storage_options)
-        delete_dead_letters_before(checkpoint_dir, state.job_id, checkpoint_id, opts.storage_options)
+        storage_options = state.storage_options()
+        bad, skipped = read_dead_letters(checkpoint_dir, state.job_id, checkpoint_id, storage_options)
+        delete_dead_letters_before(checkpoint_dir, state.job_id, checkpoint_id, storage_options)
         state.tombstones_skipped += skipped
         if bad.num_rows == 0:
             return []

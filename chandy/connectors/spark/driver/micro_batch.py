@@ -73,7 +73,7 @@ class MicroBatchRunner:
             table_uri=opts.table_uri, job_id=state.job_id, checkpoint_id=checkpoint_id, epoch=service.epoch,
             operator_id=SINK_OPERATOR, bootstrap_servers=opts.bootstrap_servers, prefix=opts.prefix,
             checkpoint_dir=opts.resolved_checkpoint_dir, partition_by=tuple(opts.partition_by),
-            storage_options=state.sink.task_storage_options(), producer_overrides=opts.task_producer_overrides,
+            storage_options=state.storage_options(), producer_overrides=opts.task_producer_overrides,
             consumer_overrides=opts.task_consumer_overrides,
             max_task_failures=task_max_failures(spark_master(spark), spark.conf.get("spark.task.maxFailures", None)),
             table_fields=state.table_fields, decoder=state.decoder, catalog_properties=dict(opts.catalog_properties),

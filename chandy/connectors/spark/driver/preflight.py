@@ -186,7 +186,7 @@ class Preflight:
         if any(checkpoint_dir.startswith(f"{root.rstrip('/')}/") for root in (self.state.sink.table_uri, location)):
             return  # inside the table (the default): its location was just probed
         try:
-            fs, path = open_filesystem(checkpoint_dir, self.state.options.storage_options)
+            fs, path = open_filesystem(checkpoint_dir, self.state.storage_options())
             _probe_write(fs, path)
         except StorageBackendError as exc:
             raise PipelineError(str(exc)) from exc

@@ -191,7 +191,7 @@ class SparkSessionManager:
         sink = None
         if with_sink:
             sink = {"table_uri": opts.table_uri, "partition_by": tuple(opts.partition_by),
-                    "storage_options": dict(opts.storage_options), "catalog_properties": dict(opts.catalog_properties),
+                    "storage_options": self.state.storage_options(), "catalog_properties": dict(opts.catalog_properties),
                     "add_columns": self.state.add_columns, "location": getattr(self.state.sink, "root_url", None),
                     "table_properties": dict(opts.table_properties)}
         warm = functools.partial(warm_task, opts.bootstrap_servers, self.state.job_id, opts.prefix,

@@ -112,6 +112,14 @@ class DriverState:
         router = Router.parse(options.routes, options.route_field, options.route_by).resolved() if options.routes else None
         return cls(options, job_id, scope, sink, add_columns, transform, router, topic_names=list(options.topics))
 
+    def storage_options(self) -> dict[str, Any]:
+        """The job's storage options as they are now: the ones given, and the credentials the
+        catalog vends with an Iceberg table of a REST catalog, renewed when they expire soon
+        (:meth:`~chandy.connectors.lake.sink.SchemaChecked.task_storage_options`); for the
+        checkpoint storage (whose default directory lies in the table's location), the dead
+        letters and the tasks."""
+        return self.sink.task_storage_options()
+
     def running(self) -> CoordinatorService:
         """The running attempt's coordinator; called only once an attempt started it."""
         assert self.service is not None
