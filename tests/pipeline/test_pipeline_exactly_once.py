@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -89,10 +90,15 @@ def test_killed_at_each_step_then_restarted_lands_every_record_exactly_once(
     prefix = f"eo{uuid.uuid4().hex[:8]}"
     crashed = run_pipeline(kafka_bootstrap_servers, topic, table, prefix, crash_at=f"{point}@2")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    before = DeltaTable(str(table)).to_pyarrow_dataset().count_rows() if (table / "_delta_log").exists() else 0
     finished = run_pipeline(kafka_bootstrap_servers, topic, table, prefix)
     assert finished.returncode == 0, finished.stderr[-3000:]
     check_exactly_once(kafka_bootstrap_servers, table, content, topic)
     exactly_once.check_delta_lake_events(kafka_bootstrap_servers, prefix, str(table), topic, set(content))
+    # the restart's summary counts every row it landed, those of the checkpoint its restore committed too
+    landed = re.search(r"rows landed \(this run\)\D*?([\d,]+)", finished.stdout)
+    assert landed is not None, finished.stdout[-2000:]
+    assert int(landed.group(1).replace(",", "")) == len(content) - before
 
 
 @pytest.mark.slow

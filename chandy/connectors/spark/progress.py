@@ -44,8 +44,10 @@ CHECKPOINT_PHASES = ("trigger", "tasks", "finalize", "lake_commit", "notify", "j
 
 @dataclasses.dataclass(frozen=True)
 class PipelineSummary:
-    """The end of a run: rows this run committed, its checkpoints, seconds, why it stopped, and
-    the signal that stopped it (if any); :func:`verify_table` compares the table with the topics."""
+    """The end of a run: rows this run committed (``records_landed``: those of a checkpoint its
+    restore committed included, written by a crashed attempt or run, so that the runs' counts add
+    up to the table's rows), its checkpoints, seconds, why it stopped, and the signal that stopped
+    it (if any); :func:`verify_table` compares the table with the topics."""
 
     table_uri: str
     job_id: str

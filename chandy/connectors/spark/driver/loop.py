@@ -64,8 +64,6 @@ class Attempt:
     on_progress: Callable[[PipelineProgress], None] | None = None
     #: the pipeline's Prometheus collector (``--metrics-port``), updated with each checkpoint's progress
     metrics: PipelineMetricsCollector | None = None
-    #: the lake committer's records committed when the attempt started
-    landed_before: int = 0
     completed: int = 0
     failed: int = 0
     #: checkpoints failed in a row (the back-off grows with them)
@@ -127,7 +125,6 @@ class CheckpointLoop:
                 is FAILED first, if this coordinator still runs).
         """
         state = self.state
-        attempt.landed_before = self.coordinator.committed_records()
         if state.election is not None and state.election.became_leader_at is not None:
             state.takeover_s = time.monotonic() - state.election.became_leader_at
             state.notice(f"standby of job {state.job_id} leads: coordinator started {state.takeover_s:.1f} s after "
@@ -360,7 +357,9 @@ class CheckpointLoop:
         if attempt.on_progress is None and attempt.metrics is None:
             return
         state, totals = self.state, attempt.totals
-        landed = self.coordinator.committed_records() - attempt.landed_before + totals.landed
+        # the attempt's committer counts from its start, the commit of a restored checkpoint
+        # included: records a crashed attempt or run wrote land in the table now, and count here
+        landed = self.coordinator.committed_records() + totals.landed
         phases = ({} if round_.message is not None or round_.done_ms is None else
                   checkpoint_phases(state.running(), round_.checkpoint_id, round_.started_ms, round_.ranges_ms,
                                     round_.job_ended_ms, round_.done_ms))
@@ -400,7 +399,7 @@ class CheckpointLoop:
     def _end(self, attempt: Attempt) -> None:
         """However the attempt ends: add its counts to the run's, answer the requests it did not
         apply, close the lag client, take the last data loss in, and stop the coordinator."""
-        landed = self.coordinator.safe_committed_records() - attempt.landed_before
+        landed = self.coordinator.safe_committed_records()
         attempt.totals.add(landed, attempt.completed, attempt.failed)
         not_applied = "the pipeline stopped before the request was applied"
         fail_request(attempt.request, PipelineError(not_applied))
