@@ -431,9 +431,31 @@ class DeltaLakeSink(SchemaChecked):
                 return found[::-1]
         return []  # not reached
 
-    def _landed(self, table: Any, token: str, checkpoint_id: int) -> LakeCommit:
-        """The commit carrying ``token`` that this sink just made, read from ``table`` brought up
-        to date (delta-rs leaves the table object at its old version after a commit)."""
+    def _commit_info(self, version: int) -> dict[str, Any] | None:
+        """The ``commitInfo`` action of the table's commit ``version`` (its log file
+        ``_delta_log/<version, 20 digits>.json``, one JSON action per line, the Delta protocol's
+        "Delta Log Entries"), with ``version`` added as delta-rs's ``history()`` adds it; None when
+        the file or the action is not there."""
+        try:
+            with self.fs.open(f"{self.root}/_delta_log/{version:020d}.json", "rb") as handle:
+                lines = handle.read().splitlines()
+        except FileNotFoundError:
+            return None
+        for line in lines:
+            action = json.loads(line) if line.strip() else {}
+            if "commitInfo" in action:
+                return {**action["commitInfo"], "version": version}
+        return None
+
+    def _landed(self, table: Any, token: str, checkpoint_id: int, expected: int | None = None) -> LakeCommit:
+        """The commit carrying ``token`` that this sink just made: read from its log file when it
+        is version ``expected`` (the version after the one the commit was made on: one read, where
+        the table's update and history cost a listing and a read more), else from ``table``
+        brought up to date (delta-rs leaves the table object at its old version after a commit)."""
+        if expected is not None:
+            entry = self._commit_info(expected)
+            if entry is not None and entry.get(COMMIT_TOKEN) == token:
+                return self._lake_commit(entry)
         if table is None:
             table = self._current = self._open()
         else:
@@ -520,13 +542,13 @@ class DeltaLakeSink(SchemaChecked):
                         partition_by=self.partition_by or None, storage_options=self._delta_options,
                         configuration=delta_configuration(self.table_properties),
                         commit_properties=properties)
-                    landed = self._landed(None, token, checkpoint_id)
+                    landed = self._landed(None, token, checkpoint_id, expected=0)
                     self._wrote(None, landed, transactions)
                     return landed
                 read_version = table.version()
                 table.create_write_transaction(actions, mode="append", schema=table.schema(),
                                                partition_by=self.partition_by or None, commit_properties=properties)
-                landed = self._landed(table, token, checkpoint_id)
+                landed = self._landed(table, token, checkpoint_id, expected=read_version + 1)
                 self._wrote(read_version, landed, transactions)
                 return landed
             except Exception as exc:  # delta-rs raises several exception types
@@ -635,7 +657,7 @@ class DeltaLakeSink(SchemaChecked):
                  .when_matched_update_all(f"NOT ({is_delete})", except_cols=[OP_COLUMN])
                  .when_not_matched_insert_all(f"NOT ({is_delete})", except_cols=[OP_COLUMN])
                  .execute())
-                landed = self._landed(table, token, checkpoint_id)
+                landed = self._landed(table, token, checkpoint_id, expected=read_version + 1)
                 self._wrote(read_version, landed, transactions)
                 break
             except Exception as exc:  # delta-rs raises several exception types
