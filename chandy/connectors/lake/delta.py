@@ -82,8 +82,8 @@ def _partition_string(value: Any) -> str | None:
 #: sets the key: a checkpoint of the log every 10 commits, Delta Lake's own default
 #: (``DeltaConfigs.CHECKPOINT_INTERVAL`` in delta-spark; delta-rs defaults to 100). delta-rs
 #: replays every commit since the last checkpoint to read the table, so with 100 each commit and
-#: each read of a table costs up to 10 times more near the end of the interval (measured in
-#: benchmarks/routed_tables.py, issue 57).
+#: each read of a table costs up to 10 times more near the end of the interval (docs/benchmarks.md,
+#: "many routed tables", issue 57).
 DELTA_DEFAULTS = {"delta.checkpointInterval": "10"}
 
 
@@ -435,17 +435,14 @@ class DeltaLakeSink(SchemaChecked):
         """The ``commitInfo`` action of the table's commit ``version`` (its log file
         ``_delta_log/<version, 20 digits>.json``, one JSON action per line, the Delta protocol's
         "Delta Log Entries"), with ``version`` added as delta-rs's ``history()`` adds it; None when
-        the file or the action is not there."""
+        the file or the action is not there, or the file cannot be read."""
         try:
             with self.fs.open(f"{self.root}/_delta_log/{version:020d}.json", "rb") as handle:
-                lines = handle.read().splitlines()
-        except FileNotFoundError:
+                actions = [json.loads(line) for line in handle.read().splitlines() if line.strip()]
+        except (OSError, ValueError):  # gone, unreadable or not JSON: the caller reads the history
             return None
-        for line in lines:
-            action = json.loads(line) if line.strip() else {}
-            if "commitInfo" in action:
-                return {**action["commitInfo"], "version": version}
-        return None
+        return next(({**a["commitInfo"], "version": version} for a in actions
+                     if isinstance(a, dict) and "commitInfo" in a), None)
 
     def _landed(self, table: Any, token: str, checkpoint_id: int, expected: int | None = None) -> LakeCommit:
         """The commit carrying ``token`` that this sink just made: read from its log file when it
