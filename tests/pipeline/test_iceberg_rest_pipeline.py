@@ -23,12 +23,11 @@ from confluent_kafka.admin import NewTopic
 from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.spark.options import default_job_id
-from chandy.coordinator.filesystems import SETTINGS
 from chandy.coordinator.kafka import config as kafka_config
 from tests.fixtures import exactly_once
 from tests.fixtures.catalog_proxy import CatalogProxy, s3_vending
 from tests.fixtures.iceberg_rest import IcebergRestCatalog
-from tests.fixtures.object_store import S3Server
+from tests.fixtures.object_store import S3Server, clear_storage_settings
 
 pytestmark = pytest.mark.integration
 
@@ -109,8 +108,7 @@ def test_routed_tables_on_s3_with_only_vended_credentials_land_once_through_a_ki
         kafka_bootstrap_servers: str, iceberg_rest_catalog_on_s3: tuple[IcebergRestCatalog, str], s3_server: S3Server,
         routed_topic, monkeypatch: pytest.MonkeyPatch) -> None:
     catalog, bucket = iceberg_rest_catalog_on_s3
-    for name in (*SETTINGS, "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)  # the pipeline's process inherits this environment
+    clear_storage_settings(monkeypatch)  # the pipeline's process inherits this environment
     topic, produced = routed_topic
     namespace = f"vended_{uuid.uuid4().hex[:6]}"
     table = f"iceberg://rest/{namespace}.unrouted"
@@ -130,9 +128,7 @@ def test_routed_tables_on_s3_with_only_vended_credentials_land_once_through_a_ki
         proxy.close()
     assert proxy.vended and set(proxy.delegations) == {"vended-credentials"}
 
-    reader = load_catalog("reader", type="rest", uri=catalog.uri, **{
-        "s3.endpoint": s3_server.endpoint, "s3.access-key-id": s3_server.access_key,
-        "s3.secret-access-key": s3_server.secret_key, "s3.region": s3_server.region})
+    reader = load_catalog("reader", type="rest", uri=catalog.uri, **s3_server.reader_options()[1])
     for name, kinds in (("orders", {"order"}), ("unrouted", {"line"})):
         loaded = reader.load_table((namespace, name))
         assert loaded.location().startswith(f"s3://{bucket}/warehouse/"), loaded.location()

@@ -336,11 +336,11 @@ class DeltaLakeSink(SchemaChecked):
     def _fields_of(table: Any) -> dict[str, Any]:
         return {f["name"]: f["type"] for f in json.loads(table.schema().to_json())["fields"]}
 
+    @_exclusive
     def committed_checkpoint(self, job_id: str) -> int | None:
         """The newest checkpoint of ``job_id`` in the table (its app transaction version), or None."""
-        with self._state_lock:
-            table = self._fresh()
-            return None if table is None else self._transaction_version(table, job_id)
+        table = self._fresh()
+        return None if table is None else self._transaction_version(table, job_id)
 
     def table_fields(self) -> dict[str, Any] | None:
         """The table's columns (name -> Delta type JSON), or None when there is no table yet."""

@@ -23,10 +23,9 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 from chandy.connectors.lake.iceberg import IcebergSink
-from chandy.coordinator.filesystems import SETTINGS
 from tests.fixtures.catalog_proxy import CatalogProxy, s3_vending
 from tests.fixtures.iceberg_rest import IcebergRestCatalog
-from tests.fixtures.object_store import S3Server
+from tests.fixtures.object_store import S3Server, clear_storage_settings
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +41,7 @@ def rows(first: int, n: int = 5) -> pa.Table:
 def test_a_rest_table_written_with_only_the_credentials_its_catalog_vends(
         iceberg_rest_catalog_on_s3: tuple[IcebergRestCatalog, str], s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
     catalog, bucket = iceberg_rest_catalog_on_s3
-    for name in (*SETTINGS, "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)
+    clear_storage_settings(monkeypatch)
     proxy = CatalogProxy(catalog.uri)
     proxy.vend = s3_vending(s3_server, LIFETIME_MS)
     try:
@@ -70,8 +68,6 @@ def test_a_rest_table_written_with_only_the_credentials_its_catalog_vends(
         assert sink.commit(JOB, 3, third, offsets={("t", 0): 15}) is not None
     finally:
         proxy.close()
-    reader = load_catalog("reader", type="rest", uri=catalog.uri, **{
-        "s3.endpoint": s3_server.endpoint, "s3.access-key-id": s3_server.access_key,
-        "s3.secret-access-key": s3_server.secret_key, "s3.region": s3_server.region})
+    reader = load_catalog("reader", type="rest", uri=catalog.uri, **s3_server.reader_options()[1])
     landed = reader.load_table("lake.vended").scan().to_arrow().sort_by("id")
     assert landed.to_pylist() == rows(0, 15).to_pylist()

@@ -52,6 +52,18 @@ def rows(start: int, end: int) -> pa.Table:
                      "offset": pa.array(range(start, end), pa.int64())})
 
 
+def write_checkpoint(storage: CheckpointStorage, sinks: list[Any]) -> None:
+    """Checkpoint 1's data files (offsets [10 i, 10 i + 10) into the i-th of ``sinks``, each file
+    naming its table) and its ``_metadata``, as the tasks and the coordinator leave them."""
+    files: list[DataFile] = []
+    for i, sink in enumerate(sinks):
+        written = sink.write_files(rows(10 * i, 10 * i + 10), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+        files += [dataclasses.replace(f, table_uri=sink.table_uri) for f in written]
+    storage.write_metadata(storage.initialize_location_for_checkpoint(1), CheckpointMetadata(
+        job_id=JOB, checkpoint_id=1, checkpoint_type="CHECKPOINT", trigger_timestamp=1, completion_timestamp=2,
+        operator_states=(OperatorState("lake", None, (SubtaskState(0, 0, tuple(f.to_state_handle() for f in files)),)),)))
+
+
 def run_checkpoint(tmp_path: Path, threads: int, *, barrier: bool, fail: str | None = None
                    ) -> tuple[LakeCommitter, list[tuple[str, float, float]], list[str], Path]:
     """Checkpoint 1 of a job whose records go to ``ROUTED`` routed tables and ``--table``
@@ -67,14 +79,7 @@ def run_checkpoint(tmp_path: Path, threads: int, *, barrier: bool, fail: str | N
                               open_table=lambda uri: Watched(sinks[uri], calls, wait, fail=uri == fail),
                               commit_threads=threads)
     committer.reset_to_checkpoint(-1, None)
-    files: list[DataFile] = []
-    for i, uri in enumerate([*routed, own.table_uri]):
-        target = sinks.get(uri) or own
-        written = target.write_files(rows(10 * i, 10 * i + 10), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
-        files += [dataclasses.replace(f, table_uri=target.table_uri) for f in written]
-    storage.write_metadata(storage.initialize_location_for_checkpoint(1), CheckpointMetadata(
-        job_id=JOB, checkpoint_id=1, checkpoint_type="CHECKPOINT", trigger_timestamp=1, completion_timestamp=2,
-        operator_states=(OperatorState("lake", None, (SubtaskState(0, 0, tuple(f.to_state_handle() for f in files)),)),)))
+    write_checkpoint(storage, [*sinks.values(), own])
     committer.notify_checkpoint_complete(1)
     return committer, calls, routed, lake
 
@@ -119,13 +124,7 @@ def test_routed_iceberg_tables_created_side_by_side_in_a_new_namespace_all_land(
     committer = LakeCommitter(CommitterContext(), own, storage, offsets_of=lambda m: {("t", 0): (0, 10 * (ROUTED + 1))},
                               open_table=lambda uri: sinks[uri], commit_threads=ROUTED)
     committer.reset_to_checkpoint(-1, None)
-    files: list[DataFile] = []
-    for i, sink in enumerate([*sinks.values(), own]):
-        written = sink.write_files(rows(10 * i, 10 * i + 10), job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
-        files += [dataclasses.replace(f, table_uri=sink.table_uri) for f in written]
-    storage.write_metadata(storage.initialize_location_for_checkpoint(1), CheckpointMetadata(
-        job_id=JOB, checkpoint_id=1, checkpoint_type="CHECKPOINT", trigger_timestamp=1, completion_timestamp=2,
-        operator_states=(OperatorState("lake", None, (SubtaskState(0, 0, tuple(f.to_state_handle() for f in files)),)),)))
+    write_checkpoint(storage, [*sinks.values(), own])
     committer.notify_checkpoint_complete(1)
     for i, sink in enumerate(sinks.values()):
         assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(10 * i, 10 * i + 10))
