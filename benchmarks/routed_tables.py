@@ -11,6 +11,10 @@ Run: ``.venv/bin/python benchmarks/routed_tables.py`` (``--records``, ``--tables
 2. Chandy lands each topic (``--route-field region --route '(r[0-9]+)=<root>/t/$1'``, ``--table
    <root>/all``, ``max.records.per.checkpoint`` = B / 8) into new tables, in one SparkSession
    (``local[*]``), ``--runs`` times each (median [min, max]).
+3. With ``--whole-command``, instead: ``chandy pipeline run ... --until-drained`` in a new process
+   per run (a cold start, the default checkpointing: no cap per checkpoint), alternating 10 and
+   1,000 tables, timed from the command's start to its exit, the way issue 57 measured it
+   (36.8 s for 1,000 tables against 17.1 s for 10, at the issue).
 Prints records/s from the first checkpoint's trigger to the last one's completion and the median
 ``lake_commit`` phase (every table's commit of a checkpoint), the ratio of 1,000 tables to 10 for
 each thread count and of 8 threads to 1, and writes them with the versions to
@@ -118,6 +122,22 @@ def run(spark, servers: str, topic: str, per_batch: int, root: str, threads: int
             "checkpoints": len(ok), "lake_commit_ms": statistics.median(p.phases_ms.get("lake_commit", 0.0) for p in ok)}
 
 
+def whole_command(servers: str, topic: str, root: str) -> dict:
+    """One cold ``chandy pipeline run`` of ``topic`` into new tables under ``root``, default
+    checkpointing, to the topic's end: seconds from start to exit, records/s, checkpoints."""
+    base = f"{root}/w-{uuid.uuid4().hex[:6]}"
+    command = [sys.executable, "-m", "chandy.cli", "pipeline", "run", "--table", f"{base}/all", "--bootstrap-servers",
+               servers, "--topic", topic, "--value-format", "json", "--value-schema", DDL, "--route-field", "region",
+               "--route", f"(r[0-9]+)={base}/t/$1", "--until-drained", "--prefix", f"w{uuid.uuid4().hex[:6]}"]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"chandy pipeline run exited {done.returncode}: {done.stderr[-2000:]}")
+    summary = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip().startswith("{") else {}
+    return {"seconds": seconds, "summary": summary}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=400_000)
@@ -127,7 +147,11 @@ def main() -> None:
     parser.add_argument("--per-batch", type=int, default=100_000, help="records per checkpoint")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--whole-command", action="store_true",
+                        help="time cold `chandy pipeline run` commands at default checkpointing (local disk)")
     args = parser.parse_args()
+    if args.whole_command:
+        return main_whole_command(args)
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -177,6 +201,37 @@ def main() -> None:
             if one and most:
                 print(f"{store}, {tables} tables: {max(args.threads)} threads / {min(args.threads)} "
                       f"x{most['records_per_s']['median'] / one['records_per_s']['median']:.2f}")
+    print(f"written to {args.out}")
+
+
+def main_whole_command(args: argparse.Namespace) -> None:
+    """``--whole-command``: each table count's cold command ``--runs`` times, interleaved."""
+    result: dict = {"config": {"records": args.records, "runs": args.runs, "whole_command": True}, "runs": {}}
+    seconds: dict[int, list[float]] = {tables: [] for tables in args.tables}
+    with kafka_servers() as (servers, root):
+        topics = {tables: produce(servers, args.records, tables) for tables in args.tables}
+        result["environment"] = environment()
+        for n in range(args.runs):
+            for tables in args.tables:
+                outcome = whole_command(servers, topics[tables], str(root / "lake"))
+                seconds[tables].append(outcome["seconds"])
+                print(f"{tables} tables, run {n + 1}: {outcome['seconds']:.1f} s, "
+                      f"{args.records / outcome['seconds']:,.0f} records/s", flush=True)
+    for tables, values in seconds.items():
+        result["runs"][f"whole/{tables}"] = {"seconds": spread(values),
+                                             "records_per_s": spread([args.records / v for v in values])}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    env = result["environment"]
+    print(f"\n{args.records:,} JSON records routed by a field, whole cold command, default checkpointing, median of "
+          f"{args.runs} [min, max]; pyspark {env['pyspark']}, deltalake {env.get('deltalake')}, {env['cores']} cores")
+    for key, r in result["runs"].items():
+        print(f"{key:12} {r['seconds']['median']:.1f} s [{r['seconds']['min']:.1f}, {r['seconds']['max']:.1f}], "
+              f"{r['records_per_s']['median']:,.0f} records/s")
+    few, many = min(args.tables), max(args.tables)
+    if few != many:
+        rates = {n: result["runs"][f"whole/{n}"]["records_per_s"]["median"] for n in (few, many)}
+        print(f"{many} tables / {few} tables x{rates[many] / rates[few]:.2f}")
     print(f"written to {args.out}")
 
 

@@ -65,6 +65,7 @@ from chandy.connectors.lake.sink import (
     offsets_from_json,
     schema_from_b64,
     schema_to_b64,
+    write_parquet,
 )
 from chandy.connectors.lake.uri import normalize_table_uri
 from chandy.coordinator.filesystems import open_filesystem, pyiceberg_properties
@@ -321,7 +322,6 @@ class IcebergSink(SchemaChecked):
         not yet visible. Returns them. ``table_fields``: the table's columns (None: no table yet);
         a hidden partition's column (:data:`~chandy.connectors.lake.partitioning.HIDDEN`) is left
         out of the files unless the table has it."""
-        import pyarrow.parquet as pq
 
         if table.num_rows == 0:
             return []
@@ -344,10 +344,7 @@ class IcebergSink(SchemaChecked):
         files = []
         for directory, values, part in parts:
             relative = f"{DATA_DIR}/{directory}{stem}"
-            self.fs.makedirs(f"{self.root}/{relative}".rsplit("/", 1)[0], exist_ok=True)
-            with self.fs.open(f"{self.root}/{relative}", "wb") as handle:
-                pq.write_table(part.drop_columns(hidden), handle, **self.parquet_options)
-            size = self.fs.size(f"{self.root}/{relative}")
+            size = write_parquet(self.fs, f"{self.root}/{relative}", part.drop_columns(hidden), self.parquet_options)
             files.append(DataFile(relative, size, part.num_rows, values, int(time.time() * 1000), schema))
         return files
 

@@ -527,6 +527,29 @@ def parquet_write_options(table_properties: Mapping[str, str] | None) -> dict[st
     return {"compression": "none" if codec == "uncompressed" else codec, "compression_level": compression_level}
 
 
+def write_parquet(fs: Any, path: str, table: pa.Table, options: Mapping[str, Any]) -> int:
+    """Write ``table`` as one Parquet file at ``path`` on the fsspec file system ``fs``, with
+    ``pyarrow.parquet.write_table``'s ``options`` (:func:`parquet_write_options`). Returns its
+    size (bytes): what was written, without a stat of the file (a HEAD on an object store). The
+    parent directory is made only when opening fails for want of it (a local disk's first file
+    of a table or partition; an object store has no directories).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        handle = fs.open(path, "wb")
+    except FileNotFoundError:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        handle = fs.open(path, "wb")
+    with handle:
+        pq.write_table(table, handle, **options)
+        handle.flush()
+        return int(handle.tell())
+
+
 class SchemaChecked(abc.ABC):
     """What both formats share to refuse data that does not fit their table: a base of
     :class:`~chandy.connectors.lake.delta.DeltaLakeSink` and

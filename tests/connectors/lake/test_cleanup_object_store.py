@@ -48,3 +48,25 @@ def test_a_cleanup_on_an_object_store_deletes_exactly_the_jobs_unreferenced_file
     assert sink.missing_files(committed + third + in_flight + foreign) == []
     assert sink.missing_files(aborted) == [f.path for f in aborted]
     assert sorted(sink.read_table().column("offset").to_pylist()) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_each_data_files_recorded_size_is_its_size_on_the_object_store(store, fmt, tmp_path) -> None:
+    """Issue 57: a data file's size comes from the bytes its writer wrote, not from a look at the
+    store after the write; readers plan their reads by it (Delta's ``add.size``, Iceberg's
+    ``file_size_in_bytes``), so it must be the stored object's size, in every partition."""
+    bucket = store.new_bucket()
+    if fmt == "delta":
+        uri, catalog = f"{store.table_scheme}://{bucket}/lake/sized", {}
+    else:
+        uri = "iceberg://objcat/lake.sized"
+        catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
+                   "warehouse": f"{store.warehouse_scheme}://{bucket}/warehouse"}
+    sink = open_sink(uri, partition_by=["p"], catalog_properties=catalog, storage_options=store.environment())
+    data = pa.table({"offset": pa.array(range(3000), pa.int64()), "p": ["a", "b c", "é"] * 1000,
+                     "payload": [f"row {i} " * (i % 7) for i in range(3000)]})
+    files = sink.write_files(data, job_id=JOB, checkpoint_id=1, subtask=0, attempt=0)
+    assert len(files) == 3
+    assert [f.size for f in files] == [sink.fs.size(f"{sink.root}/{f.path}") for f in files]
+    assert sink.commit(JOB, 1, files, offsets={TP0: 3000})
+    assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(3000))

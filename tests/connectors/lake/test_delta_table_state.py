@@ -72,3 +72,31 @@ def test_a_deleted_table_is_gone_and_a_new_one_starts_from_nothing(tmp_path: Pat
     table = DeltaTable(uri)
     assert table.version() == 0 and table.transaction_version(JOB) == 3 and recorded(uri, TP0) == 30
     assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == list(range(15, 20))
+
+
+def test_a_table_another_writer_creates_after_this_sink_found_none_is_read(tmp_path: Path) -> None:
+    """The sink answers "no table" from a missing ``_delta_log`` without delta-rs until it found
+    the table once: a table created by another writer afterwards is read, not taken for absent."""
+    uri = str(tmp_path / "t")
+    sink, other = DeltaLakeSink(uri), DeltaLakeSink(uri)
+    assert sink.table_fields() is None and sink.committed_checkpoint(JOB) is None
+    commit(other, 1, {TP0: 10})
+    assert sink.table_fields() == {"id": "long"}
+    assert sink.committed_checkpoint(JOB) == 1
+    assert sink.progress(JOB, [TP0]).offsets == {TP0: 10}
+
+
+def test_a_commit_of_another_writer_right_after_this_sinks_read_is_read(tmp_path: Path) -> None:
+    """The kept table object skips delta-rs's listing when the log has no file of the version
+    after it; a commit of another writer made right after this sink read the table (no commit of
+    its own between) is that file, and is read."""
+    uri = str(tmp_path / "t")
+    sink, other = DeltaLakeSink(uri), DeltaLakeSink(uri)
+    commit(sink, 1, {TP0: 10})
+    assert sink.committed_checkpoint(JOB) == 1
+    assert sink.committed_checkpoint(JOB) == 1  # read again with nothing new: the same answer
+    commit(other, 2, {TP0: 20})
+    assert sink.committed_checkpoint(JOB) == 2
+    assert sink.commit(JOB, 2, [], offsets={TP0: 20}) is None  # held already: skipped
+    commit(sink, 3, {TP0: 30})
+    assert DeltaTable(uri).transaction_version(JOB) == 3 and recorded(uri, TP0) == 30
