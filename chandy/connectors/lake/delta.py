@@ -201,6 +201,7 @@ class DeltaLakeSink(SchemaChecked):
         self._current: Any = None
         self._behind = False  # this sink committed after _current's version: it has a newer version
         self._found = False  # the table was there once: :meth:`_open` asks delta-rs without looking first
+        self._known_fields: tuple[int | None, dict[str, Any] | None] = (None, None)  # known_fields, per version
         self._transactions: dict[str, int | None] = {}
         self._transactions_at: int | None = None
 
@@ -362,6 +363,19 @@ class DeltaLakeSink(SchemaChecked):
         """The table's columns (name -> Delta type JSON), or None when there is no table yet."""
         table = self._open()
         return None if table is None else self._fields_of(table)
+
+    def known_fields(self) -> dict[str, Any] | None:
+        """The columns of the table object the committer's reads keep (:meth:`_fresh`), as of its
+        last read: no I/O (the tasks of a routed job get them instead of each opening every table
+        in every checkpoint). None before the committer read the table."""
+        with self._state_lock:
+            table = self._current
+            if table is None:
+                return None
+            version = table.version()
+            if self._known_fields[0] != version:
+                self._known_fields = (version, self._fields_of(table))
+            return self._known_fields[1]
 
     def progress(self, job_id: str, partitions: Iterable[TP] = ()) -> TableProgress:
         """What the table holds for ``job_id`` (and which partitions other jobs landed), read from

@@ -575,6 +575,13 @@ class SchemaChecked(abc.ABC):
         """The table's columns, name to Delta type JSON (so both formats compare alike); None
         when there is no table yet."""
 
+    def known_fields(self) -> dict[str, Any] | None:
+        """The table's columns as this sink last read them (as :meth:`table_fields` gives them),
+        without reading the table again; None when it holds no read of the table. What the tasks
+        of a routed job check their data against before the committer checks it again against the
+        table at its commit (:meth:`check_schema`, every path)."""
+        return None
+
     def task_storage_options(self) -> dict[str, Any]:
         """The storage options (:mod:`~chandy.coordinator.filesystems`' names) a task that writes
         this table's files needs: the ones given, and, for an Iceberg table of a REST catalog, the
@@ -619,6 +626,8 @@ class LakeSink(Protocol):
     def committed_checkpoint(self, job_id: str) -> int | None: ...
 
     def table_fields(self) -> dict[str, Any] | None: ...
+
+    def known_fields(self) -> dict[str, Any] | None: ...
 
     def check_schema(self, data: pa.Schema, table_fields: Mapping[str, Any] | None = None, *, where: str = "") -> None: ...
 

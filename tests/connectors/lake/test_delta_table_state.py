@@ -100,3 +100,38 @@ def test_a_commit_of_another_writer_right_after_this_sinks_read_is_read(tmp_path
     assert sink.commit(JOB, 2, [], offsets={TP0: 20}) is None  # held already: skipped
     commit(sink, 3, {TP0: 30})
     assert DeltaTable(uri).transaction_version(JOB) == 3 and recorded(uri, TP0) == 30
+
+
+def test_known_fields_are_the_committers_last_read_and_cost_no_read(tmp_path: Path) -> None:
+    """What the driver hands a routed job's tasks (``TaskOptions.routed_table_fields``): the
+    columns of the table as the committer's reads last saw them; none before its first read."""
+    uri = str(tmp_path / "t")
+    sink = DeltaLakeSink(uri)
+    assert sink.known_fields() is None
+    commit(sink, 1, {TP0: 10})  # creates the table: no read of it kept yet
+    assert sink.known_fields() is None
+    assert sink.committed_checkpoint(JOB) == 1
+    assert sink.known_fields() == {"id": "long"}
+    wider = DeltaLakeSink(uri, add_columns=True)  # another writer adds a column
+    files = wider.write_files(pa.table({"id": pa.array([7], pa.int64()), "note": ["n"]}), job_id=JOB,
+                              checkpoint_id=2, subtask=0, attempt=0)
+    assert wider.commit(JOB, 2, files) is not None
+    assert sink.known_fields() == {"id": "long"}  # no read since: what the last one saw
+    assert sink.committed_checkpoint(JOB) == 2
+    assert sink.known_fields() == {"id": "long", "note": "string"}
+
+
+def test_a_routed_tables_columns_sent_by_the_driver_are_what_its_tasks_use(tmp_path: Path) -> None:
+    """A task takes a routed table's columns from ``routed_table_fields`` (no open of the table);
+    a routed table the driver did not name is read by the task."""
+    from chandy.connectors.spark.task.options import TaskOptions
+    from chandy.connectors.spark.task.tables import RoutedTables
+
+    known, unknown = str(tmp_path / "known"), str(tmp_path / "unknown")
+    commit(DeltaLakeSink(unknown), 1, {TP0: 5})
+    options = TaskOptions(table_uri=str(tmp_path / "job"), job_id=JOB, checkpoint_id=2, epoch=1, operator_id="lake-sink",
+                          bootstrap_servers="unused:9092", prefix="chandy", checkpoint_dir=str(tmp_path / "cp"),
+                          routed_table_fields={DeltaLakeSink(known).table_uri: {"id": "long", "v": "string"}})
+    tables = RoutedTables(options)
+    assert tables.fields_of_table(known) == {"id": "long", "v": "string"}  # the table does not even exist
+    assert tables.fields_of_table(unknown) == {"id": "long"}

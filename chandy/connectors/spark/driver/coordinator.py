@@ -187,9 +187,11 @@ class JobCoordinator:
     def routed_table(self, table_uri: str) -> LakeSink:
         """The sink of a table ``--route`` names (created at its first commit, with ``--partition-by``)."""
         state, opts = self.state, self.state.options
-        return open_sink(table_uri, partition_by=tuple(opts.partition_by), storage_options=dict(opts.storage_options),
-                         catalog_properties=dict(opts.catalog_properties), add_columns=state.add_columns,
-                         table_properties=opts.table_properties)
+        sink = state.routed_sinks[table_uri] = open_sink(
+            table_uri, partition_by=tuple(opts.partition_by), storage_options=dict(opts.storage_options),
+            catalog_properties=dict(opts.catalog_properties), add_columns=state.add_columns,
+            table_properties=opts.table_properties)
+        return sink
 
     def completion_outputs(self, metadata: CheckpointMetadata) -> list[OutboundMessage]:
         """On the I/O executor, before checkpoint N completes: its bad records, as dead letters

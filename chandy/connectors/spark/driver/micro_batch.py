@@ -59,7 +59,9 @@ class MicroBatchRunner:
 
     def _task_options(self, spark: Any, checkpoint_id: int) -> Any:
         """What every task of checkpoint ``checkpoint_id`` needs (``TaskOptions``): the table's
-        columns read again when a commit may have added some, the decoder in Spark's session time zone."""
+        columns read again when a commit may have added some, the routed tables' columns as the
+        committer last read them (none with schema evolution: its commits add columns), the
+        decoder in Spark's session time zone."""
         from chandy.connectors.spark.task.options import TaskOptions
 
         state, opts = self.state, self.state.options
@@ -69,6 +71,8 @@ class MicroBatchRunner:
         if state.decoder is not None and state.decoder.session_time_zone != zone:  # JSON timestamps without an offset
             state.decoder = dataclasses.replace(state.decoder, session_time_zone=zone)
         service = state.running()
+        routed_fields = {} if state.add_columns else {
+            uri: fields for uri, sink in list(state.routed_sinks.items()) if (fields := sink.known_fields()) is not None}
         return TaskOptions(
             table_uri=opts.table_uri, job_id=state.job_id, checkpoint_id=checkpoint_id, epoch=service.epoch,
             operator_id=SINK_OPERATOR, bootstrap_servers=opts.bootstrap_servers, prefix=opts.prefix,
@@ -76,7 +80,8 @@ class MicroBatchRunner:
             storage_options=state.storage_options(), producer_overrides=opts.task_producer_overrides,
             consumer_overrides=opts.task_consumer_overrides,
             max_task_failures=task_max_failures(spark_master(spark), spark.conf.get("spark.task.maxFailures", None)),
-            table_fields=state.table_fields, decoder=state.decoder, catalog_properties=dict(opts.catalog_properties),
+            table_fields=state.table_fields, routed_table_fields=routed_fields, decoder=state.decoder,
+            catalog_properties=dict(opts.catalog_properties),
             add_columns=state.add_columns, table_location=getattr(state.sink, "root_url", None),
             write_buffer_bytes=opts.write_buffer_bytes, router=state.router, unrouted=opts.unrouted,
             changes=opts.cdc is not None, fail_on_data_loss=opts.fail_on_data_loss,

@@ -68,6 +68,8 @@ class DriverState:
     ending_offsets: dict[TP, int] | None = None
     #: the table's columns as Delta type JSON (None: no table yet)
     table_fields: dict[str, Any] | None = None
+    #: the routed tables' sinks the lake committer opened (``--route``), by table URI
+    routed_sinks: dict[str, LakeSink] = dataclasses.field(default_factory=dict)
     #: the Kafka cluster's ID, as the brokers answered the preflight
     cluster_id: str | None = None
     #: how the tasks decode keys and values (None: raw Kafka columns, or JSON not inferred yet)

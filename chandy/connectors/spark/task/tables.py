@@ -35,9 +35,12 @@ class RoutedTables:
                          location=location, table_properties=o.table_properties)
 
     def fields_of(self, sink: LakeSink) -> Mapping[str, Any] | None:
-        """``sink``'s table's columns (name to Delta type JSON; None: no table yet), read once."""
+        """``sink``'s table's columns (name to Delta type JSON; None: no table yet), read once,
+        unless the driver sent them (``routed_table_fields``)."""
         if sink.table_uri == self.options.table_uri:
             return self.options.table_fields
+        if sink.table_uri in self.options.routed_table_fields:
+            return self.options.routed_table_fields[sink.table_uri]
         if sink.table_uri not in self._fields:
             self._fields[sink.table_uri] = sink.table_fields()
         return self._fields[sink.table_uri]
