@@ -36,7 +36,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from chandy.connectors.lake.log_records import LAKE_COMMITS_KIND, LakeCommitRecord
@@ -56,7 +56,7 @@ from chandy.connectors.lake.sink import (
     valid_through_ms,
     with_incarnation,
 )
-from chandy.connectors.lake.uri import TableUriError, check_layouts
+from chandy.connectors.lake.uri import TableLayouts, TableUriError
 from chandy.coordinator.faults import crash_point
 from chandy.coordinator.messages import IdlePartition, OffsetRange, PartitionEventTime
 from chandy.coordinator.operator_coordinator import NO_CHECKPOINT, OperatorEvent
@@ -152,6 +152,7 @@ class LakeCommitter:
         self.open_table = open_table
         self.changes = changes
         self._routed: dict[str, LakeSink] = {}  # the routed tables this run met, by URI
+        self._layouts: TableLayouts | None = None  # the locations of the job's table and of those in _routed
         #: what each table (the job's and each routed one, by URI) holds for the job, as last read or written
         self._views: dict[str, TableView] = {}
         self._cleaned: set[str] = set()  # routed tables whose unreferenced files this run deleted
@@ -333,8 +334,9 @@ class LakeCommitter:
                 raise LakeCommitError(f"the checkpoint holds files of table {table_uri}, but job "
                                       f"{self.context.job_id} writes only {self.sink.table_uri} (no --route)")
             try:  # every path opens a routed table here: none may nest in another of the job's tables
-                for other in (self.sink.table_uri, *self._routed):
-                    check_layouts(other, table_uri)
+                if self._layouts is None:
+                    self._layouts = TableLayouts(self.sink.table_uri)
+                self._layouts.add(table_uri)
             except TableUriError as exc:
                 raise LakeLayoutError(f"checkpoint files of job {self.context.job_id}: {exc}") from exc
             sink = self._routed[table_uri] = self.open_table(table_uri)
@@ -379,6 +381,7 @@ class LakeCommitter:
         for sink in sinks:  # 2. check, every table before any commit
             self._check_table(sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges, views[sink.table_uri])
         landed: list[tuple[LakeSink, LakeCommit | None, OffsetRanges | None]] = []
+        to_clean: list[LakeSink] = []
         groups = self._commit_groups(sinks)  # --table's group last
 
         def commit(group: list[LakeSink]) -> dict[str, LakeCommit | None]:  # 3. commit, only while unchanged; 4. verify
@@ -401,10 +404,11 @@ class LakeCommitter:
                 if sink is not self.sink:
                     if sink.table_uri not in self._cleaned and not self._restoring:  # files of checkpoints that crashed
                         self._cleaned.add(sink.table_uri)
-                        self._delete_unreferenced_async(sink, checkpoint_id)
+                        to_clean.append(sink)
 
         self._side_by_side(groups[:-1], commit, settle)  # the routed tables
         settle(groups[-1], commit(groups[-1]))  # then --table
+        self._delete_unreferenced_async(to_clean, checkpoint_id)
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
             self.bytes_read += counts["bytes_read"]
@@ -743,15 +747,29 @@ class LakeCommitter:
             self._check_recorded(sink, checkpoint_id, ranges)
             self._check_ranges(sink, checkpoint_id, ranges, now.checkpoint, now.offsets, gaps=sink is self.sink)
 
-    def _delete_unreferenced_async(self, sink: LakeSink, keep_checkpoints_after: int | None) -> None:
+    def _delete_unreferenced_async(self, sinks: Sequence[LakeSink], keep_checkpoints_after: int | None) -> None:
+        """Delete the job's unreferenced files of ``sinks``' tables (``LakeSink.delete_unreferenced``)
+        in one call on the I/O executor, table after table: one call per table (a thousand routed
+        tables met in one checkpoint) queued the next checkpoint's trigger, whose location is made
+        on the same executor, behind them all. A table's failure is logged and the others cleaned."""
+        if not sinks:
+            return
         job_id = self.context.job_id
 
-        def cleaned(deleted: Any, error: BaseException | None) -> None:
-            if error is not None:
-                log.warning("cleanup of %s failed: %s", sink.table_uri, error)
+        def clean() -> list[tuple[str, BaseException]]:
+            failed: list[tuple[str, BaseException]] = []
+            for sink in sinks:
+                try:
+                    sink.delete_unreferenced(job_id, keep_checkpoints_after=keep_checkpoints_after, log_id=self.log_id)
+                except Exception as exc:  # noqa: BLE001 - each store and format raises its own: the next table is cleaned anyway
+                    failed.append((sink.table_uri, exc))
+            return failed
 
-        self.context.call_async(lambda: sink.delete_unreferenced(job_id, keep_checkpoints_after=keep_checkpoints_after,
-                                                                 log_id=self.log_id), cleaned)
+        def cleaned(failed: list[tuple[str, BaseException]] | None, error: BaseException | None) -> None:
+            for table_uri, exc in [*(failed or ()), *(() if error is None else (("(all)", error),))]:
+                log.warning("cleanup of %s failed: %s", table_uri, exc)
+
+        self.context.call_async(clean, cleaned)
 
     def _announced(self, sink: LakeSink) -> int | None:
         """The newest checkpoint whose LAKE_COMMITTED event for ``sink``'s table the log records."""
@@ -822,8 +840,7 @@ class LakeCommitter:
         self.last_commit_ended_ms = time.time() * 1000
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        for sink in (self.sink, *self._routed.values()):
-            self._delete_unreferenced_async(sink, checkpoint_id)
+        self._delete_unreferenced_async([self.sink, *self._routed.values()], checkpoint_id)
 
     def reset_to_checkpoint(self, checkpoint_id: int, checkpoint_data: bytes | None) -> None:
         """Restore (a restart): read what the table holds, commit ``checkpoint_id`` if the table
@@ -871,11 +888,7 @@ class LakeCommitter:
         sinks = (self.sink, *self._routed.values())
         self._cleaned.update(sink.table_uri for sink in sinks)
 
-        def clean_up() -> None:
-            for sink in sinks:
-                self._delete_unreferenced_async(sink, keep_after)
-
-        self.context.when_logged(clean_up)
+        self.context.when_logged(lambda: self._delete_unreferenced_async(sinks, keep_after))
 
     def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
         pass

@@ -366,8 +366,9 @@ class DeltaLakeSink(SchemaChecked):
 
     def known_fields(self) -> dict[str, Any] | None:
         """The columns of the table object the committer's reads keep (:meth:`_fresh`), as of its
-        last read: no I/O (the tasks of a routed job get them instead of each opening every table
-        in every checkpoint). None before the committer read the table."""
+        last read, with the columns its own schema evolution added since (:meth:`_add_columns`
+        brings the object up to date): no I/O (the tasks of a routed job get them instead of each
+        opening every table in every checkpoint). None before the committer read the table."""
         with self._state_lock:
             table = self._current
             if table is None:

@@ -119,6 +119,13 @@ def test_known_fields_are_the_committers_last_read_and_cost_no_read(tmp_path: Pa
     assert sink.known_fields() == {"id": "long"}  # no read since: what the last one saw
     assert sink.committed_checkpoint(JOB) == 2
     assert sink.known_fields() == {"id": "long", "note": "string"}
+    evolving = DeltaLakeSink(uri, add_columns=True)  # a committer with schema evolution
+    assert evolving.committed_checkpoint(JOB) == 2
+    files = evolving.write_files(pa.table({"id": pa.array([8], pa.int64()), "note": ["m"], "extra": [1.5]}),
+                                 job_id=JOB, checkpoint_id=3, subtask=0, attempt=0)
+    assert evolving.commit(JOB, 3, files) is not None
+    # the column its own commit added is known without another read
+    assert evolving.known_fields() == {"id": "long", "note": "string", "extra": "double"}
 
 
 def test_a_routed_tables_columns_sent_by_the_driver_are_what_its_tasks_use(tmp_path: Path) -> None:

@@ -352,3 +352,22 @@ def test_a_later_checkpoint_that_lands_between_the_check_and_the_commit_must_hol
         a.complete(2, 5, 12)
     assert len(a.context.published) == published
     assert offsets(a.sink) == list(range(10))
+
+
+def test_a_the_layouts_of_many_routed_tables_refuse_every_nesting_either_way() -> None:
+    """Finding A's check over a job's tables by parent directory (issue 57: pairwise, 1,000 routed
+    tables cost half a million comparisons): a table inside another's directory is refused, so is
+    one that holds another, whichever came first; a sibling sharing a name's prefix is not nested."""
+    from chandy.connectors.lake.uri import TableLayouts, TableUriError
+
+    layouts = TableLayouts("file:///lake/events")
+    for uri in ("file:///lake/events2", "file:///lake/by/eu", "file:///lake/by/us", "file:///lake/by/eu",
+                "s3://bucket/lake/events/eu", "iceberg://cat/lake.events"):
+        layouts.add(uri)  # beside, the same table again, another store, a catalog's table: taken
+    for new, inner, outer in (("file:///lake/events/eu", "file:///lake/events/eu", "file:///lake/events"),
+                              ("file:///lake/by/eu/x/y", "file:///lake/by/eu/x/y", "file:///lake/by/eu"),
+                              ("file:///lake/by", "file:///lake/by/eu", "file:///lake/by"),
+                              ("s3://bucket/lake", "s3://bucket/lake/events/eu", "s3://bucket/lake")):
+        with pytest.raises(TableUriError, match=f"^table {inner} lies inside the directory of table {outer}:"):
+            layouts.add(new)
+    layouts.add("file:///lake/by2/eu")  # a refused table was not taken: its neighbours still are

@@ -60,8 +60,8 @@ class MicroBatchRunner:
     def _task_options(self, spark: Any, checkpoint_id: int) -> Any:
         """What every task of checkpoint ``checkpoint_id`` needs (``TaskOptions``): the table's
         columns read again when a commit may have added some, the routed tables' columns as the
-        committer last read them (none with schema evolution: its commits add columns), the
-        decoder in Spark's session time zone."""
+        committer last read or evolved them (:meth:`LakeSink.known_fields`), the decoder in
+        Spark's session time zone."""
         from chandy.connectors.spark.task.options import TaskOptions
 
         state, opts = self.state, self.state.options
@@ -71,8 +71,8 @@ class MicroBatchRunner:
         if state.decoder is not None and state.decoder.session_time_zone != zone:  # JSON timestamps without an offset
             state.decoder = dataclasses.replace(state.decoder, session_time_zone=zone)
         service = state.running()
-        routed_fields = {} if state.add_columns else {
-            uri: fields for uri, sink in list(state.routed_sinks.items()) if (fields := sink.known_fields()) is not None}
+        routed_fields = {uri: fields for uri, sink in list(state.routed_sinks.items())
+                         if (fields := sink.known_fields()) is not None}
         return TaskOptions(
             table_uri=opts.table_uri, job_id=state.job_id, checkpoint_id=checkpoint_id, epoch=service.epoch,
             operator_id=SINK_OPERATOR, bootstrap_servers=opts.bootstrap_servers, prefix=opts.prefix,
