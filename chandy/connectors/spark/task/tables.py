@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from chandy.connectors.lake.sink import DataFile, LakeSink
+from chandy.connectors.lake.sink import DataFile, LakeSchemaError, LakeSink
 from chandy.connectors.spark.task.clients import task_sink
 from chandy.connectors.spark.task.options import TaskOptions
 from chandy.formats.evolution import offset_ranges
@@ -63,7 +63,10 @@ class RoutedTables:
         fields = self.fields_of(sink)
         shape = data.schema.remove(data.schema.get_field_index(OP_COLUMN)) if o.changes else data.schema
         if fields is not None:
-            sink.check_schema(shape, fields, where=f"checkpoint {o.checkpoint_id} ({offset_ranges(data)}): ")
+            try:
+                sink.check_schema(shape, fields)
+            except LakeSchemaError as exc:  # where: its offset ranges, a group-by read only for the message
+                raise LakeSchemaError(f"checkpoint {o.checkpoint_id} ({offset_ranges(data)}): {exc}") from exc
         written = sink.write_files(data, job_id=o.job_id, checkpoint_id=o.checkpoint_id, subtask=subtask, table_fields=fields,
                                    attempt=attempt, partitioned=not o.changes,
                                    log_id=o.log_id)
