@@ -2,7 +2,10 @@
 append: the fixed cost every routed table pays in every checkpoint, whatever its records (issue 57).
 
 Run: ``.venv/bin/python benchmarks/delta_commit_cost.py`` (``--tables``, ``--checkpoints``,
-``--runs``, ``--out``). No Spark, no Kafka: one process, a local disk.
+``--runs``, ``--store local|s3``, ``--out``). No Spark, no Kafka: one process, a local disk, or
+with ``--store s3`` a local S3 API server (``moto_server``), where it also counts the requests
+each side sends per table and checkpoint (from the server's request log; the Chandy side's
+include its tasks' file writes, as delta-rs's include its own).
 
 For each of ``--tables`` (100) new Delta tables and ``--checkpoints`` (12) checkpoints, 100 rows
 in 2 files per table per checkpoint:
@@ -24,6 +27,8 @@ of ``--runs`` (3) [min, max], and the ratio; writes ``benchmarks/results/delta_c
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import statistics
 import sys
@@ -43,12 +48,38 @@ RESULTS = Path(__file__).resolve().parent / "results" / "delta_commit_cost.json"
 ROWS = pa.table({"id": pa.array(range(100), pa.int64()), "amount": pa.array([0.5] * 100)})
 
 
-def chandy_run(tables: int, checkpoints: int) -> float:
+class Requests:
+    """The requests an S3 API server logged (``moto_server``'s log: one line per request), counted
+    from :meth:`mark` on; a local disk has none."""
+
+    def __init__(self, log: Path | None) -> None:
+        self.log, self.counts, self._from = log, collections.Counter(), 0
+
+    def _lines(self) -> list[str]:
+        time.sleep(0.3)  # the server's log is line-buffered: let its last lines land
+        assert self.log is not None
+        return [line for line in self.log.read_text(errors="replace").splitlines() if '" ' in line and ' HTTP/' in line]
+
+    def mark(self) -> None:
+        if self.log is not None:
+            self._from = len(self._lines())
+
+    def count(self) -> None:
+        """Add the requests since :meth:`mark`, by method."""
+        if self.log is not None:
+            for line in self._lines()[self._from:]:
+                method = line.split('"', 2)[1].split(" ", 1)[0]
+                self.counts[method] += 1
+
+
+def chandy_run(tables: int, checkpoints: int, root: str | None = None, requests: Requests | None = None) -> float:
     """ms per table and checkpoint of the committer's read and commit, checkpoints 3 on."""
-    root = tempfile.mkdtemp(prefix="chandy-commit-cost-")
+    root = root or tempfile.mkdtemp(prefix="chandy-commit-cost-")
     sinks = [DeltaLakeSink(f"{root}/t{i}") for i in range(tables)]
     spent, counted = 0.0, 0
     for checkpoint in range(1, checkpoints + 1):
+        if requests is not None and checkpoint == 3:
+            requests.mark()
         for sink in sinks:
             files = [f for subtask in range(2)
                      for f in sink.write_files(ROWS.slice(subtask * 50, 50), job_id=JOB, checkpoint_id=checkpoint,
@@ -59,17 +90,21 @@ def chandy_run(tables: int, checkpoints: int) -> float:
             if checkpoint > 2:
                 spent += time.perf_counter() - started
                 counted += 1
+    if requests is not None:
+        requests.count()
     return spent / counted * 1000
 
 
-def delta_rs_run(tables: int, checkpoints: int) -> float:
+def delta_rs_run(tables: int, checkpoints: int, root: str | None = None, requests: Requests | None = None) -> float:
     """ms per table and checkpoint of delta-rs's append with an app transaction, checkpoints 3 on."""
     from deltalake import write_deltalake
     from deltalake.transaction import CommitProperties, Transaction
 
-    root = tempfile.mkdtemp(prefix="delta-rs-commit-cost-")
+    root = root or tempfile.mkdtemp(prefix="delta-rs-commit-cost-")
     spent, counted = 0.0, 0
     for checkpoint in range(1, checkpoints + 1):
+        if requests is not None and checkpoint == 3:
+            requests.mark()
         for i in range(tables):
             started = time.perf_counter()
             write_deltalake(f"{root}/t{i}", ROWS, mode="append",
@@ -77,6 +112,8 @@ def delta_rs_run(tables: int, checkpoints: int) -> float:
             if checkpoint > 2:
                 spent += time.perf_counter() - started
                 counted += 1
+    if requests is not None:
+        requests.count()
     return spent / counted * 1000
 
 
@@ -85,27 +122,47 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=100)
     parser.add_argument("--checkpoints", type=int, default=12)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--store", choices=["local", "s3"], default="local")
+    parser.add_argument("--out", type=Path, default=None, help=f"default {RESULTS.name} (local), "
+                        f"{RESULTS.stem}_s3.json (s3)")
     args = parser.parse_args()
     if args.checkpoints < 3:
         parser.error("--checkpoints must be at least 3 (the first two are not counted)")
+    out = args.out or (RESULTS if args.store == "local" else RESULTS.with_name(f"{RESULTS.stem}_s3.json"))
     chandy, delta_rs = [], []
-    for _ in range(args.runs):  # alternated, so both see the same machine
-        chandy.append(chandy_run(args.tables, args.checkpoints))
-        delta_rs.append(delta_rs_run(args.tables, args.checkpoints))
-    result = {"config": {"tables": args.tables, "checkpoints": args.checkpoints, "runs": args.runs},
+    with contextlib.ExitStack() as stack:
+        log, bucket = None, None
+        if args.store == "s3":
+            from benchmarks.routed_tables import s3_store
+
+            log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "moto.log"
+            bucket = stack.enter_context(s3_store(log))
+        ours, theirs = Requests(log), Requests(log)
+        for n in range(args.runs):  # alternated, so both see the same machine
+            chandy.append(chandy_run(args.tables, args.checkpoints, bucket and f"{bucket}/chandy-{n}", ours))
+            delta_rs.append(delta_rs_run(args.tables, args.checkpoints, bucket and f"{bucket}/delta-rs-{n}", theirs))
+    result = {"config": {"tables": args.tables, "checkpoints": args.checkpoints, "runs": args.runs,
+                         "store": args.store},
               "environment": environment(),
               "ms_per_table_checkpoint": {"chandy": spread(chandy), "delta_rs_append": spread(delta_rs)},
               "ratio": statistics.median(chandy) / statistics.median(delta_rs)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    counted = args.runs * args.tables * (args.checkpoints - 2)
+    if log is not None:
+        result["requests_per_table_checkpoint"] = {
+            name: {method: n / counted for method, n in sorted(r.counts.items())} | {"all": sum(r.counts.values()) / counted}
+            for name, r in (("chandy", ours), ("delta_rs_append", theirs))}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     env = result["environment"]
-    print(f"{args.tables} tables x {args.checkpoints} checkpoints, median of {args.runs} runs [min, max]; "
-          f"deltalake {env.get('deltalake')}, {env['cores']} cores")
+    print(f"{args.tables} tables x {args.checkpoints} checkpoints on {args.store}, median of {args.runs} runs "
+          f"[min, max]; deltalake {env.get('deltalake')}, {env['cores']} cores")
     for name, values in (("Chandy read + guarded commit", chandy), ("delta-rs write_deltalake append", delta_rs)):
         s = spread(values)
         print(f"{name:32} {s['median']:6.2f} ms [{s['min']:.2f}, {s['max']:.2f}] per table and checkpoint")
-    print(f"Chandy / delta-rs x{result['ratio']:.2f}; written to {args.out}")
+    for name, per in result.get("requests_per_table_checkpoint", {}).items():
+        print(f"{name}: {per['all']:.2f} requests per table and checkpoint "
+              f"({', '.join(f'{m} {v:.2f}' for m, v in per.items() if m != 'all')})")
+    print(f"Chandy / delta-rs x{result['ratio']:.2f}; written to {out}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,11 @@ Run: ``.venv/bin/python benchmarks/routed_tables.py`` (``--records``, ``--tables
 2. Chandy lands each topic (``--route-field region --route '(r[0-9]+)=<root>/t/$1'``, ``--table
    <root>/all``, ``max.records.per.checkpoint`` = B / 8) into new tables, in one SparkSession
    (``local[*]``), ``--runs`` times each (median [min, max]).
-3. With ``--whole-command``, instead: ``chandy pipeline run ... --until-drained`` in a new process
+3. With ``--delta-rs-floor``, beside them: delta-rs alone writing the same number of records per
+   table and checkpoint into as many new tables (``write_deltalake`` append with the checkpoint's
+   app transaction, ``--threads`` tables at once), no Kafka, no Spark, no decoding: the rate no
+   writer of one Delta commit per table and checkpoint passes on this machine.
+4. With ``--whole-command``, instead: ``chandy pipeline run ... --until-drained`` in a new process
    per run (a cold start, the default checkpointing: no cap per checkpoint), alternating 10 and
    1,000 tables, timed from the command's start to its exit, the way issue 57 measured it
    (36.8 s for 1,000 tables against 17.1 s for 10, at the issue).
@@ -122,6 +126,33 @@ def run(spark, servers: str, topic: str, per_batch: int, root: str, threads: int
             "checkpoints": len(ok), "lake_commit_ms": statistics.median(p.phases_ms.get("lake_commit", 0.0) for p in ok)}
 
 
+def delta_rs_floor(records: int, per_batch: int, tables: int, threads: int, root: str) -> dict:
+    """delta-rs alone landing ``records`` in checkpoints of ``per_batch`` spread over ``tables``
+    new tables (one ``write_deltalake`` append with an app transaction per table and checkpoint,
+    ``threads`` at once): records/s and the median ms per checkpoint."""
+    import concurrent.futures
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from deltalake.transaction import CommitProperties, Transaction
+
+    base = f"{root}/floor-{uuid.uuid4().hex[:6]}"
+    job = uuid.uuid4().hex
+    per_table = max(1, per_batch // tables)
+    rows = pa.table({"id": pa.array(range(per_table), pa.int64()), "region": ["r"] * per_table,
+                     "amount": pa.array([0.5] * per_table)})
+    spent = []
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for checkpoint in range(1, max(1, records // per_batch) + 1):
+            started = time.monotonic()
+            list(pool.map(lambda i, c=checkpoint: write_deltalake(
+                f"{base}/t{i}", rows, mode="append",
+                commit_properties=CommitProperties(app_transactions=[Transaction(job, c)])), range(tables)))
+            spent.append(time.monotonic() - started)
+    landed = per_table * tables * len(spent)
+    return {"records_per_s": landed / sum(spent), "checkpoint_ms": statistics.median(spent) * 1000}
+
+
 def whole_command(servers: str, topic: str, root: str) -> dict:
     """One cold ``chandy pipeline run`` of ``topic`` into new tables under ``root``, default
     checkpointing, to the topic's end: seconds from start to exit, records/s, checkpoints."""
@@ -147,6 +178,8 @@ def main() -> None:
     parser.add_argument("--per-batch", type=int, default=100_000, help="records per checkpoint")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--delta-rs-floor", action="store_true",
+                        help="also time delta-rs alone committing as many tables per checkpoint")
     parser.add_argument("--whole-command", action="store_true",
                         help="time cold `chandy pipeline run` commands at default checkpointing (local disk)")
     args = parser.parse_args()
@@ -179,6 +212,14 @@ def main() -> None:
                     result["runs"][f"{store}/{tables}/{threads}"] = {
                         "records_per_s": spread([o["records_per_s"] for o in outcomes]),
                         "lake_commit_ms": spread([o["lake_commit_ms"] for o in outcomes])}
+                    if args.delta_rs_floor:
+                        floors = [delta_rs_floor(args.records, args.per_batch, tables, threads, roots[store])
+                                  for _ in range(args.runs)]
+                        result["runs"][f"{store}/{tables}/{threads}/delta-rs"] = {
+                            "records_per_s": spread([f["records_per_s"] for f in floors]),
+                            "checkpoint_ms": spread([f["checkpoint_ms"] for f in floors])}
+                        print(f"{store} {tables} tables, {threads} thread(s), delta-rs alone: "
+                              f"{statistics.median(f['records_per_s'] for f in floors):,.0f} records/s", flush=True)
         spark.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -187,15 +228,20 @@ def main() -> None:
           f"runs [min, max]; pyspark {env['pyspark']}, deltalake {env.get('deltalake')}, {env['cores']} cores")
     runs = result["runs"]
     for key, r in runs.items():
-        rate, commit = r["records_per_s"], r["lake_commit_ms"]
-        print(f"{key:18} {rate['median']:>9,.0f} [{rate['min']:,.0f}, {rate['max']:,.0f}] records/s, "
-              f"lake_commit {commit['median']:,.0f} ms")
+        rate = r["records_per_s"]
+        phase = (f"lake_commit {r['lake_commit_ms']['median']:,.0f} ms" if "lake_commit_ms" in r
+                 else f"a checkpoint {r['checkpoint_ms']['median']:,.0f} ms")
+        print(f"{key:27} {rate['median']:>9,.0f} [{rate['min']:,.0f}, {rate['max']:,.0f}] records/s, {phase}")
     for store in args.store:
         for threads in args.threads:
             few, many = runs.get(f"{store}/{min(args.tables)}/{threads}"), runs.get(f"{store}/{max(args.tables)}/{threads}")
             if few and many:
                 print(f"{store}, {threads} thread(s): {max(args.tables)} tables / {min(args.tables)} tables "
                       f"x{many['records_per_s']['median'] / few['records_per_s']['median']:.2f}")
+            floor = runs.get(f"{store}/{max(args.tables)}/{threads}/delta-rs")
+            if few and floor:
+                print(f"{store}, {threads} thread(s): delta-rs alone into {max(args.tables)} tables / Chandy into "
+                      f"{min(args.tables)} tables x{floor['records_per_s']['median'] / few['records_per_s']['median']:.2f}")
         for tables in args.tables:
             one, most = runs.get(f"{store}/{tables}/{min(args.threads)}"), runs.get(f"{store}/{tables}/{max(args.threads)}")
             if one and most:
