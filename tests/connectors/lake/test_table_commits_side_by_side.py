@@ -128,3 +128,56 @@ def test_routed_iceberg_tables_created_side_by_side_in_a_new_namespace_all_land(
     committer.notify_checkpoint_complete(1)
     for i, sink in enumerate(sinks.values()):
         assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(10 * i, 10 * i + 10))
+
+
+class CountingContext(CommitterContext):
+    """A committer context that counts the calls put on the I/O executor (still run inline)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.async_calls = 0
+
+    def call_async(self, call: Any, handler: Any) -> None:
+        self.async_calls += 1
+        super().call_async(call, handler)
+
+
+class Uncleanable:
+    """A routed table's sink whose cleanup fails, as a store that refuses its listing would."""
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink, name)
+
+    def delete_unreferenced(self, *args: Any, **kwargs: Any) -> list[str]:
+        raise OSError(f"{self._sink.table_uri}: listing refused")
+
+
+def test_the_first_cleanups_of_a_checkpoints_routed_tables_are_one_call_and_one_failure_spares_the_rest(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The routed tables a checkpoint meets first are cleaned of earlier attempts' files in one call
+    on the I/O executor (one call per table queued the next checkpoint's trigger behind a thousand of
+    them); a table whose cleanup fails is logged, and every other table is still cleaned."""
+    lake = tmp_path / "lake"
+    own = open_sink(str(lake / "all"))
+    sinks = {s.table_uri: s for s in (open_sink(str(lake / f"r{i}")) for i in range(ROUTED))}
+    orphans = {uri: sink.write_files(rows(0, 5), job_id=JOB, checkpoint_id=1, subtask=0, attempt=1)  # a crashed attempt
+               for uri, sink in sinks.items()}
+    failing = sorted(sinks)[1]
+    storage = CheckpointStorage(f"file://{tmp_path}/chk", JOB)
+    context = CountingContext()
+    committer = LakeCommitter(context, own, storage, offsets_of=lambda m: {("t", 0): (0, 50)},
+                              open_table=lambda uri: Uncleanable(sinks[uri]) if uri == failing else sinks[uri],
+                              commit_threads=ROUTED)
+    committer.reset_to_checkpoint(-1, None)
+    before = context.async_calls
+    write_checkpoint(storage, [*sinks.values(), own])
+    committer.notify_checkpoint_complete(1)
+    assert context.async_calls - before == 1
+    for i, (uri, sink) in enumerate(sinks.items()):
+        missing = sink.missing_files(orphans[uri])  # the orphans deleted, but the failing table's
+        assert missing == ([] if uri == failing else [f.path for f in orphans[uri]])
+        assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(10 * i, 10 * i + 10))
+    assert f"cleanup of {failing} failed: {failing}: listing refused" in caplog.text
