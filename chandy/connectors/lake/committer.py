@@ -36,7 +36,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from chandy.connectors.lake.log_records import LAKE_COMMITS_KIND, LakeCommitRecord
@@ -381,7 +381,6 @@ class LakeCommitter:
         for sink in sinks:  # 2. check, every table before any commit
             self._check_table(sink, checkpoint_id, by_table.get(sink.table_uri, []), ranges, views[sink.table_uri])
         landed: list[tuple[LakeSink, LakeCommit | None, OffsetRanges | None]] = []
-        to_clean: list[LakeSink] = []
         groups = self._commit_groups(sinks)  # --table's group last
 
         def commit(group: list[LakeSink]) -> dict[str, LakeCommit | None]:  # 3. commit, only while unchanged; 4. verify
@@ -404,11 +403,10 @@ class LakeCommitter:
                 if sink is not self.sink:
                     if sink.table_uri not in self._cleaned and not self._restoring:  # files of checkpoints that crashed
                         self._cleaned.add(sink.table_uri)
-                        to_clean.append(sink)
+                        self._delete_unreferenced_async(sink, checkpoint_id)
 
         self._side_by_side(groups[:-1], commit, settle)  # the routed tables
         settle(groups[-1], commit(groups[-1]))  # then --table
-        self._delete_unreferenced_async(to_clean, checkpoint_id)
         if any(committed for _, committed, _ in landed):
             self.committed_checkpoints.append(checkpoint_id)
             self.bytes_read += counts["bytes_read"]
@@ -747,29 +745,15 @@ class LakeCommitter:
             self._check_recorded(sink, checkpoint_id, ranges)
             self._check_ranges(sink, checkpoint_id, ranges, now.checkpoint, now.offsets, gaps=sink is self.sink)
 
-    def _delete_unreferenced_async(self, sinks: Sequence[LakeSink], keep_checkpoints_after: int | None) -> None:
-        """Delete the job's unreferenced files of ``sinks``' tables (``LakeSink.delete_unreferenced``)
-        in one call on the I/O executor, table after table: one call per table (a thousand routed
-        tables met in one checkpoint) queued the next checkpoint's trigger, whose location is made
-        on the same executor, behind them all. A table's failure is logged and the others cleaned."""
-        if not sinks:
-            return
+    def _delete_unreferenced_async(self, sink: LakeSink, keep_checkpoints_after: int | None) -> None:
         job_id = self.context.job_id
 
-        def clean() -> list[tuple[str, BaseException]]:
-            failed: list[tuple[str, BaseException]] = []
-            for sink in sinks:
-                try:
-                    sink.delete_unreferenced(job_id, keep_checkpoints_after=keep_checkpoints_after, log_id=self.log_id)
-                except Exception as exc:  # noqa: BLE001 - each store and format raises its own: the next table is cleaned anyway
-                    failed.append((sink.table_uri, exc))
-            return failed
+        def cleaned(deleted: Any, error: BaseException | None) -> None:
+            if error is not None:
+                log.warning("cleanup of %s failed: %s", sink.table_uri, error)
 
-        def cleaned(failed: list[tuple[str, BaseException]] | None, error: BaseException | None) -> None:
-            for table_uri, exc in [*(failed or ()), *(() if error is None else (("(all)", error),))]:
-                log.warning("cleanup of %s failed: %s", table_uri, exc)
-
-        self.context.call_async(clean, cleaned)
+        self.context.call_async(lambda: sink.delete_unreferenced(job_id, keep_checkpoints_after=keep_checkpoints_after,
+                                                                 log_id=self.log_id), cleaned)
 
     def _announced(self, sink: LakeSink) -> int | None:
         """The newest checkpoint whose LAKE_COMMITTED event for ``sink``'s table the log records."""
@@ -840,7 +824,8 @@ class LakeCommitter:
         self.last_commit_ended_ms = time.time() * 1000
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        self._delete_unreferenced_async([self.sink, *self._routed.values()], checkpoint_id)
+        for sink in (self.sink, *self._routed.values()):
+            self._delete_unreferenced_async(sink, checkpoint_id)
 
     def reset_to_checkpoint(self, checkpoint_id: int, checkpoint_data: bytes | None) -> None:
         """Restore (a restart): read what the table holds, commit ``checkpoint_id`` if the table
@@ -888,7 +873,11 @@ class LakeCommitter:
         sinks = (self.sink, *self._routed.values())
         self._cleaned.update(sink.table_uri for sink in sinks)
 
-        self.context.when_logged(lambda: self._delete_unreferenced_async(sinks, keep_after))
+        def clean_up() -> None:
+            for sink in sinks:
+                self._delete_unreferenced_async(sink, keep_after)
+
+        self.context.when_logged(clean_up)
 
     def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
         pass

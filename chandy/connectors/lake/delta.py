@@ -273,12 +273,17 @@ class DeltaLakeSink(SchemaChecked):
         """The table's current version (a new ``deltalake.DeltaTable``), or None when there is none.
         Until the table was found once, a missing ``_delta_log`` directory answers None without
         delta-rs (0.01 ms here where delta-rs's refusal costs 0.26 ms: a routed job asks of each
-        new table several times before its first commit creates it)."""
+        new table several times before its first commit creates it); a store that refuses the
+        look is asked through delta-rs, whose error names the cause."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
-        if not self._found and not self.fs.exists(f"{self.root}/_delta_log"):
-            return None
+        if not self._found:
+            try:
+                if not self.fs.exists(f"{self.root}/_delta_log"):
+                    return None
+            except OSError:  # a HEAD's 403 has no body to say why: delta-rs's listing below tells it
+                pass
         try:
             table = DeltaTable(self._delta_uri, storage_options=self._delta_options)
         except TableNotFoundError:
