@@ -201,7 +201,8 @@ class DeltaLakeSink(SchemaChecked):
         self._current: Any = None
         self._behind = False  # this sink committed after _current's version: it has a newer version
         self._found = False  # the table was there once: :meth:`_open` asks delta-rs without looking first
-        self._known_fields: tuple[int | None, dict[str, Any] | None] = (None, None)  # known_fields, per version
+        # known_fields of one version of one table object (a table deleted and made again starts at 0)
+        self._known_fields: tuple[Any, int | None, dict[str, Any] | None] = (None, None, None)
         self._transactions: dict[str, int | None] = {}
         self._transactions_at: int | None = None
 
@@ -379,9 +380,9 @@ class DeltaLakeSink(SchemaChecked):
             if table is None:
                 return None
             version = table.version()
-            if self._known_fields[0] != version:
-                self._known_fields = (version, self._fields_of(table))
-            return self._known_fields[1]
+            if self._known_fields[0] is not table or self._known_fields[1] != version:
+                self._known_fields = (table, version, self._fields_of(table))
+            return self._known_fields[2]
 
     def progress(self, job_id: str, partitions: Iterable[TP] = ()) -> TableProgress:
         """What the table holds for ``job_id`` (and which partitions other jobs landed), read from
