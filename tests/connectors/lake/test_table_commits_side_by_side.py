@@ -128,4 +128,3 @@ def test_routed_iceberg_tables_created_side_by_side_in_a_new_namespace_all_land(
     committer.notify_checkpoint_complete(1)
     for i, sink in enumerate(sinks.values()):
         assert sorted(sink.read_table().column("offset").to_pylist()) == list(range(10 * i, 10 * i + 10))
-
