@@ -22,15 +22,19 @@ def store(request: pytest.FixtureRequest) -> S3Server | AzuriteServer:
     return request.getfixturevalue("s3_server" if request.param == "s3" else "azurite_server")
 
 
-@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
-def test_a_cleanup_on_an_object_store_deletes_exactly_the_jobs_unreferenced_files(store, fmt, tmp_path) -> None:
+def table_on(store: S3Server | AzuriteServer, fmt: str, name: str, tmp_path) -> tuple[str, dict[str, str]]:
+    """A new table ``name`` of format ``fmt`` in a new bucket of ``store``: its URI and catalog
+    properties (Iceberg: pyiceberg's SQL catalog, its warehouse in the bucket)."""
     bucket = store.new_bucket()
     if fmt == "delta":
-        uri, catalog = f"{store.table_scheme}://{bucket}/lake/t", {}
-    else:
-        uri = "iceberg://objcat/lake.t"
-        catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
-                   "warehouse": f"{store.warehouse_scheme}://{bucket}/warehouse"}
+        return f"{store.table_scheme}://{bucket}/lake/{name}", {}
+    return f"iceberg://objcat/lake.{name}", {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
+                                             "warehouse": f"{store.warehouse_scheme}://{bucket}/warehouse"}
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_cleanup_on_an_object_store_deletes_exactly_the_jobs_unreferenced_files(store, fmt, tmp_path) -> None:
+    uri, catalog = table_on(store, fmt, "t", tmp_path)
     options = store.environment()
     sink = open_sink(uri, partition_by=["p"], catalog_properties=catalog, storage_options=options)
     data = pa.table({"offset": pa.array(range(4), pa.int64()), "p": ["a", "b c", "a", "é"]})
@@ -55,13 +59,7 @@ def test_each_data_files_recorded_size_is_its_size_on_the_object_store(store, fm
     """Issue 57: a data file's size comes from the bytes its writer wrote, not from a look at the
     store after the write; readers plan their reads by it (Delta's ``add.size``, Iceberg's
     ``file_size_in_bytes``), so it must be the stored object's size, in every partition."""
-    bucket = store.new_bucket()
-    if fmt == "delta":
-        uri, catalog = f"{store.table_scheme}://{bucket}/lake/sized", {}
-    else:
-        uri = "iceberg://objcat/lake.sized"
-        catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
-                   "warehouse": f"{store.warehouse_scheme}://{bucket}/warehouse"}
+    uri, catalog = table_on(store, fmt, "sized", tmp_path)
     sink = open_sink(uri, partition_by=["p"], catalog_properties=catalog, storage_options=store.environment())
     data = pa.table({"offset": pa.array(range(3000), pa.int64()), "p": ["a", "b c", "é"] * 1000,
                      "payload": [f"row {i} " * (i % 7) for i in range(3000)]})
